@@ -1,0 +1,21 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+namespace batchlens::cli {
+
+/// Process exit codes of batchlens-cli (docs/cli.md).
+constexpr int kExitOk = 0;           ///< success
+constexpr int kExitFailure = 1;      ///< the command ran and failed (bad file, out of memory, ...)
+constexpr int kExitUsage = 2;        ///< bad command line
+constexpr int kExitCancelled = 130;  ///< interrupted by Ctrl-C; no partial output left behind
+
+/// The text `batchlens-cli --version` prints: BatchLens version and build, LibTorch version,
+/// CPU threads and CUDA devices.
+std::string version_text();
+
+/// Registers `batchlens-cli info` (the same facts as --version, optionally as JSON).
+void register_info(CLI::App& app, int& exit_code);
+
+}  // namespace batchlens::cli

@@ -1,0 +1,83 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "core/compat/torch_compat.h"
+
+#include <cmath>
+#include <limits>
+
+#include <ATen/ATen.h>
+
+namespace batchlens::compat {
+
+SdpaBackend sdpa_backend() {
+  return BL_TORCH_HAS_SDPA ? SdpaBackend::Native : SdpaBackend::Math;
+}
+
+at::Tensor repeat_kv(const at::Tensor& x, int64_t n_rep) {
+  if (n_rep == 1) {
+    return x;
+  }
+  const auto b = x.size(0);
+  const auto h = x.size(1);
+  const auto s = x.size(2);
+  const auto d = x.size(3);
+  // [B, Hkv, S, D] -> [B, Hkv, n_rep, S, D] -> [B, Hkv * n_rep, S, D]
+  return x.unsqueeze(2).expand({b, h, n_rep, s, d}).reshape({b, h * n_rep, s, d});
+}
+
+namespace {
+
+int64_t gqa_groups(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "sdpa expects 4-d q, k, v, got ",
+              q.sizes(), ", ", k.sizes(), ", ", v.sizes());
+  TORCH_CHECK(k.size(1) == v.size(1) && k.size(2) == v.size(2),
+              "sdpa: k and v disagree: ", k.sizes(), " vs ", v.sizes());
+  TORCH_CHECK(q.size(1) % k.size(1) == 0, "sdpa: ", q.size(1),
+              " query heads are not a multiple of ", k.size(1), " kv heads");
+  return q.size(1) / k.size(1);
+}
+
+}  // namespace
+
+at::Tensor sdpa_math(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const at::Tensor& mask, double scale) {
+  const int64_t groups = gqa_groups(q, k, v);
+  // PyTorch's math backend computes half/bf16 attention in fp32 and casts back.
+  // ref: aten/src/ATen/native/transformers/attention.cpp _scaled_dot_product_attention_math
+  const bool low = q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf;
+  const at::Tensor qf = low ? q.to(at::kFloat) : q;                     // [B, Hq, Sq, D]
+  const at::Tensor kf = repeat_kv(low ? k.to(at::kFloat) : k, groups);  // [B, Hq, Sk, D]
+  const at::Tensor vf = repeat_kv(low ? v.to(at::kFloat) : v, groups);  // [B, Hq, Sk, Dv]
+  // The math backend scales q and k by sqrt(scale) each, for range.
+  const double root = std::sqrt(scale);
+  at::Tensor scores = at::matmul(qf * root, (kf * root).transpose(-2, -1));  // [B, Hq, Sq, Sk]
+  if (mask.defined()) {
+    if (mask.scalar_type() == at::kBool) {
+      scores = scores.masked_fill(mask.logical_not(), -std::numeric_limits<float>::infinity());
+    } else {
+      scores = scores + mask.to(scores.scalar_type());
+    }
+  }
+  const at::Tensor probs = at::softmax(scores, -1);
+  return at::matmul(probs, vf).to(q.scalar_type());  // [B, Hq, Sq, Dv]
+}
+
+at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                const at::Tensor& mask, double scale) {
+#if BL_TORCH_HAS_SDPA
+  const int64_t groups = gqa_groups(q, k, v);
+  c10::optional<at::Tensor> m;
+  if (mask.defined()) {
+    m = mask;
+  }
+#if BL_TORCH_HAS_SDPA_GQA
+  return at::scaled_dot_product_attention(q, k, v, m, 0.0, false, scale, groups > 1);
+#else
+  return at::scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), m, 0.0,
+                                          false, scale);
+#endif
+#else
+  return sdpa_math(q, k, v, mask, scale);
+#endif
+}
+
+}  // namespace batchlens::compat

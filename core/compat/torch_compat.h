@@ -1,0 +1,72 @@
+// SPDX-License-Identifier: Apache-2.0
+// The one place where LibTorch version differences live. BatchLens builds against Debian's
+// LibTorch 1.13 (CPU) and PyTorch 2.x's LibTorch (CUDA on GPU servers); code elsewhere calls
+// the functions here instead of testing versions itself.
+#pragma once
+
+#include <string>
+
+#include <ATen/core/Tensor.h>
+#include <c10/util/Optional.h>
+#include <torch/version.h>
+
+/// True when the LibTorch headers are at least major.minor.
+#define BL_TORCH_AT_LEAST(major, minor) \
+  (TORCH_VERSION_MAJOR > (major) ||     \
+   (TORCH_VERSION_MAJOR == (major) && TORCH_VERSION_MINOR >= (minor)))
+
+/// at::scaled_dot_product_attention with `scale=` (2.1+); 1.13 has only a private variant.
+#if __has_include(<ATen/ops/scaled_dot_product_attention.h>) && BL_TORCH_AT_LEAST(2, 1)
+#define BL_TORCH_HAS_SDPA 1
+#else
+#define BL_TORCH_HAS_SDPA 0
+#endif
+
+/// SDPA's `enable_gqa` argument (2.5+).
+#if BL_TORCH_HAS_SDPA && BL_TORCH_AT_LEAST(2, 5)
+#define BL_TORCH_HAS_SDPA_GQA 1
+#else
+#define BL_TORCH_HAS_SDPA_GQA 0
+#endif
+
+/// at::_grouped_mm (2.8+, CUDA sm90+): the `grouped_mm` experts implementation.
+#if __has_include(<ATen/ops/_grouped_mm.h>) && BL_TORCH_AT_LEAST(2, 8)
+#define BL_TORCH_HAS_GROUPED_MM 1
+#else
+#define BL_TORCH_HAS_GROUPED_MM 0
+#endif
+
+namespace batchlens::compat {
+
+/// "1.13.0" etc.: the LibTorch version these headers belong to.
+inline std::string torch_version() {
+  return TORCH_VERSION;
+}
+
+/// Which attention kernel family compat::sdpa runs on this build.
+enum class SdpaBackend {
+  Native,  ///< at::scaled_dot_product_attention (LibTorch 2.1+): picks flash/efficient/math
+  Math,    ///< BatchLens's own math path, equal to PyTorch's math backend (fp32 accumulation)
+};
+
+/// The backend compat::sdpa uses in this build.
+SdpaBackend sdpa_backend();
+
+/// Scaled dot-product attention, softmax((q k^T) * scale + mask) v.
+/// q [B, Hq, Sq, D], k and v [B, Hkv, Sk, D] with Hq a multiple of Hkv (grouped-query
+/// attention: each kv head serves Hq/Hkv consecutive query heads, as repeat_interleave).
+/// mask: boolean (true = attend) or additive float, broadcastable to [B, Hq, Sq, Sk]; may be
+/// undefined. Returns [B, Hq, Sq, D] in q's dtype. Throws c10::Error on shape mismatch.
+/// ref: transformers integrations/sdpa_attention.py sdpa_attention_forward
+at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                const at::Tensor& mask, double scale);
+
+/// The same as sdpa(), always through the math path, whatever LibTorch offers.
+at::Tensor sdpa_math(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     const at::Tensor& mask, double scale);
+
+/// Expands kv heads [B, Hkv, S, D] to [B, Hkv * n_rep, S, D] (each head repeated n_rep times
+/// consecutively). ref: transformers repeat_kv
+at::Tensor repeat_kv(const at::Tensor& x, int64_t n_rep);
+
+}  // namespace batchlens::compat

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Installs what BatchLens needs on Debian 12 that is not there yet. Idempotent and quick when
+# everything is present. Usage: scripts/install-deps.sh [--gui-check]
+set -euo pipefail
+
+packages=(
+  # toolchain
+  build-essential cmake ninja-build git pkg-config dpkg-dev file
+  # core: LibTorch 1.13 (CPU), HDF5 C/C++, JSON, CLI
+  libtorch-dev libhdf5-dev nlohmann-json3-dev libcli11-dev
+  # ui: Qt 6 widgets and QCustomPlot built for Qt 6
+  qt6-base-dev libqcustomplot-dev
+  # tests, benchmarks, style checks, reading experiment files from Python
+  libgtest-dev libbenchmark-dev clang-format clang-tidy python3 python3-h5py
+  # a readable word list for the generated demo tokenizer
+  wamerican
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#packages[@]} packages present"
+  exit 0
+fi
+
+echo "install-deps: installing ${missing[*]}"
+sudo_cmd=()
+if [ "$(id -u)" -ne 0 ]; then
+  sudo_cmd=(sudo)
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -q --no-install-recommends "${missing[@]}"

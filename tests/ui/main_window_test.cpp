@@ -1,0 +1,79 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "ui/main_window.h"
+
+#include <QAction>
+#include <QLabel>
+#include <QMenuBar>
+#include <QTextBrowser>
+#include <gtest/gtest.h>
+
+namespace batchlens::ui {
+namespace {
+
+base::SystemInfo gpuMachine() {
+  base::SystemInfo s;
+  s.host = "gpu-server";
+  s.os = "Linux 6.8 x86_64";
+  s.cpu_model = "Test CPU";
+  s.hardware_threads = 16;
+  s.torch_threads = 16;
+  s.libtorch_version = "2.11.0";
+  s.blas = "mkl";
+  s.cuda_build = true;
+  s.cuda_runtime_version = 13000;
+  s.cuda_driver_version = 13000;
+  base::GpuInfo gpu;
+  gpu.index = 0;
+  gpu.name = "NVIDIA H200";
+  gpu.total_memory = 141LL * 1024 * 1024 * 1024;
+  gpu.compute_major = 9;
+  s.gpus.push_back(gpu);
+  return s;
+}
+
+TEST(MainWindow, ShowsTheEnvironmentItWasGiven) {
+  MainWindow window(gpuMachine());
+  EXPECT_EQ(window.windowTitle(), QStringLiteral("BatchLens"));
+  const QString summary = window.environmentSummary();
+  EXPECT_TRUE(summary.contains(QStringLiteral("LibTorch 2.11.0"))) << summary.toStdString();
+  EXPECT_TRUE(summary.contains(QStringLiteral("cuda:0 NVIDIA H200"))) << summary.toStdString();
+
+  auto* label = window.findChild<QLabel*>(QStringLiteral("EnvironmentLabel"));
+  ASSERT_NE(label, nullptr);
+  EXPECT_EQ(label->text(), summary);
+
+  auto* start = window.findChild<QTextBrowser*>(QStringLiteral("StartPage"));
+  ASSERT_NE(start, nullptr);
+  const QString text = start->toPlainText();
+  EXPECT_TRUE(text.contains(QStringLiteral("NVIDIA H200"))) << text.toStdString();
+  EXPECT_TRUE(text.contains(QStringLiteral("16 hardware threads"))) << text.toStdString();
+}
+
+TEST(MainWindow, CpuOnlyBuildSaysSo) {
+  base::SystemInfo s;
+  s.libtorch_version = "1.13.0";
+  s.torch_threads = 2;
+  MainWindow window(s);
+  EXPECT_TRUE(window.environmentSummary().contains(QStringLiteral("CUDA: not in this build")));
+}
+
+TEST(MainWindow, HasFileAndHelpMenus) {
+  MainWindow window(gpuMachine());
+  QStringList titles;
+  for (QAction* a : window.menuBar()->actions()) {
+    titles << a->text();
+  }
+  EXPECT_TRUE(titles.contains(QStringLiteral("&File"))) << titles.join(',').toStdString();
+  EXPECT_TRUE(titles.contains(QStringLiteral("&Help"))) << titles.join(',').toStdString();
+}
+
+TEST(MainWindow, HtmlEscapesHostileNames) {
+  auto s = gpuMachine();
+  s.gpus[0].name = "<script>GPU</script>";
+  const QString html = environmentHtml(s);
+  EXPECT_FALSE(html.contains(QStringLiteral("<script>")));
+  EXPECT_TRUE(html.contains(QStringLiteral("&lt;script&gt;")));
+}
+
+}  // namespace
+}  // namespace batchlens::ui
