@@ -27,11 +27,11 @@ set(CPACK_GENERATOR "DEB")
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_SECTION "science")
 set(CPACK_DEBIAN_PACKAGE_HOMEPAGE "${PROJECT_HOMEPAGE_URL}")
+# CPack puts CPACK_PACKAGE_DESCRIPTION_SUMMARY first and formats this as the extended text.
 set(CPACK_DEBIAN_PACKAGE_DESCRIPTION
-    "Divergence explorer for DiffusionGemma batch-size experiments\n"
-    " BatchLens runs or loads paired batch-size experiments of the DiffusionGemma\n"
-    " block-diffusion language model and shows where, when and in which op the\n"
-    " generated text of a batched run departs from the batch-size-1 reference.")
+    "BatchLens runs or loads paired batch-size experiments of the DiffusionGemma block-diffusion \
+language model and shows where, when and in which op the generated text of a batched run \
+departs from the batch-size-1 reference, with a headless CLI for GPU servers.")
 # dpkg-shlibdeps derives the library dependencies (libtorch1.13, libhdf5-cpp, libqt6widgets6,
 # libqcustomplot2.1-qt6, ...) from the binaries themselves, so they cannot drift.
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)

@@ -34,6 +34,27 @@ QString cudaSummary(const base::SystemInfo& system) {
   return names.join(QStringLiteral(", "));
 }
 
+// The CUDA row of the start page: versions, or why there is no CUDA.
+QString cudaDetail(const base::SystemInfo& system) {
+  if (!system.cuda_build) {
+    return QObject::tr("not in this build (LibTorch without CUDA)");
+  }
+  const auto version = [](int v) {
+    return QStringLiteral("%1.%2").arg(v / 1000).arg((v % 1000) / 10);
+  };
+  QString text = QObject::tr("runtime %1").arg(version(system.cuda_runtime_version));
+  if (!system.gpu_driver.empty()) {
+    text += QObject::tr(", NVIDIA driver %1").arg(q(system.gpu_driver));
+  }
+  if (!system.cublas_version.empty()) {
+    text += QObject::tr(", cuBLAS %1").arg(q(system.cublas_version));
+  }
+  if (system.gpus.empty()) {
+    text += QObject::tr(", no GPU visible");
+  }
+  return text;
+}
+
 }  // namespace
 
 QString environmentHtml(const base::SystemInfo& system) {
@@ -59,7 +80,7 @@ QString environmentHtml(const base::SystemInfo& system) {
                               .arg(q(system.cpu_model))
                               .arg(system.hardware_threads)
                               .arg(system.torch_threads));
-  row(QObject::tr("CUDA"), cudaSummary(system));
+  row(QObject::tr("CUDA"), cudaDetail(system));
   for (const auto& gpu : system.gpus) {
     row(QStringLiteral("cuda:%1").arg(gpu.index),
         QObject::tr("%1, %2 GiB, compute %3.%4")

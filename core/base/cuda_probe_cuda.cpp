@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Built when LibTorch has CUDA (the PyTorch wheel's LibTorch on GPU servers).
+#include <cctype>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include <ATen/cuda/CUDAContext.h>
@@ -16,7 +18,8 @@ namespace batchlens::base::detail {
 namespace {
 
 std::string read_nvidia_driver_version() {
-  // "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.04  ..."
+  // "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build ..."
+  // (wording varies): the first token after "Kernel Module" that starts with a digit.
   std::ifstream in("/proc/driver/nvidia/version");
   std::string line;
   if (!std::getline(in, line)) {
@@ -26,12 +29,15 @@ std::string read_nvidia_driver_version() {
   if (key == std::string::npos) {
     return {};
   }
-  auto start = line.find_first_not_of(' ', key + 13);
-  if (start == std::string::npos) {
-    return {};
+  std::istringstream tokens(line.substr(key));
+  std::string token;
+  while (tokens >> token) {
+    if (std::isdigit(static_cast<unsigned char>(token[0])) != 0 &&
+        token.find('.') != std::string::npos) {
+      return token;
+    }
   }
-  auto end = line.find(' ', start);
-  return line.substr(start, end == std::string::npos ? std::string::npos : end - start);
+  return {};
 }
 
 }  // namespace

@@ -47,6 +47,7 @@ TEST(MainWindow, ShowsTheEnvironmentItWasGiven) {
   const QString text = start->toPlainText();
   EXPECT_TRUE(text.contains(QStringLiteral("NVIDIA H200"))) << text.toStdString();
   EXPECT_TRUE(text.contains(QStringLiteral("16 hardware threads"))) << text.toStdString();
+  EXPECT_TRUE(text.contains(QStringLiteral("runtime 13.0"))) << text.toStdString();
 }
 
 TEST(MainWindow, CpuOnlyBuildSaysSo) {

@@ -17,6 +17,8 @@ TEST(SystemInfoGpu, ListsTheGpuWithDriverAndCublas) {
   EXPECT_GT(s.cuda_driver_version, 0);
   EXPECT_GT(s.cuda_runtime_version, 0);
   EXPECT_FALSE(s.cublas_version.empty());
+  EXPECT_FALSE(s.gpu_driver.empty());
+  EXPECT_NE(s.gpu_driver.find('.'), std::string::npos) << s.gpu_driver;
 }
 
 }  // namespace
