@@ -15,6 +15,12 @@ constexpr int kExitCancelled = 130;  ///< interrupted by Ctrl-C; no partial outp
 /// CPU threads and CUDA devices.
 std::string version_text();
 
+/// Registers `batchlens-cli forward` (prefill + one decoder pass to a safetensors file).
+void register_forward(CLI::App& app, int& exit_code);
+
+/// Registers `batchlens-cli save-model` (a preset's random weights as a checkpoint).
+void register_save_model(CLI::App& app, int& exit_code);
+
 /// Registers `batchlens-cli info` (the same facts as --version, optionally as JSON).
 void register_info(CLI::App& app, int& exit_code);
 

@@ -5,6 +5,11 @@
 #include <limits>
 
 #include <ATen/ATen.h>
+#if BL_TORCH_HAS_GROUPED_MM
+#include <ATen/ops/_grouped_mm.h>
+#endif
+
+#include "core/base/error.h"
 
 namespace batchlens::compat {
 
@@ -26,21 +31,24 @@ at::Tensor repeat_kv(const at::Tensor& x, int64_t n_rep) {
 
 namespace {
 
-int64_t gqa_groups(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+int64_t gqa_groups(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool enable_gqa) {
   TORCH_CHECK(q.dim() == 4 && k.dim() == 4 && v.dim() == 4, "sdpa expects 4-d q, k, v, got ",
               q.sizes(), ", ", k.sizes(), ", ", v.sizes());
   TORCH_CHECK(k.size(1) == v.size(1) && k.size(2) == v.size(2),
               "sdpa: k and v disagree: ", k.sizes(), " vs ", v.sizes());
   TORCH_CHECK(q.size(1) % k.size(1) == 0, "sdpa: ", q.size(1),
               " query heads are not a multiple of ", k.size(1), " kv heads");
+  TORCH_CHECK(enable_gqa || q.size(1) == k.size(1), "sdpa: ", q.size(1), " query heads vs ",
+              k.size(1), " kv heads needs enable_gqa");
   return q.size(1) / k.size(1);
 }
 
 }  // namespace
 
 at::Tensor sdpa_math(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                     const at::Tensor& mask, double scale) {
-  const int64_t groups = gqa_groups(q, k, v);
+                     const at::Tensor& mask, double scale, bool is_causal, bool enable_gqa) {
+  const int64_t groups = gqa_groups(q, k, v, enable_gqa);
+  TORCH_CHECK(!(is_causal && mask.defined()), "sdpa: is_causal with an explicit mask");
   // PyTorch's math backend computes half/bf16 attention in fp32 and casts back.
   // ref: aten/src/ATen/native/transformers/attention.cpp _scaled_dot_product_attention_math
   const bool low = q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf;
@@ -50,11 +58,15 @@ at::Tensor sdpa_math(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
   // The math backend scales q and k by sqrt(scale) each, for range.
   const double root = std::sqrt(scale);
   at::Tensor scores = at::matmul(qf * root, (kf * root).transpose(-2, -1));  // [B, Hq, Sq, Sk]
-  if (mask.defined()) {
-    if (mask.scalar_type() == at::kBool) {
-      scores = scores.masked_fill(mask.logical_not(), -std::numeric_limits<float>::infinity());
+  at::Tensor m = mask;
+  if (is_causal) {
+    m = at::ones({q.size(2), k.size(2)}, q.options().dtype(at::kBool)).tril();
+  }
+  if (m.defined()) {
+    if (m.scalar_type() == at::kBool) {
+      scores = scores.masked_fill(m.logical_not(), -std::numeric_limits<float>::infinity());
     } else {
-      scores = scores + mask.to(scores.scalar_type());
+      scores = scores + m.to(scores.scalar_type());
     }
   }
   const at::Tensor probs = at::softmax(scores, -1);
@@ -62,21 +74,33 @@ at::Tensor sdpa_math(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 }
 
 at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                const at::Tensor& mask, double scale) {
+                const at::Tensor& mask, double scale, bool is_causal, bool enable_gqa) {
 #if BL_TORCH_HAS_SDPA
-  const int64_t groups = gqa_groups(q, k, v);
+  const int64_t groups = gqa_groups(q, k, v, enable_gqa);
   c10::optional<at::Tensor> m;
   if (mask.defined()) {
     m = mask;
   }
 #if BL_TORCH_HAS_SDPA_GQA
-  return at::scaled_dot_product_attention(q, k, v, m, 0.0, false, scale, groups > 1);
+  (void)groups;
+  return at::scaled_dot_product_attention(q, k, v, m, 0.0, is_causal, scale, enable_gqa);
 #else
   return at::scaled_dot_product_attention(q, repeat_kv(k, groups), repeat_kv(v, groups), m, 0.0,
-                                          false, scale);
+                                          is_causal, scale);
 #endif
 #else
-  return sdpa_math(q, k, v, mask, scale);
+  return sdpa_math(q, k, v, mask, scale, is_causal, enable_gqa);
+#endif
+}
+
+at::Tensor grouped_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offs) {
+#if BL_TORCH_HAS_GROUPED_MM
+  // ref: transformers integrations/moe.py _grouped_mm (torch.nn.functional.grouped_mm)
+  return at::_grouped_mm(x, w, offs);
+#else
+  (void)x, (void)w, (void)offs;
+  base::raise(base::ErrorCode::InvalidArgument,
+              "grouped_mm needs LibTorch 2.8+ (this build: " + torch_version() + ")");
 #endif
 }
 

@@ -52,18 +52,29 @@ enum class SdpaBackend {
 /// The backend compat::sdpa uses in this build.
 SdpaBackend sdpa_backend();
 
-/// Scaled dot-product attention, softmax((q k^T) * scale + mask) v.
-/// q [B, Hq, Sq, D], k and v [B, Hkv, Sk, D] with Hq a multiple of Hkv (grouped-query
-/// attention: each kv head serves Hq/Hkv consecutive query heads, as repeat_interleave).
-/// mask: boolean (true = attend) or additive float, broadcastable to [B, Hq, Sq, Sk]; may be
-/// undefined. Returns [B, Hq, Sq, D] in q's dtype. Throws c10::Error on shape mismatch.
+/// Scaled dot-product attention, softmax((q k^T) * scale + mask) v, exactly the call
+/// transformers' sdpa_attention_forward makes: at::scaled_dot_product_attention where LibTorch
+/// has it (2.1+), else sdpa_math.
+/// q [B, Hq, Sq, D], k and v [B, Hkv, Sk, D]. With enable_gqa, Hkv may divide Hq (each kv head
+/// serves Hq/Hkv consecutive query heads); without it Hkv must equal Hq (callers repeat_kv).
+/// mask: boolean (true = attend) or additive float, broadcastable to [B, Hq, Sq, Sk], or
+/// undefined. is_causal: top-left aligned causal mask (tril), only with an undefined mask.
+/// Returns [B, Hq, Sq, D] in q's dtype. Throws c10::Error on shape mismatch.
 /// ref: transformers integrations/sdpa_attention.py sdpa_attention_forward
 at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                const at::Tensor& mask, double scale);
+                const at::Tensor& mask, double scale, bool is_causal = false,
+                bool enable_gqa = false);
 
-/// The same as sdpa(), always through the math path, whatever LibTorch offers.
+/// The same as sdpa(), always through BatchLens's math path: PyTorch's math backend
+/// (fp32 for half/bf16 inputs, q and k each scaled by sqrt(scale), softmax, matmul).
 at::Tensor sdpa_math(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                     const at::Tensor& mask, double scale);
+                     const at::Tensor& mask, double scale, bool is_causal = false,
+                     bool enable_gqa = false);
+
+/// Grouped matrix multiply (torch._grouped_mm): x [R, K] with rows grouped by offs (int32 [G],
+/// cumulative ends), w [G, K, N]; returns [R, N]. Only where BL_TORCH_HAS_GROUPED_MM; throws
+/// base::ErrorException(InvalidArgument) elsewhere.
+at::Tensor grouped_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offs);
 
 /// Expands kv heads [B, Hkv, S, D] to [B, Hkv * n_rep, S, D] (each head repeated n_rep times
 /// consecutively). ref: transformers repeat_kv

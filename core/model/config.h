@@ -17,7 +17,7 @@ enum class LayerType { Sliding, Full };
 
 /// RoPE parameters of one layer type. ref: DiffusionGemmaTextConfig.rope_parameters
 struct RopeParams {
-  std::string rope_type = "default";   ///< "default" or "proportional"
+  std::string rope_type = "default";  ///< "default" or "proportional"
   double rope_theta = 10000.0;
   double partial_rotary_factor = 1.0;  ///< share of head_dim that rotates
   double factor = 1.0;                 ///< proportional RoPE divides inv_freq by this
@@ -88,7 +88,9 @@ struct ModelConfig {
 /// [1, num_experts=128], got 200". Never throws.
 base::Result<ModelConfig> parse_config(const nlohmann::json& doc);
 
-/// Reads and parses a config.json file (FileNotFound, FileCorrupted on bad JSON). Never throws.
+/// Reads and parses a config.json file: FileNotFound, FileCorrupted on bad JSON (the message names
+/// the file and nlohmann's position), otherwise parse_config()'s errors prefixed with the path.
+/// Sets ModelConfig::name to the file's parent directory name. Never throws.
 base::Result<ModelConfig> load_config_file(const std::filesystem::path& path);
 
 /// A preset shipped with BatchLens ("tiny", "demo", "mid", "26b-a4b"); embedded in the binary

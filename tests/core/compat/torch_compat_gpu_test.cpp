@@ -15,8 +15,8 @@ TEST(TorchCompatGpu, NativeSdpaMatchesMathPathOnCuda) {
   const auto q = at::randn({2, 16, 256, 256}, opts);
   const auto k = at::randn({2, 8, 300, 256}, opts);
   const auto v = at::randn({2, 8, 300, 256}, opts);
-  const auto native = sdpa(q, k, v, at::Tensor(), 1.0 / 16.0);
-  const auto math = sdpa_math(q, k, v, at::Tensor(), 1.0 / 16.0);
+  const auto native = sdpa(q, k, v, at::Tensor(), 1.0 / 16.0, false, true);
+  const auto math = sdpa_math(q, k, v, at::Tensor(), 1.0 / 16.0, false, true);
   ASSERT_EQ(native.sizes(), math.sizes());
   EXPECT_EQ(native.scalar_type(), at::kBFloat16);
   const double diff = (native.to(at::kFloat) - math.to(at::kFloat)).abs().max().item<double>();

@@ -55,10 +55,10 @@ TEST(TorchCompat, SdpaMatchesIndependentAttentionWithGqaAndMask) {
   const double scale = 1.0;                  // DiffusionGemma's attention scale
 
   const auto expected = reference_attention(q, k, v, mask, scale);
-  const auto got = sdpa(q, k, v, mask, scale);
+  const auto got = sdpa(q, k, v, mask, scale, /*is_causal=*/false, /*enable_gqa=*/true);
   EXPECT_TRUE(at::allclose(got.to(at::kDouble), expected, 1e-5, 1e-5))
       << (got.to(at::kDouble) - expected).abs().max().item<double>();
-  const auto math = sdpa_math(q, k, v, at::Tensor(), 0.125);
+  const auto math = sdpa_math(q, k, v, at::Tensor(), 0.125, false, true);
   EXPECT_TRUE(
       at::allclose(math.to(at::kDouble), reference_attention(q, k, v, {}, 0.125), 1e-5, 1e-5));
 }
@@ -68,7 +68,7 @@ TEST(TorchCompat, SdpaKeepsBf16AndAccumulatesInFp32) {
   const auto q = at::randn({1, 2, 4, 16}).to(at::kBFloat16);
   const auto k = at::randn({1, 1, 6, 16}).to(at::kBFloat16);
   const auto v = at::randn({1, 1, 6, 16}).to(at::kBFloat16);
-  const auto got = sdpa(q, k, v, at::Tensor(), 1.0);
+  const auto got = sdpa(q, k, v, at::Tensor(), 1.0, false, true);
   EXPECT_EQ(got.scalar_type(), at::kBFloat16);
   const auto expected = reference_attention(q, k, v, {}, 1.0);
   // bf16 output rounding only: 2^-8 relative.
@@ -78,7 +78,23 @@ TEST(TorchCompat, SdpaKeepsBf16AndAccumulatesInFp32) {
 TEST(TorchCompat, SdpaRejectsMismatchedHeads) {
   const auto q = at::randn({1, 3, 2, 4});
   const auto k = at::randn({1, 2, 2, 4});
-  EXPECT_THROW((void)sdpa(q, k, k, at::Tensor(), 1.0), c10::Error);
+  EXPECT_THROW((void)sdpa(q, k, k, at::Tensor(), 1.0, false, true), c10::Error);
+  const auto q4 = at::randn({1, 4, 2, 4});
+  // Fewer kv heads than query heads needs enable_gqa (callers repeat_kv otherwise).
+  EXPECT_THROW((void)sdpa(q4, k, k, at::Tensor(), 1.0, false, false), c10::Error);
+}
+
+TEST(TorchCompat, CausalSdpaEqualsLowerTriangularMask) {
+  at::manual_seed(5);
+  const auto q = at::randn({1, 2, 6, 8});
+  const auto k = at::randn({1, 2, 6, 8});
+  const auto v = at::randn({1, 2, 6, 8});
+  const auto tril = at::ones({6, 6}, at::kBool).tril();
+  const auto causal = sdpa(q, k, v, at::Tensor(), 1.0, /*is_causal=*/true);
+  const auto expected = reference_attention(q, k, v, tril, 1.0);
+  EXPECT_TRUE(at::allclose(causal.to(at::kDouble), expected, 1e-5, 1e-5));
+  // Position 0 sees only key 0: its output is v[0].
+  EXPECT_TRUE(at::allclose(causal[0][0][0], v[0][0][0], 1e-6, 1e-6));
 }
 
 }  // namespace

@@ -1,0 +1,99 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <iostream>
+#include <memory>
+
+#include "app/cli/command.h"
+#include "app/cli/model_options.h"
+#include "core/model/forward_file.h"
+
+namespace batchlens::cli {
+
+void register_forward(CLI::App& app, int& exit_code) {
+  struct Options {
+    ModelOptions model;
+    model::ForwardRequest request;
+  };
+  auto opts = std::make_shared<Options>();
+  auto* cmd = app.add_subcommand(
+      "forward",
+      "Encoder prefill + one decoder forward; writes logits and chosen taps (safetensors)");
+  add_model_options(cmd, opts->model);
+  cmd->add_option("--inputs", opts->request.inputs,
+                  "safetensors with input_ids [B,L], decoder_input_ids [B,C] and optionally "
+                  "self_conditioning_logits [B,C,V]")
+      ->required()
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--out", opts->request.output, "Output safetensors (logits + taps)")->required();
+  cmd->add_option("--taps", opts->request.taps,
+                  "Taps to write, e.g. router.scores attn.o_proj logits, or all")
+      ->delimiter(',');
+  cmd->add_option("--rows", opts->request.rows,
+                  "Use row 0 of the inputs repeated to this many identical rows");
+  cmd->add_option("--repeat", opts->request.repeat,
+                  "Also time this many decoder passes (no taps) and print median and min");
+  cmd->add_option("--policy", opts->request.policy,
+                  "default, issue_workaround, row_wise_all or a policy JSON file")
+      ->capture_default_str();
+  cmd->callback([opts, &exit_code] {
+    auto& mo = opts->model;
+    if (mo.source.preset.empty() && mo.checkpoint.empty()) {
+      std::cerr << "batchlens-cli forward: give --preset or --checkpoint\n";
+      exit_code = kExitUsage;
+      return;
+    }
+    mo.source.checkpoint_dir = mo.checkpoint;
+    const auto model = model::load_model(mo.source, mo.load);
+    if (!model.ok()) {
+      exit_code = report_error(model.error());
+      return;
+    }
+    const auto summary = model::run_forward_file(*model.value(), opts->request);
+    if (!summary.ok()) {
+      exit_code = report_error(summary.error());
+      return;
+    }
+    const auto& s = summary.value();
+    std::cout << "forward: " << mo.source.describe() << " on " << mo.load.device << " ("
+              << mo.load.dtype << ", experts " << mo.load.experts << ")\n"
+              << "  batch " << s.batch << ", prompt " << s.prompt_length << ", canvas "
+              << s.canvas_length << ", self-conditioning " << (s.self_conditioning ? "yes" : "no")
+              << "\n  encode " << s.encode_ms << " ms, decode " << s.decode_ms << " ms";
+    if (opts->request.repeat > 0) {
+      std::cout << ", decode x" << opts->request.repeat << ": median " << s.decode_median_ms
+                << " ms, min " << s.decode_min_ms << " ms";
+    }
+    std::cout << "\n"
+              << "  wrote " << s.tensors_written << " tensors to " << opts->request.output.string()
+              << "\n";
+    exit_code = kExitOk;
+  });
+}
+
+void register_save_model(CLI::App& app, int& exit_code) {
+  struct Options {
+    std::string preset;
+    std::uint64_t seed = 0;
+    std::string out;
+    double shard_gib = 4.0;
+  };
+  auto opts = std::make_shared<Options>();
+  auto* cmd = app.add_subcommand(
+      "save-model", "Write a preset's seeded random weights as an HF checkpoint directory");
+  cmd->add_option("--preset", opts->preset, "tiny, demo, mid or 26b-a4b")->required();
+  cmd->add_option("--seed", opts->seed, "Random-weight seed")->capture_default_str();
+  cmd->add_option("--out", opts->out, "Directory to write")->required();
+  cmd->add_option("--shard-gib", opts->shard_gib, "Largest shard in GiB")->capture_default_str();
+  cmd->callback([opts, &exit_code] {
+    const auto shard = static_cast<std::uint64_t>(opts->shard_gib * 1024.0 * 1024.0 * 1024.0);
+    const auto r = model::save_random_model(opts->preset, opts->seed, opts->out, shard);
+    if (!r.ok()) {
+      exit_code = report_error(r.error());
+      return;
+    }
+    std::cout << "save-model: wrote preset " << opts->preset << " (seed " << opts->seed << ") to "
+              << opts->out << "\n";
+    exit_code = kExitOk;
+  });
+}
+
+}  // namespace batchlens::cli

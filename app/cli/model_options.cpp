@@ -1,0 +1,33 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "app/cli/model_options.h"
+
+#include <iostream>
+
+#include "app/cli/command.h"
+
+namespace batchlens::cli {
+
+void add_model_options(CLI::App* cmd, ModelOptions& options) {
+  auto* preset = cmd->add_option("--preset", options.source.preset,
+                                 "Shipped model preset with seeded random weights: tiny, demo, "
+                                 "mid, 26b-a4b");
+  auto* ckpt = cmd->add_option("--checkpoint", options.checkpoint,
+                               "HF checkpoint directory (config.json + safetensors)");
+  preset->excludes(ckpt);
+  ckpt->excludes(preset);
+  cmd->add_option("--seed", options.source.seed, "Seed of the preset's random weights")
+      ->capture_default_str();
+  cmd->add_option("--device", options.load.device, "cpu, cuda or cuda:N")->capture_default_str();
+  cmd->add_option("--dtype", options.load.dtype, "bf16, or fp32 (CPU only)")->capture_default_str();
+  cmd->add_option("--experts", options.load.experts,
+                  "Experts implementation: eager (the modeling file's loop) or grouped_mm "
+                  "(torch._grouped_mm, CUDA)")
+      ->capture_default_str();
+}
+
+int report_error(const base::Error& error) {
+  std::cerr << "batchlens-cli: " << error.message << " (" << base::to_string(error.code) << ")\n";
+  return error.code == base::ErrorCode::Cancelled ? kExitCancelled : kExitFailure;
+}
+
+}  // namespace batchlens::cli

@@ -1,0 +1,514 @@
+// SPDX-License-Identifier: Apache-2.0
+// DiffusionGemma text inference, ported from transformers 5.17's modeling_diffusion_gemma.py.
+// Every op mirrors the reference's ATen call (same op, same operand dtypes and layouts, same
+// order), because the goal is bitwise-equal logits where the same kernels run.
+#include "core/model/diffusion_gemma.h"
+
+#include <algorithm>
+#include <cmath>
+#include <tuple>
+
+#include <ATen/ATen.h>
+
+#include "core/base/error.h"
+#include "core/ops/op_runner.h"
+
+namespace batchlens::model {
+
+using ops::OpFamily;
+using ops::OpSite;
+using probe::Tap;
+
+const char* experts_impl_name(ExpertsImpl impl) {
+  return impl == ExpertsImpl::GroupedMm ? "grouped_mm" : "eager";
+}
+
+KvCache KvCache::repeat_rows(std::int64_t rows) const {
+  KvCache out;
+  out.seq_length = seq_length;
+  const auto rep = [rows](const at::Tensor& t) {
+    // [1, Hkv, L, D] -> [rows, Hkv, L, D], each row a bitwise copy of row 0.
+    return t.narrow(0, 0, 1).expand({rows, t.size(1), t.size(2), t.size(3)}).contiguous();
+  };
+  for (std::size_t i = 0; i < k.size(); ++i) {
+    out.k.push_back(rep(k[i]));
+    out.v.push_back(rep(v[i]));
+  }
+  return out;
+}
+
+// ref: DiffusionGemmaRMSNorm.forward / _norm
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
+  const at::Tensor xf = x.to(at::kFloat);
+  const at::Tensor mean_squared = xf.pow(2).mean(-1, /*keepdim=*/true) + eps;
+  at::Tensor y = xf * at::pow(mean_squared, -0.5);
+  if (weight.defined()) {
+    y = y * weight.to(at::kFloat);
+  }
+  return y.to(x.scalar_type());
+}
+
+// ref: rotate_half, apply_rotary_pos_emb(unsqueeze_dim=2)
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const std::int64_t half = x.size(-1) / 2;
+  const at::Tensor rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
+  const at::Tensor c = cos.unsqueeze(2);  // [1, S, 1, D]
+  const at::Tensor s = sin.unsqueeze(2);
+  return (x * c) + (rotated * s);
+}
+
+// ref: DiffusionGemmaTextRotaryEmbedding.compute_default_rope_parameters and
+// modeling_rope_utils._compute_proportional_rope_parameters
+at::Tensor rope_inv_freq(const RopeParams& rope, std::int64_t head_dim) {
+  const auto f32 = at::TensorOptions().dtype(at::kFloat);
+  if (rope.rope_type == "proportional") {
+    const auto angles =
+        static_cast<std::int64_t>(rope.partial_rotary_factor * static_cast<double>(head_dim) / 2.0);
+    const at::Tensor exponents =
+        at::arange(0, 2 * angles, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat) /
+        static_cast<double>(head_dim);
+    at::Tensor inv = 1.0 / at::pow(rope.rope_theta, exponents);
+    const std::int64_t nope = head_dim / 2 - angles;
+    if (nope > 0) {
+      inv = at::cat({inv, at::zeros({nope}, f32)}, 0);
+    }
+    inv.div_(rope.factor);
+    return inv;
+  }
+  // default: dim = int(head_dim * partial_rotary_factor)
+  const auto dim =
+      static_cast<std::int64_t>(static_cast<double>(head_dim) * rope.partial_rotary_factor);
+  return 1.0 / at::pow(rope.rope_theta, at::arange(0, dim, 2, f32) / static_cast<double>(dim));
+}
+
+std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& inv_freq,
+                                              const at::Tensor& positions, at::ScalarType dtype) {
+  const at::Tensor pos = positions.view({1, -1});  // [1, S]
+  // inv_freq[None, :, None].expand(B, -1, 1) @ position_ids[:, None, :]  -> [1, D/2, S]
+  const at::Tensor inv =
+      inv_freq.unsqueeze(0).unsqueeze(2).expand({pos.size(0), -1, 1}).to(pos.device(), at::kFloat);
+  const at::Tensor freqs = at::matmul(inv, pos.unsqueeze(1).to(at::kFloat)).transpose(1, 2);
+  const at::Tensor emb = at::cat({freqs, freqs}, -1);  // [1, S, D]
+  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+}
+
+namespace {
+
+// State of one forward pass: the op runner for the policy, the taps, the batch.
+class Pass {
+ public:
+  Pass(const DiffusionGemma& model, const ForwardContext& ctx, std::int64_t rows, bool record_taps)
+      : model_(model),
+        t_(model.config().text),
+        w_(model.weights()),
+        policy_(ctx.policy != nullptr ? *ctx.policy : default_policy()),
+        runner_(policy_, rows),
+        taps_(record_taps ? ctx.taps : nullptr),
+        rows_(rows) {}
+
+  bool wants(Tap tap, int layer) const { return taps_ != nullptr && taps_->wants(tap, layer); }
+  void record(Tap tap, int layer, const at::Tensor& value) const {
+    if (wants(tap, layer)) {
+      taps_->record(tap, layer, value);
+    }
+  }
+
+  // ref: DiffusionGemmaTextScaledWordEmbedding.forward
+  at::Tensor embed(const at::Tensor& ids, const at::Tensor& embed_scale) const {
+    return at::embedding(w_.embed, ids, t_.pad_token_id) * embed_scale;
+  }
+
+  // Gated MLP down(gelu_tanh(gate(x)) * up(x)). ref: DiffusionGemmaText4MLP.forward
+  at::Tensor gated_mlp(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& up,
+                       const at::Tensor& down, OpFamily gate_f, OpFamily up_f, OpFamily down_f,
+                       int layer) const {
+    const at::Tensor g = runner_.linear(x, gate, OpSite{gate_f, layer});
+    const at::Tensor u = runner_.linear(x, up, OpSite{up_f, layer});
+    return runner_.linear(at::gelu(g, "tanh") * u, down, OpSite{down_f, layer});
+  }
+
+  // ref: DiffusionGemma{Encoder,Decoder}TextAttention.forward + sdpa_attention_forward
+  at::Tensor attention(const LayerWeights& lw, int layer, const at::Tensor& h,
+                       const at::Tensor& cos, const at::Tensor& sin, KvCache& cache,
+                       bool encoder) const {
+    const std::int64_t b = h.size(0);
+    const std::int64_t s = h.size(1);
+    const std::int64_t d = t_.layer_head_dim(layer);
+    const double eps = t_.rms_norm_eps;
+    const bool sliding = t_.is_sliding(layer);
+
+    at::Tensor q = runner_.linear(h, lw.q_proj, OpSite{OpFamily::QProj, layer}).view({b, s, -1, d});
+    q = apply_rope(rms_norm(q, lw.q_norm, eps), cos, sin);  // [B, S, Hq, D]
+    record(Tap::AttnQ, layer, q);
+    q = q.transpose(1, 2);  // [B, Hq, S, D]
+
+    const at::Tensor k_raw =
+        runner_.linear(h, lw.k_proj, OpSite{OpFamily::KProj, layer}).view({b, s, -1, d});
+    // Full layers have no v_proj: V comes from the same projection as K ("k_eq_v").
+    const at::Tensor v_raw =
+        lw.v_proj.defined()
+            ? runner_.linear(h, lw.v_proj, OpSite{OpFamily::VProj, layer}).view({b, s, -1, d})
+            : k_raw;
+    at::Tensor k = apply_rope(rms_norm(k_raw, lw.k_norm, eps), cos, sin);  // [B, S, Hkv, D]
+    at::Tensor v = rms_norm(v_raw, at::Tensor(), eps);                     // [B, S, Hkv, D]
+    record(Tap::AttnK, layer, k);
+    record(Tap::AttnV, layer, v);
+    k = k.transpose(1, 2);  // [B, Hkv, S, D]
+    v = v.transpose(1, 2);
+
+    const auto li = static_cast<std::size_t>(layer);
+    const bool has_past = cache.seq_length > 0;
+    at::Tensor keys = k;
+    at::Tensor values = v;
+    if (has_past) {
+      // Encoder: DynamicLayer / DynamicSlidingWindowLayer.update; decoder: append_to_cache.
+      keys = at::cat({cache.k[li], k}, -2);
+      values = at::cat({cache.v[li], v}, -2);
+    } else if (encoder) {
+      // torch.cat([empty, new]) in the cache update: a fresh copy with the same values.
+      keys = at::cat({k}, -2);
+      values = at::cat({v}, -2);
+    }
+
+    // Masks. The decoder attends to everything (mask None). The encoder is causal (plus a
+    // window on sliding layers); transformers passes no mask and is_causal=True when it can
+    // (no past, and on sliding layers fewer keys than the window), else a boolean mask.
+    // ref: masking_utils.sdpa_mask + _ignore_causal_mask_sdpa
+    at::Tensor mask;
+    bool is_causal = false;
+    if (encoder) {
+      const std::int64_t kv_len = keys.size(2);
+      const bool skip = !has_past && (!sliding || kv_len < t_.sliding_window);
+      if (skip) {
+        is_causal = s > 1;
+      } else {
+        const auto lopt = at::TensorOptions().dtype(at::kLong).device(h.device());
+        const at::Tensor q_pos = at::arange(cache.seq_length, cache.seq_length + s, lopt);
+        const at::Tensor k_pos =
+            at::arange(cache.seq_length + s - kv_len, cache.seq_length + s, lopt);
+        at::Tensor m = k_pos.unsqueeze(0) <= q_pos.unsqueeze(1);  // [S, Kv]
+        if (sliding) {
+          m = m & (k_pos.unsqueeze(0) > (q_pos.unsqueeze(1) - t_.sliding_window));
+        }
+        mask = m.unsqueeze(0).unsqueeze(0).expand({b, 1, s, kv_len});
+      }
+    }
+    const std::int64_t groups = t_.num_attention_heads / t_.layer_kv_heads(layer);
+    // ref: sdpa_attention_forward / use_gqa_in_sdpa
+    bool enable_gqa = false;
+    at::Tensor k_att = keys;
+    at::Tensor v_att = values;
+    if (groups > 1) {
+      if (!mask.defined() && d <= 256) {
+        enable_gqa = true;
+      } else {
+        k_att = compat_repeat_kv(keys, groups);
+        v_att = compat_repeat_kv(values, groups);
+      }
+    }
+    const at::Tensor attn =
+        runner_.attention(q, k_att, v_att, mask, /*scale=*/1.0, is_causal, enable_gqa, layer);
+    const at::Tensor out = attn.transpose(1, 2).contiguous().reshape({b, s, -1}).contiguous();
+    record(Tap::AttnOut, layer, out);
+    const at::Tensor o = runner_.linear(out, lw.o_proj, OpSite{OpFamily::OProj, layer});
+    record(Tap::AttnOProj, layer, o);
+
+    if (encoder) {
+      if (sliding) {
+        const std::int64_t keep = std::min<std::int64_t>(keys.size(2), t_.sliding_window - 1);
+        cache.k[li] = keys.narrow(2, keys.size(2) - keep, keep);
+        cache.v[li] = values.narrow(2, values.size(2) - keep, keep);
+      } else {
+        cache.k[li] = keys;
+        cache.v[li] = values;
+      }
+    }
+    return o;
+  }
+
+  // ref: DiffusionGemmaTextRouter.forward. Returns (top_k_weights fp32, top_k_index int64).
+  std::pair<at::Tensor, at::Tensor> router(const LayerWeights& lw, int layer,
+                                           const at::Tensor& flat) const {
+    const double scalar_root_size = std::pow(static_cast<double>(t_.hidden_size), -0.5);
+    at::Tensor r = rms_norm(flat, at::Tensor(), t_.rms_norm_eps);
+    r = r * lw.router_scale * scalar_root_size;
+    const at::Tensor scores =
+        runner_.linear(r, lw.router_proj, OpSite{OpFamily::RouterProj, layer});
+    record(Tap::RouterScores, layer, scores.view({rows_, -1, scores.size(-1)}));
+    const at::Tensor probs = at::softmax(scores, -1, at::kFloat);
+    auto [weights, index] = at::topk(probs, t_.top_k_experts, -1);
+    weights.div_(weights.sum(-1, /*keepdim=*/true));
+    weights = weights * lw.router_per_expert_scale.index({index});
+    record(Tap::RouterTopkIds, layer, index.view({rows_, -1, index.size(-1)}));
+    record(Tap::RouterTopkWeights, layer, weights.view({rows_, -1, weights.size(-1)}));
+    return {weights, index};
+  }
+
+  // ref: DiffusionGemmaTextExperts.forward (the modeling file's eager loop)
+  at::Tensor experts_eager(const LayerWeights& lw, int layer, const at::Tensor& x,
+                           const at::Tensor& index, const at::Tensor& weights) const {
+    const std::int64_t experts = t_.num_experts;
+    const std::int64_t per_row = x.size(0) / rows_;
+    at::Tensor final_states = at::zeros_like(x);                                       // [T, H]
+    const at::Tensor expert_mask = at::one_hot(index, experts).permute({2, 1, 0});     // [E, K, T]
+    const at::Tensor hit = at::greater(expert_mask.sum({-1, -2}), 0).nonzero().cpu();  // [n, 1]
+    const auto hit_acc = hit.accessor<std::int64_t, 2>();
+    for (std::int64_t i = 0; i < hit.size(0); ++i) {
+      const std::int64_t e = hit_acc[i][0];
+      const auto where = at::where(expert_mask[e]);
+      const at::Tensor& top_k_pos = where[0];
+      const at::Tensor& token_idx = where[1];
+      const at::Tensor row_of = at::div(token_idx, per_row, "floor");
+      const at::Tensor current = x.index({token_idx});
+      const auto gate_up = runner_
+                               .linear_rows(current, lw.experts_gate_up[e], row_of,
+                                            OpSite{OpFamily::ExpertGateUp, layer})
+                               .chunk(2, -1);
+      at::Tensor h = at::gelu(gate_up[0], "tanh") * gate_up[1];
+      h = runner_.linear_rows(h, lw.experts_down[e], row_of, OpSite{OpFamily::ExpertDown, layer});
+      h = h * weights.index({token_idx, top_k_pos}).unsqueeze(-1);
+      final_states.index_add_(0, token_idx, h.to(final_states.scalar_type()));
+    }
+    return final_states;
+  }
+
+  // ref: transformers integrations/moe.py grouped_mm_experts_forward
+  at::Tensor experts_grouped(const LayerWeights& lw, int layer, const at::Tensor& x,
+                             const at::Tensor& index, const at::Tensor& weights) const {
+    const std::int64_t experts = t_.num_experts;
+    const std::int64_t top_k = index.size(-1);
+    const std::int64_t tokens = x.size(0);
+    const std::int64_t hidden = x.size(-1);
+    const at::Tensor sample_weights = weights.reshape(-1);  // [S]
+    const at::Tensor expert_ids = index.reshape(-1);        // [S]
+    auto [expert_ids_g, perm] = at::sort(expert_ids);
+    const at::Tensor token_of = at::div(perm, top_k, "floor");
+    const at::Tensor selected = x.index({token_of});
+    const at::Tensor sample_weights_g = sample_weights.index({perm});
+    const at::Tensor histc_input =
+        x.device().is_cpu() ? expert_ids_g.to(at::kFloat) : expert_ids_g.to(at::kInt);
+    const at::Tensor tokens_per_expert = at::histc(histc_input, experts, 0, experts - 1);
+    const at::Tensor offsets = at::cumsum(tokens_per_expert, 0, at::kInt);
+    const at::Tensor row_of = at::div(token_of, tokens / rows_, "floor");
+    at::Tensor proj = runner_.grouped_mm(selected.to(lw.experts_gate_up.scalar_type()),
+                                         lw.experts_gate_up.transpose(-2, -1), offsets, row_of,
+                                         OpSite{OpFamily::ExpertGateUp, layer});
+    const auto gate_up = proj.chunk(2, -1);
+    proj = at::gelu(gate_up[0], "tanh") * gate_up[1];
+    proj = runner_.grouped_mm(proj.to(lw.experts_down.scalar_type()),
+                              lw.experts_down.transpose(-2, -1), offsets, row_of,
+                              OpSite{OpFamily::ExpertDown, layer});
+    at::Tensor weighted = proj * sample_weights_g.unsqueeze(-1);  // [S, H] fp32
+    at::Tensor inv_perm = at::empty_like(perm);
+    inv_perm.index_put_({perm}, at::arange(perm.size(0), perm.options()));
+    weighted = weighted.index({inv_perm});
+    return weighted.view({tokens, top_k, hidden}).sum(1).to(x.scalar_type());
+  }
+
+  // ref: DiffusionGemma{Encoder,Decoder}TextLayer.forward
+  at::Tensor layer(int layer, at::Tensor x, const at::Tensor& cos, const at::Tensor& sin,
+                   KvCache& cache, bool encoder, bool attention_only) const {
+    const LayerWeights& lw = w_.layers[static_cast<std::size_t>(layer)];
+    const double eps = t_.rms_norm_eps;
+
+    at::Tensor residual = x;
+    at::Tensor h = rms_norm(x, lw.input_layernorm, eps);
+    h = attention(lw, layer, h, cos, sin, cache, encoder);
+    if (attention_only) {
+      return x;  // the encoder's last layer: only its K/V are ever read
+    }
+    h = rms_norm(h, lw.post_attention_layernorm, eps);
+    x = residual + h;
+
+    residual = x;
+    h = rms_norm(x, lw.pre_feedforward_layernorm, eps);
+    h = gated_mlp(h, lw.mlp_gate, lw.mlp_up, lw.mlp_down, OpFamily::MlpGate, OpFamily::MlpUp,
+                  OpFamily::MlpDown, layer);
+    record(Tap::MlpOut, layer, h);
+    const at::Tensor h1 = rms_norm(h, lw.post_feedforward_layernorm_1, eps);
+
+    // The router sees the raw residual; the experts its pre_feedforward_layernorm_2.
+    const at::Tensor flat = residual.reshape({-1, residual.size(-1)});
+    const at::Tensor for_experts = rms_norm(flat, lw.pre_feedforward_layernorm_2, eps);
+    const auto [weights, index] = router(lw, layer, flat);
+    at::Tensor h2 = model_.settings().experts == ExpertsImpl::GroupedMm
+                        ? experts_grouped(lw, layer, for_experts, index, weights)
+                        : experts_eager(lw, layer, for_experts, index, weights);
+    h2 = h2.reshape(residual.sizes());
+    record(Tap::MoeOut, layer, h2);
+    h2 = rms_norm(h2, lw.post_feedforward_layernorm_2, eps);
+
+    h = h1 + h2;
+    h = rms_norm(h, lw.post_feedforward_layernorm, eps);
+    x = residual + h;
+    x.mul_(encoder ? lw.encoder_layer_scalar : lw.layer_scalar);
+    record(Tap::LayerOut, layer, x);
+    return x;
+  }
+
+  const ops::OpRunner& runner() const { return runner_; }
+
+ private:
+  static const ops::OpPolicy& default_policy() {
+    static const ops::OpPolicy policy = ops::OpPolicy::default_policy();
+    return policy;
+  }
+  static at::Tensor compat_repeat_kv(const at::Tensor& x, std::int64_t n_rep);
+
+  const DiffusionGemma& model_;
+  const TextConfig& t_;
+  const ModelWeights& w_;
+  const ops::OpPolicy& policy_;
+  ops::OpRunner runner_;
+  probe::TapSink* taps_;
+  std::int64_t rows_;
+};
+
+void check_ids(const at::Tensor& ids, std::int64_t vocab, const char* what) {
+  if (ids.dim() != 2 || ids.scalar_type() != at::kLong) {
+    base::raise(base::ErrorCode::InvalidArgument,
+                std::string(what) + ": expected int64 [batch, length], got " +
+                    std::string(c10::toString(ids.scalar_type())) + " of rank " +
+                    std::to_string(ids.dim()));
+  }
+  if (ids.numel() > 0) {
+    const auto lo = ids.min().item<std::int64_t>();
+    const auto hi = ids.max().item<std::int64_t>();
+    if (lo < 0 || hi >= vocab) {
+      base::raise(base::ErrorCode::InvalidArgument,
+                  std::string(what) + ": token ids must be in [0, " + std::to_string(vocab) +
+                      "), got range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
+    }
+  }
+}
+
+}  // namespace
+
+at::Tensor Pass::compat_repeat_kv(const at::Tensor& x, std::int64_t n_rep) {
+  // ref: repeat_kv (modeling_diffusion_gemma / sdpa_attention)
+  const auto b = x.size(0);
+  const auto h = x.size(1);
+  const auto s = x.size(2);
+  const auto d = x.size(3);
+  return x.unsqueeze(2).expand({b, h, n_rep, s, d}).reshape({b, h * n_rep, s, d});
+}
+
+DiffusionGemma::DiffusionGemma(ModelConfig config, ModelWeights weights, RunSettings settings)
+    : config_(std::move(config)), weights_(std::move(weights)), settings_(settings) {
+  validate(config_);
+  if (weights_.layers.size() != static_cast<std::size_t>(config_.text.num_hidden_layers)) {
+    base::raise(base::ErrorCode::InvalidArgument,
+                "weights have " + std::to_string(weights_.layers.size()) + " layers, config " +
+                    std::to_string(config_.text.num_hidden_layers));
+  }
+  if (settings_.experts == ExpertsImpl::GroupedMm && !ops::grouped_mm_available(device())) {
+    base::raise(base::ErrorCode::InvalidArgument,
+                "the grouped_mm experts implementation needs LibTorch 2.8+ and a CUDA device; "
+                "use eager here");
+  }
+  // ref: DiffusionGemmaTextScaledWordEmbedding: fp32 buffer hidden_size**0.5, cast to the
+  // weight dtype before the multiply (53.0 in bf16 for H = 2816).
+  embed_scale_ = at::scalar_tensor(std::sqrt(static_cast<double>(config_.text.hidden_size)),
+                                   at::TensorOptions().dtype(at::kFloat))
+                     .to(device(), dtype());
+  inv_freq_sliding_ = rope_inv_freq(config_.text.rope_sliding, config_.text.head_dim);
+  inv_freq_full_ = rope_inv_freq(config_.text.rope_full, config_.text.global_head_dim);
+}
+
+void DiffusionGemma::encode(const at::Tensor& ids, KvCache& cache,
+                            const ForwardContext& ctx) const {
+  const TextConfig& t = config_.text;
+  check_ids(ids, t.vocab_size, "encoder input ids");
+  const std::int64_t b = ids.size(0);
+  const std::int64_t s = ids.size(1);
+  if (cache.seq_length > 0 && cache.batch_size() != b) {
+    base::raise(base::ErrorCode::InvalidArgument, "encoder: cache holds " +
+                                                      std::to_string(cache.batch_size()) +
+                                                      " rows, ids " + std::to_string(b));
+  }
+  if (cache.k.empty()) {
+    cache.k.resize(static_cast<std::size_t>(t.num_hidden_layers));
+    cache.v.resize(static_cast<std::size_t>(t.num_hidden_layers));
+  }
+  Pass pass(*this, ctx, b, /*record_taps=*/false);
+  const at::Tensor ids_dev = ids.to(device());
+  at::Tensor x = pass.embed(ids_dev, embed_scale_);  // [B, S, H]
+  const at::Tensor positions = at::arange(cache.seq_length, cache.seq_length + s,
+                                          at::TensorOptions().dtype(at::kLong).device(device()));
+  const auto [cos_s, sin_s] = rope_tables(inv_freq_sliding_, positions, dtype());
+  const auto [cos_f, sin_f] = rope_tables(inv_freq_full_, positions, dtype());
+  for (int l = 0; l < static_cast<int>(t.num_hidden_layers); ++l) {
+    const bool sliding = t.is_sliding(l);
+    const bool last = l == static_cast<int>(t.num_hidden_layers) - 1;
+    x = pass.layer(l, x, sliding ? cos_s : cos_f, sliding ? sin_s : sin_f, cache,
+                   /*encoder=*/true, /*attention_only=*/last);
+  }
+  cache.seq_length += s;
+}
+
+at::Tensor DiffusionGemma::decode(const at::Tensor& canvas, const KvCache& cache,
+                                  const at::Tensor& self_conditioning_logits,
+                                  const ForwardContext& ctx) const {
+  const TextConfig& t = config_.text;
+  check_ids(canvas, t.vocab_size, "canvas");
+  const std::int64_t b = canvas.size(0);
+  const std::int64_t c = canvas.size(1);
+  if (cache.seq_length <= 0 || cache.batch_size() != b) {
+    base::raise(base::ErrorCode::InvalidArgument,
+                "decoder: needs a prefilled cache with " + std::to_string(b) + " rows (has " +
+                    std::to_string(cache.batch_size()) + " rows, " +
+                    std::to_string(cache.seq_length) + " positions)");
+  }
+  const at::Tensor& sc = self_conditioning_logits;
+  if (sc.defined() &&
+      (sc.dim() != 3 || sc.size(0) != b || sc.size(1) != c || sc.size(2) != t.vocab_size)) {
+    base::raise(base::ErrorCode::InvalidArgument, "self-conditioning logits must be [" +
+                                                      std::to_string(b) + ", " + std::to_string(c) +
+                                                      ", " + std::to_string(t.vocab_size) + "]");
+  }
+  Pass pass(*this, ctx, b, /*record_taps=*/true);
+  const at::Tensor canvas_dev = canvas.to(device());
+  const at::Tensor inputs_embeds = pass.embed(canvas_dev, embed_scale_);  // [B, C, H]
+
+  // ref: DiffusionGemmaDecoderModel.forward, self-conditioning input
+  at::Tensor soft;
+  if (sc.defined()) {
+    const at::Tensor probs =
+        at::softmax(sc.to(device()), -1, at::kFloat).to(weights_.embed.scalar_type());
+    soft = pass.runner().matmul(probs, weights_.embed, OpSite{OpFamily::SelfCondMatmul, -1}) *
+           embed_scale_.to(inputs_embeds.scalar_type());
+  } else {
+    soft = at::zeros_like(inputs_embeds);
+  }
+  pass.record(Tap::SelfCondSoftEmbed, probe::kNoLayer, soft);
+  // ref: DiffusionGemmaSelfConditioning.forward
+  const at::Tensor normed = rms_norm(soft, weights_.sc_pre_norm, t.rms_norm_eps);
+  const at::Tensor signal =
+      pass.gated_mlp(normed, weights_.sc_gate, weights_.sc_up, weights_.sc_down,
+                     OpFamily::SelfCondMlp, OpFamily::SelfCondMlp, OpFamily::SelfCondMlp, -1);
+  at::Tensor x = rms_norm(inputs_embeds + signal, at::Tensor(), t.rms_norm_eps);
+  pass.record(Tap::SelfCondOut, probe::kNoLayer, x);
+
+  // The canvas continues the absolute positions after everything in the cache.
+  const at::Tensor positions = at::arange(cache.seq_length, cache.seq_length + c,
+                                          at::TensorOptions().dtype(at::kLong).device(device()));
+  const auto [cos_s, sin_s] = rope_tables(inv_freq_sliding_, positions, dtype());
+  const auto [cos_f, sin_f] = rope_tables(inv_freq_full_, positions, dtype());
+  KvCache& readonly = const_cast<KvCache&>(cache);  // the decoder never writes it
+  for (int l = 0; l < static_cast<int>(t.num_hidden_layers); ++l) {
+    const bool sliding = t.is_sliding(l);
+    x = pass.layer(l, x, sliding ? cos_s : cos_f, sliding ? sin_s : sin_f, readonly,
+                   /*encoder=*/false, /*attention_only=*/false);
+  }
+  const at::Tensor h = rms_norm(x, weights_.final_norm, t.rms_norm_eps);
+  // ref: DiffusionGemmaForBlockDiffusion.forward: tied lm_head (bf16 out), fp32 soft-capping
+  at::Tensor logits = pass.runner().linear(h, weights_.embed, OpSite{OpFamily::LmHead, -1});
+  logits = logits.to(at::kFloat);
+  logits = logits / t.final_logit_softcapping;
+  logits = at::tanh(logits);
+  logits = logits * t.final_logit_softcapping;
+  pass.record(Tap::Logits, probe::kNoLayer, logits);
+  return logits;
+}
+
+}  // namespace batchlens::model

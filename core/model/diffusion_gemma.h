@@ -1,0 +1,108 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/core/Tensor.h>
+
+#include "core/model/config.h"
+#include "core/model/weights.h"
+#include "core/ops/policy.h"
+#include "core/probe/taps.h"
+
+namespace batchlens::model {
+
+/// How experts are computed. ref: transformers integrations/moe.py
+enum class ExpertsImpl {
+  Eager,      ///< the modeling file's per-expert loop with bf16 index_add_
+  GroupedMm,  ///< grouped_mm_experts_forward (torch._grouped_mm; LibTorch 2.8+, CUDA sm90)
+};
+
+/// Per-run computation choices (not part of the model).
+struct RunSettings {
+  ExpertsImpl experts = ExpertsImpl::Eager;
+};
+
+/// "eager" / "grouped_mm".
+const char* experts_impl_name(ExpertsImpl impl);
+
+/// The encoder's KV cache: per layer K and V after norm and RoPE, exactly as attention reads
+/// them. Full layers keep every position; sliding layers keep the last sliding_window - 1
+/// (HF DynamicSlidingWindowLayer). ref: spec section 4.1
+struct KvCache {
+  std::vector<at::Tensor> k;    ///< per layer [B, Hkv, L_kept, D]
+  std::vector<at::Tensor> v;    ///< per layer [B, Hkv, L_kept, D]
+  std::int64_t seq_length = 0;  ///< positions seen in all (the next position id)
+
+  std::int64_t batch_size() const { return k.empty() ? 0 : k.front().size(0); }
+  /// A cache of `rows` rows, each a bitwise copy of row 0 (the batch-1 prompt cache copied into
+  /// every row, the user's setup).
+  KvCache repeat_rows(std::int64_t rows) const;
+};
+
+/// What one forward pass reports to and is steered by.
+struct ForwardContext {
+  const ops::OpPolicy* policy = nullptr;  ///< null = default (everything batched)
+  probe::TapSink* taps = nullptr;         ///< null = no taps
+};
+
+/// DiffusionGemma text inference in LibTorch: the encoder (prefill / commit, writes the KV
+/// cache) and the decoder (one denoising step over a canvas, reads the cache), with the
+/// reference's dtype choreography. Every matmul-like call goes through ops::OpRunner.
+/// ref: DiffusionGemmaForBlockDiffusion (transformers 5.17). Thread-compatible: one thread
+/// per forward; weights are shared read-only.
+class DiffusionGemma {
+ public:
+  /// Throws base::ErrorException(InvalidArgument) if the settings cannot run on the weights'
+  /// device (e.g. grouped_mm without LibTorch 2.8 + CUDA).
+  DiffusionGemma(ModelConfig config, ModelWeights weights, RunSettings settings = {});
+
+  const ModelConfig& config() const { return config_; }
+  const ModelWeights& weights() const { return weights_; }
+  const RunSettings& settings() const { return settings_; }
+  at::Device device() const { return weights_.device(); }
+  at::ScalarType dtype() const { return weights_.dtype(); }
+
+  /// Encoder pass over `ids` [B, L] int64 (causal), appending to `cache` (empty for prefill;
+  /// B must match a non-empty cache). Positions continue at cache.seq_length.
+  /// ref: DiffusionGemmaEncoderTextModel.forward
+  void encode(const at::Tensor& ids, KvCache& cache, const ForwardContext& ctx = {}) const;
+
+  /// One decoder pass: canvas [B, C] int64, the cache (read only; B rows), optional
+  /// self-conditioning logits [B, C, V] (the previous step's processed logits, any float
+  /// dtype; undefined on the first step). Returns soft-capped logits [B, C, V] fp32.
+  /// ref: DiffusionGemmaDecoderModel.forward + DiffusionGemmaForBlockDiffusion.forward
+  at::Tensor decode(const at::Tensor& canvas, const KvCache& cache,
+                    const at::Tensor& self_conditioning_logits,
+                    const ForwardContext& ctx = {}) const;
+
+ private:
+  ModelConfig config_;
+  ModelWeights weights_;
+  RunSettings settings_;
+  at::Tensor embed_scale_;       // 0-dim, model dtype: bf16(sqrt(H)) (53.0 for H = 2816)
+  at::Tensor inv_freq_sliding_;  // [D/2] fp32
+  at::Tensor inv_freq_full_;     // [Dg/2] fp32
+};
+
+/// Inverse RoPE frequencies of a layer type, computed on the CPU in fp32 as the reference
+/// does at init (default: 1 / theta^(arange(0, d, 2) / d); proportional: the rotated
+/// 2*floor(p*d/2) dims, then zeros up to d/2, divided by factor).
+/// ref: compute_default_rope_parameters, _compute_proportional_rope_parameters
+at::Tensor rope_inv_freq(const RopeParams& rope, std::int64_t head_dim);
+
+/// cos and sin tables [1, S, D] in `dtype` for positions [S] (int64). ref:
+/// DiffusionGemmaTextRotaryEmbedding.forward
+std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& inv_freq,
+                                              const at::Tensor& positions, at::ScalarType dtype);
+
+/// RMSNorm in fp32, x * pow(mean(x^2) + eps, -0.5) [* weight], cast back to x's dtype.
+/// `weight` may be undefined (no scale). ref: DiffusionGemmaRMSNorm
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
+
+/// x * cos + rotate_half(x) * sin with cos/sin [1, S, D] broadcast over heads of x [B, S, H, D].
+/// ref: apply_rotary_pos_emb(unsqueeze_dim=2)
+at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+}  // namespace batchlens::model

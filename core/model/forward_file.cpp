@@ -1,0 +1,153 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "core/model/forward_file.h"
+
+#include <algorithm>
+#include <chrono>
+#include <fstream>
+
+#include <ATen/ATen.h>
+
+#include "core/model/diffusion_gemma.h"
+#include "core/model/safetensors.h"
+#include "core/probe/taps.h"
+
+namespace batchlens::model {
+
+namespace {
+
+at::Tensor require(const SafetensorsFile& file, const std::string& name) {
+  if (file.tensors().count(name) == 0) {
+    base::raise(base::ErrorCode::InvalidArgument,
+                file.path().string() + ": missing tensor '" + name + "'");
+  }
+  return file.tensor(name);
+}
+
+ops::OpPolicy resolve_policy(const std::string& name) {
+  if (name == "default") {
+    return ops::OpPolicy::default_policy();
+  }
+  if (name == "issue_workaround") {
+    return ops::OpPolicy::issue_workaround();
+  }
+  if (name == "row_wise_all") {
+    return ops::OpPolicy::row_wise_all();
+  }
+  std::ifstream in(name);
+  if (!in) {
+    base::raise(
+        base::ErrorCode::InvalidArgument,
+        "policy '" + name + "': expected default, issue_workaround, row_wise_all or a JSON file");
+  }
+  auto parsed = ops::policy_from_json(nlohmann::json::parse(in, nullptr, true));
+  if (!parsed.ok()) {
+    throw base::ErrorException(parsed.error());
+  }
+  return parsed.value();
+}
+
+std::bitset<probe::kTapCount> resolve_taps(const std::vector<std::string>& names) {
+  std::bitset<probe::kTapCount> set;
+  for (const auto& n : names) {
+    if (n == "all") {
+      set.set();
+      continue;
+    }
+    const auto tap = probe::tap_from_name(n);
+    if (!tap) {
+      base::raise(base::ErrorCode::InvalidArgument, "unknown tap '" + n + "'");
+    }
+    set.set(static_cast<std::size_t>(*tap));
+  }
+  return set;
+}
+
+void sync(const at::Device& device) {
+  if (device.is_cuda()) {
+    // A tiny device-to-host copy waits for all queued work on the current stream.
+    (void)at::zeros({1}, at::TensorOptions().device(device)).cpu();
+  }
+}
+
+}  // namespace
+
+base::Result<ForwardSummary> run_forward_file(const DiffusionGemma& model,
+                                              const ForwardRequest& request) {
+  return base::guarded([&] {
+    const auto inputs = SafetensorsFile::open(request.inputs);
+    const at::Tensor ids = require(*inputs, "input_ids");
+    const at::Tensor canvas = require(*inputs, "decoder_input_ids");
+    at::Tensor sc;
+    if (inputs->tensors().count("self_conditioning_logits") != 0) {
+      sc = inputs->tensor("self_conditioning_logits").to(model.device());
+    }
+    if (ids.dim() != 2 || canvas.dim() != 2 || ids.size(0) != canvas.size(0)) {
+      base::raise(base::ErrorCode::InvalidArgument,
+                  "input_ids must be [B, L] and decoder_input_ids [B, C] with the same B");
+    }
+    at::Tensor ids_in = ids;
+    at::Tensor canvas_in = canvas;
+    if (request.rows > 0) {
+      // Bitwise-identical rows: row 0 repeated (the paired-experiment setup).
+      ids_in = ids.narrow(0, 0, 1).expand({request.rows, -1}).contiguous();
+      canvas_in = canvas.narrow(0, 0, 1).expand({request.rows, -1}).contiguous();
+      if (sc.defined()) {
+        sc = sc.narrow(0, 0, 1).expand({request.rows, -1, -1}).contiguous();
+      }
+    }
+    const ops::OpPolicy policy = resolve_policy(request.policy);
+    probe::TapRecorder taps(resolve_taps(request.taps));
+
+    ForwardSummary summary;
+    summary.batch = ids_in.size(0);
+    summary.prompt_length = ids.size(1);
+    summary.canvas_length = canvas.size(1);
+    summary.self_conditioning = sc.defined();
+
+    using Clock = std::chrono::steady_clock;
+    KvCache cache;
+    auto t0 = Clock::now();
+    model.encode(ids_in.clone(), cache, ForwardContext{&policy, nullptr});
+    sync(model.device());
+    auto t1 = Clock::now();
+    const at::Tensor logits =
+        model.decode(canvas_in.clone(), cache, sc, ForwardContext{&policy, &taps});
+    sync(model.device());
+    auto t2 = Clock::now();
+    summary.encode_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+    summary.decode_ms = std::chrono::duration<double, std::milli>(t2 - t1).count();
+    if (request.repeat > 0) {
+      // Timed passes without taps: what a generation step costs.
+      std::vector<double> times;
+      for (int i = 0; i < request.repeat; ++i) {
+        const auto a = Clock::now();
+        (void)model.decode(canvas_in, cache, sc, ForwardContext{&policy, nullptr});
+        sync(model.device());
+        times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - a).count());
+      }
+      std::sort(times.begin(), times.end());
+      summary.decode_median_ms = times[times.size() / 2];
+      summary.decode_min_ms = times.front();
+    }
+
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    out.emplace_back("logits", logits);
+    for (const auto& [key, value] : taps.recorded()) {
+      if (key.first == probe::Tap::Logits) {
+        continue;  // the same tensor as `logits`
+      }
+      std::string name(probe::tap_name(key.first));
+      if (key.second != probe::kNoLayer) {
+        name += "." + std::to_string(key.second);
+      }
+      out.emplace_back(name, value);
+    }
+    write_safetensors(request.output, out,
+                      {{"batchlens_policy", ops::describe(policy)},
+                       {"batchlens_experts", experts_impl_name(model.settings().experts)}});
+    summary.tensors_written = out.size();
+    return summary;
+  });
+}
+
+}  // namespace batchlens::model

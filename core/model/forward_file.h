@@ -1,0 +1,50 @@
+// SPDX-License-Identifier: Apache-2.0
+// One encoder prefill + one decoder pass from a safetensors file of inputs to a safetensors
+// file of logits and taps: `batchlens-cli forward`, for parity checks and debugging.
+#pragma once
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "core/base/error.h"
+
+namespace batchlens::model {
+
+class DiffusionGemma;
+
+/// What to run and what to keep.
+struct ForwardRequest {
+  /// safetensors with `input_ids` [B, L] I64 (the prompt), `decoder_input_ids` [B, C] I64 (the
+  /// canvas) and optionally `self_conditioning_logits` [B, C, V] (any float dtype).
+  std::filesystem::path inputs;
+  /// Output safetensors: `logits` [B, C, V] F32, and per requested tap `<tap>.<layer>` (per-layer
+  /// taps, e.g. `router.scores.3`) or `<tap>` (per-step taps, e.g. `selfcond.out`).
+  std::filesystem::path output;
+  std::vector<std::string> taps;  ///< tap names (probe/tap_names.h), or {"all"}
+  std::string policy =
+      "default";          ///< "default", "issue_workaround", "row_wise_all", or a JSON file
+  std::int64_t rows = 0;  ///< > 0: use row 0 of the inputs, repeated to this many rows
+  int repeat = 0;         ///< > 0: time this many extra decoder passes (after one warm-up)
+};
+
+/// What was computed, for the CLI to print.
+struct ForwardSummary {
+  std::int64_t batch = 0;
+  std::int64_t prompt_length = 0;
+  std::int64_t canvas_length = 0;
+  bool self_conditioning = false;
+  std::size_t tensors_written = 0;
+  double encode_ms = 0.0;
+  double decode_ms = 0.0;         ///< the first (written) decoder pass
+  double decode_median_ms = 0.0;  ///< median of `repeat` timed passes (0 without repeat)
+  double decode_min_ms = 0.0;     ///< fastest timed pass
+};
+
+/// Runs the request. Errors: FileNotFound / FileCorrupted (inputs), InvalidArgument (missing
+/// or misshapen inputs, unknown tap or policy), IoFailed, OutOfMemory. Never throws; never
+/// leaves a partial output file.
+base::Result<ForwardSummary> run_forward_file(const DiffusionGemma& model,
+                                              const ForwardRequest& request);
+
+}  // namespace batchlens::model

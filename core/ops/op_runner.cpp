@@ -1,0 +1,132 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "core/ops/op_runner.h"
+
+#include <vector>
+
+#include <ATen/ATen.h>
+
+#include "core/base/error.h"
+#include "core/compat/torch_compat.h"
+
+namespace batchlens::ops {
+
+namespace {
+
+// Splits dim 0 of x into `rows` equal contiguous blocks (one per logical row), applies f to
+// each and concatenates. Each block is exactly what the op would see at batch size 1.
+template <class F>
+at::Tensor per_row_blocks(const at::Tensor& x, std::int64_t rows, F&& f) {
+  TORCH_CHECK(x.size(0) % rows == 0, "row-wise op: leading dim ", x.size(0),
+              " is not a multiple of the batch size ", rows);
+  const std::int64_t block = x.size(0) / rows;
+  std::vector<at::Tensor> parts;
+  parts.reserve(static_cast<std::size_t>(rows));
+  for (std::int64_t r = 0; r < rows; ++r) {
+    parts.push_back(f(x.narrow(0, r * block, block)));
+  }
+  return at::cat(parts, 0);
+}
+
+// Runs f on the rows of x belonging to each logical row and scatters the results back into
+// x's row order.
+template <class F>
+at::Tensor per_row_gather(const at::Tensor& x, const at::Tensor& row_of, std::int64_t rows, F&& f) {
+  at::Tensor out;
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const at::Tensor idx = (row_of == r).nonzero().squeeze(1);  // [n_r] int64
+    if (idx.numel() == 0) {
+      continue;
+    }
+    const at::Tensor part = f(x.index_select(0, idx), r, idx);
+    if (!out.defined()) {
+      std::vector<std::int64_t> shape(part.sizes().begin(), part.sizes().end());
+      shape[0] = x.size(0);
+      out = at::zeros(shape, part.options());
+    }
+    out.index_copy_(0, idx, part);
+  }
+  return out;
+}
+
+}  // namespace
+
+at::Tensor OpRunner::linear(const at::Tensor& x, const at::Tensor& w, OpSite site) const {
+  if (strategy(site) == Strategy::Batched || rows_ == 1) {
+    return at::linear(x, w);
+  }
+  return per_row_blocks(x, rows_, [&w](const at::Tensor& part) { return at::linear(part, w); });
+}
+
+at::Tensor OpRunner::linear_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor& row_of,
+                                 OpSite site) const {
+  if (strategy(site) == Strategy::Batched || rows_ == 1) {
+    return at::linear(x, w);
+  }
+  return per_row_gather(x, row_of, rows_,
+                        [&w](const at::Tensor& part, std::int64_t, const at::Tensor&) {
+                          return at::linear(part, w);
+                        });
+}
+
+at::Tensor OpRunner::matmul(const at::Tensor& a, const at::Tensor& b, OpSite site) const {
+  if (strategy(site) == Strategy::Batched || rows_ == 1) {
+    return at::matmul(a, b);
+  }
+  return per_row_blocks(a, rows_, [&b](const at::Tensor& part) { return at::matmul(part, b); });
+}
+
+at::Tensor OpRunner::attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const at::Tensor& mask, double scale, bool is_causal,
+                               bool enable_gqa, int layer) const {
+  const auto call = [&](const at::Tensor& qq, const at::Tensor& kk, const at::Tensor& vv,
+                        const at::Tensor& mm) {
+    return compat::sdpa(qq, kk, vv, mm, scale, is_causal, enable_gqa);
+  };
+  if (strategy(OpSite{OpFamily::Attention, layer}) == Strategy::Batched || rows_ == 1) {
+    return call(q, k, v, mask);
+  }
+  std::vector<at::Tensor> parts;
+  for (std::int64_t r = 0; r < rows_; ++r) {
+    // A mask with a batch dim of B is sliced with its row; a broadcast mask is shared.
+    const at::Tensor m =
+        mask.defined() && mask.dim() == 4 && mask.size(0) == rows_ ? mask.narrow(0, r, 1) : mask;
+    parts.push_back(call(q.narrow(0, r, 1), k.narrow(0, r, 1), v.narrow(0, r, 1), m));
+  }
+  return at::cat(parts, 0);
+}
+
+bool grouped_mm_available(const at::Device& device) {
+#if BL_TORCH_HAS_GROUPED_MM
+  return device.is_cuda();
+#else
+  (void)device;
+  return false;
+#endif
+}
+
+at::Tensor OpRunner::grouped_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offs,
+                                const at::Tensor& row_of, OpSite site) const {
+#if BL_TORCH_HAS_GROUPED_MM
+  const auto call = [&w](const at::Tensor& xx, const at::Tensor& oo) {
+    return compat::grouped_mm(xx, w, oo);
+  };
+  if (strategy(site) == Strategy::Batched || rows_ == 1) {
+    return call(x, offs);
+  }
+  const std::int64_t experts = w.size(0);
+  return per_row_gather(
+      x, row_of, rows_, [&](const at::Tensor& part, std::int64_t, const at::Tensor& idx) {
+        // This row's rows are still sorted by expert; recount its groups.
+        const at::Tensor group = at::searchsorted(offs.to(at::kLong), idx, false, true);
+        const at::Tensor counts = at::bincount(group, {}, experts);
+        return call(part, at::cumsum(counts, 0, at::kInt));
+      });
+#else
+  (void)x, (void)w, (void)offs, (void)row_of, (void)site;
+  base::raise(base::ErrorCode::InvalidArgument,
+              "grouped_mm experts need LibTorch 2.8+ with CUDA; this build has LibTorch " +
+                  compat::torch_version() + " - use the eager experts implementation");
+#endif
+}
+
+}  // namespace batchlens::ops

@@ -1,0 +1,63 @@
+// SPDX-License-Identifier: Apache-2.0
+#pragma once
+
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+
+#include "core/ops/op_family.h"
+#include "core/ops/policy.h"
+
+namespace batchlens::ops {
+
+/// Where an op call sits in the model.
+struct OpSite {
+  OpFamily family;
+  int layer;  ///< layer index, or -1 for per-step ops
+};
+
+/// Executes the model's matmul-like calls under an OpPolicy. Every such call in the model
+/// goes through here, tagged with its OpSite; the policy decides whether it runs as one
+/// batched call (exactly the ATen call transformers makes) or once per logical row.
+/// Not thread-safe; one per forward pass.
+class OpRunner {
+ public:
+  /// `rows` is the logical batch size B of the forward pass.
+  OpRunner(const OpPolicy& policy, std::int64_t rows) : policy_(policy), rows_(rows) {}
+
+  std::int64_t rows() const { return rows_; }
+  Strategy strategy(OpSite site) const { return policy_.resolve(site.family, site.layer); }
+
+  /// F.linear(x, w): x [R, ..., K] whose leading dim is B or a multiple of B laid out
+  /// row-major by logical row (e.g. [B*S, K]); w [N, K]. Returns [..., N] in x's dtype.
+  at::Tensor linear(const at::Tensor& x, const at::Tensor& w, OpSite site) const;
+
+  /// F.linear for rows of x that belong to arbitrary logical rows: row_of[i] is the logical
+  /// row of x[i] (int64 [R] on x's device). Row-wise runs one call per logical row present.
+  at::Tensor linear_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor& row_of,
+                         OpSite site) const;
+
+  /// torch.matmul(a, b): a [B, S, K], b [K, N] (self-conditioning). Returns [B, S, N].
+  at::Tensor matmul(const at::Tensor& a, const at::Tensor& b, OpSite site) const;
+
+  /// Scaled dot-product attention, q [B, Hq, Sq, D], k/v [B, Hkv, Sk, D]; see compat::sdpa.
+  at::Tensor attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                       const at::Tensor& mask, double scale, bool is_causal, bool enable_gqa,
+                       int layer) const;
+
+  /// Grouped GEMM over rows sorted by expert: x [R, K] (rows of expert e are
+  /// x[offs[e-1]:offs[e]]), w [E, K, N] (already transposed), offs int32 [E] cumulative.
+  /// row_of[i] = logical row of x[i]. Row-wise runs one grouped GEMM per logical row, on that
+  /// row's rows only (still sorted by expert). Needs LibTorch's grouped_mm (2.8+, CUDA sm90).
+  at::Tensor grouped_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offs,
+                        const at::Tensor& row_of, OpSite site) const;
+
+ private:
+  const OpPolicy& policy_;
+  std::int64_t rows_;
+};
+
+/// True when this build and device can run OpRunner::grouped_mm.
+bool grouped_mm_available(const at::Device& device);
+
+}  // namespace batchlens::ops

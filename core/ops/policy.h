@@ -1,0 +1,69 @@
+// SPDX-License-Identifier: Apache-2.0
+// Which strategy computes each (op family, layer): the run-time knob behind workarounds,
+// emulation and the culprit finder. Torch-free: experiment specs and the UI hold policies.
+#pragma once
+
+#include <bitset>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/base/error.h"
+#include "core/ops/op_family.h"
+
+namespace batchlens::ops {
+
+/// How one op call is computed.
+enum class Strategy {
+  Batched,  ///< one call over the whole batch, as transformers does ("default")
+  RowWise,  ///< one call per logical row (batch element), results concatenated
+};
+
+/// "batched", "row_wise".
+std::string_view strategy_name(Strategy strategy);
+
+using FamilySet = std::bitset<kOpFamilyCount>;
+
+/// A set of families with a layer range and the strategy they get. Per-step families
+/// (self-conditioning, lm_head) match a rule whenever their family is in the set.
+struct PolicyRule {
+  FamilySet families;
+  int first_layer = 0;  ///< inclusive
+  int last_layer = -1;  ///< inclusive; -1 = through the last layer
+  Strategy strategy = Strategy::RowWise;
+
+  bool matches(OpFamily family, int layer) const;
+};
+
+/// An ordered list of rules; the last rule that matches an op decides, ops no rule matches
+/// run Batched. Value type, cheap to copy.
+struct OpPolicy {
+  std::string name = "default";
+  std::vector<PolicyRule> rules;
+
+  Strategy resolve(OpFamily family, int layer) const;
+  /// True when no op can be computed other than Batched.
+  bool is_default() const { return rules.empty(); }
+
+  /// Everything Batched, as transformers computes it.
+  static OpPolicy default_policy();
+  /// The given families row-wise in every layer.
+  static OpPolicy row_wise(FamilySet families, std::string name = "row_wise");
+  /// Every family row-wise in every layer: each row computed exactly as at batch size 1.
+  static OpPolicy row_wise_all();
+  /// The user's recipe: router projection in all layers + self-conditioning matmul row-wise.
+  static OpPolicy issue_workaround();
+};
+
+/// FamilySet from names; InvalidArgument naming an unknown family. Never throws.
+base::Result<FamilySet> parse_families(const std::vector<std::string>& names);
+/// {"name": ..., "rules": [{"families": [...], "first_layer": 0, "last_layer": -1,
+///  "strategy": "row_wise"}]}
+nlohmann::json to_json(const OpPolicy& policy);
+/// Inverse of to_json; InvalidArgument on malformed input. Never throws.
+base::Result<OpPolicy> policy_from_json(const nlohmann::json& doc);
+/// A one-line description, e.g. "issue_workaround: row_wise {router_proj, selfcond_matmul}".
+std::string describe(const OpPolicy& policy);
+
+}  // namespace batchlens::ops

@@ -1,0 +1,73 @@
+// SPDX-License-Identifier: Apache-2.0
+// `batchlens-cli save-model` + `forward` end to end on the tiny preset.
+#include <filesystem>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "core/model/diffusion_gemma.h"
+#include "core/model/loader.h"
+#include "core/model/safetensors.h"
+#include "tests/support/process.h"
+
+namespace batchlens {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::run_process;
+
+TEST(CliForward, SavedCheckpointAndForwardMatchTheInProcessModel) {
+  const fs::path dir = fs::temp_directory_path() / ("bl_cli_forward_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  const auto saved = run_process({BL_CLI_PATH, "save-model", "--preset", "tiny", "--seed", "4",
+                                  "--out", (dir / "ckpt").string()});
+  ASSERT_EQ(saved.exit_code, 0) << saved.err;
+  ASSERT_TRUE(fs::exists(dir / "ckpt" / "config.json"));
+
+  const auto model = model::load_model(model::ModelSource{"tiny", {}, 4}, model::LoadOptions{});
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  const auto& m = *model.value();
+  const std::int64_t c = m.config().canvas_length;
+  const at::Tensor prompt = at::arange(3, 9, at::kLong).view({1, 6});
+  const at::Tensor canvas = at::arange(10, 10 + c, at::kLong).view({1, c});
+  model::write_safetensors(dir / "in.safetensors",
+                           {{"input_ids", prompt}, {"decoder_input_ids", canvas}});
+
+  const auto fwd =
+      run_process({BL_CLI_PATH, "forward", "--checkpoint", (dir / "ckpt").string(), "--inputs",
+                   (dir / "in.safetensors").string(), "--out", (dir / "out.safetensors").string(),
+                   "--taps", "router.scores,logits", "--rows", "2", "--repeat", "2"});
+  ASSERT_EQ(fwd.exit_code, 0) << fwd.err;
+  EXPECT_NE(fwd.out.find("batch 2"), std::string::npos) << fwd.out;
+  EXPECT_NE(fwd.out.find("median"), std::string::npos) << fwd.out;
+
+  const auto out = model::SafetensorsFile::open(dir / "out.safetensors");
+  const at::Tensor logits = out->tensor("logits");
+  ASSERT_EQ(logits.sizes(), (at::IntArrayRef{2, c, m.config().text.vocab_size}));
+  EXPECT_EQ(out->tensors().count("router.scores.0"), 1U);
+  EXPECT_EQ(out->tensors().count("attn.q.0"), 0U);
+
+  model::KvCache cache;
+  m.encode(prompt, cache);
+  const at::Tensor expected = m.decode(canvas, cache, at::Tensor());
+  EXPECT_TRUE(at::equal(logits[0], expected[0]));
+  EXPECT_TRUE(at::equal(logits[1], expected[0]));
+
+  // Bad inputs: a clear message and exit 1, no output file.
+  model::write_safetensors(dir / "bad.safetensors", {{"input_ids", prompt}});
+  const auto bad = run_process({BL_CLI_PATH, "forward", "--preset", "tiny", "--inputs",
+                                (dir / "bad.safetensors").string(), "--out",
+                                (dir / "bad_out.safetensors").string()});
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("decoder_input_ids"), std::string::npos) << bad.err;
+  EXPECT_FALSE(fs::exists(dir / "bad_out.safetensors"));
+  const auto dev =
+      run_process({BL_CLI_PATH, "forward", "--preset", "tiny", "--device", "cuda:7", "--inputs",
+                   (dir / "in.safetensors").string(), "--out", (dir / "x.safetensors").string()});
+  EXPECT_EQ(dev.exit_code, 1);
+  EXPECT_NE(dev.err.find("DeviceUnavailable"), std::string::npos) << dev.err;
+  fs::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace batchlens

@@ -1,0 +1,256 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "core/model/diffusion_gemma.h"
+
+#include <cmath>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+
+#include "core/base/error.h"
+#include "tests/support/naive_model.h"
+
+namespace batchlens::model {
+namespace {
+
+ModelConfig tiny() {
+  auto c = load_preset("tiny");
+  EXPECT_TRUE(c.ok()) << c.error().message;
+  return c.value();
+}
+
+DiffusionGemma make_model(at::ScalarType dtype, std::uint64_t seed = 1) {
+  const ModelConfig cfg = tiny();
+  return DiffusionGemma(cfg, random_weights(cfg, seed, at::kCPU, dtype));
+}
+
+at::Tensor random_ids(std::int64_t b, std::int64_t n, std::int64_t vocab, std::uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return at::randint(vocab, {b, n}, gen, at::TensorOptions().dtype(at::kLong));
+}
+
+double max_abs(const at::Tensor& a, const at::Tensor& b) {
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+TEST(RmsNorm, MatchesFp64FormulaAndKeepsDtype) {
+  at::manual_seed(3);
+  const at::Tensor x = at::randn({3, 8}).to(at::kBFloat16);
+  const at::Tensor w = at::randn({8}).to(at::kBFloat16);
+  const at::Tensor y = rms_norm(x, w, 1e-6);
+  EXPECT_EQ(y.scalar_type(), at::kBFloat16);
+  const at::Tensor xd = x.to(at::kDouble);
+  const at::Tensor ref = xd / at::sqrt((xd * xd).mean(-1, true) + 1e-6) * w.to(at::kDouble);
+  EXPECT_LT(max_abs(y, ref), 0.02 * ref.abs().max().item<double>());
+  // Without a weight: unit RMS.
+  const at::Tensor u = rms_norm(x.to(at::kFloat), at::Tensor(), 1e-6);
+  EXPECT_NEAR((u * u).mean(-1).mean().item<double>(), 1.0, 1e-4);
+}
+
+TEST(Rope, ProportionalInvFreqMatchesHandComputedValues) {
+  // 26B full layers: head_dim 512, partial_rotary_factor 0.25, theta 1e6 -> 64 rotating
+  // frequencies 1e6^(-2i/512) (denominator 512, not 128), then 192 zeros.
+  const RopeParams full{"proportional", 1e6, 0.25, 1.0};
+  const at::Tensor f = rope_inv_freq(full, 512);
+  ASSERT_EQ(f.numel(), 256);
+  EXPECT_EQ(f.scalar_type(), at::kFloat);
+  EXPECT_FLOAT_EQ(f[0].item<float>(), 1.0F);
+  EXPECT_NEAR(f[1].item<double>(), std::pow(1e6, -2.0 / 512.0), 1e-7);
+  EXPECT_NEAR(f[63].item<double>(), std::pow(1e6, -126.0 / 512.0), 1e-7);
+  EXPECT_EQ(f.narrow(0, 64, 192).abs().sum().item<float>(), 0.0F);
+  // Sliding layers: default RoPE over the whole head, 1e4^(-2i/256).
+  const at::Tensor s = rope_inv_freq(RopeParams{}, 256);
+  ASSERT_EQ(s.numel(), 128);
+  EXPECT_NEAR(s[5].item<double>(), std::pow(1e4, -10.0 / 256.0), 1e-7);
+}
+
+TEST(Rope, RotatesPairsIAndIPlusHalfOnlyWhereFrequencyIsNonZero) {
+  const RopeParams full{"proportional", 1e6, 0.25, 1.0};
+  const at::Tensor inv = rope_inv_freq(full, 16);  // 2 rotating pairs of 8
+  const auto [cos, sin] = rope_tables(inv, at::arange(3, 4, at::kLong), at::kFloat);
+  ASSERT_EQ(cos.sizes(), (at::IntArrayRef{1, 1, 16}));
+  const at::Tensor x = at::arange(16, at::kFloat).view({1, 1, 1, 16}) + 1;  // [B, S, H, D]
+  const at::Tensor y = apply_rope(x, cos, sin);
+  // Pair (0, 8) rotates by angle 3 * 1.
+  EXPECT_NEAR(y[0][0][0][0].item<double>(), 1 * std::cos(3.0) - 9 * std::sin(3.0), 1e-5);
+  EXPECT_NEAR(y[0][0][0][8].item<double>(), 9 * std::cos(3.0) + 1 * std::sin(3.0), 1e-5);
+  // Pair (2, 10) has frequency 0 and passes through.
+  EXPECT_FLOAT_EQ(y[0][0][0][2].item<float>(), 3.0F);
+  EXPECT_FLOAT_EQ(y[0][0][0][10].item<float>(), 11.0F);
+}
+
+TEST(DiffusionGemma, Fp32ForwardMatchesIndependentFp64Model) {
+  const DiffusionGemma m = make_model(at::kFloat);
+  const auto& t = m.config().text;
+  const at::Tensor prompt = random_ids(2, 7, t.vocab_size, 11);
+  const at::Tensor canvas = random_ids(2, m.config().canvas_length, t.vocab_size, 12);
+  KvCache cache;
+  m.encode(prompt, cache);
+  const at::Tensor logits = m.decode(canvas, cache, at::Tensor());
+  ASSERT_EQ(logits.sizes(), (at::IntArrayRef{2, m.config().canvas_length, t.vocab_size}));
+  EXPECT_EQ(logits.scalar_type(), at::kFloat);
+  const at::Tensor ref = testing::naive_forward(m.config(), m.weights(), prompt, canvas, {});
+  EXPECT_LT(max_abs(logits, ref), 1e-5) << "logit scale " << ref.abs().max().item<double>();
+  EXPECT_GT(ref.abs().max().item<double>(), 0.1) << "logits too small for the tolerance to bite";
+
+  // With self-conditioning from the previous step's processed logits.
+  const at::Tensor sc = (logits / 0.8).to(at::kBFloat16);
+  const at::Tensor logits2 = m.decode(canvas, cache, sc);
+  const at::Tensor ref2 = testing::naive_forward(m.config(), m.weights(), prompt, canvas, sc);
+  EXPECT_LT(max_abs(logits2, ref2), 1e-5);
+  EXPECT_GT(max_abs(logits2, logits), 1e-3) << "self-conditioning must change the logits";
+}
+
+TEST(DiffusionGemma, PromptLongerThanSlidingWindowUsesTheWindow) {
+  const DiffusionGemma m = make_model(at::kFloat, 5);
+  const auto& t = m.config().text;
+  ASSERT_LT(t.sliding_window, 40);
+  const at::Tensor prompt = random_ids(1, 40, t.vocab_size, 21);
+  const at::Tensor canvas = random_ids(1, m.config().canvas_length, t.vocab_size, 22);
+  KvCache cache;
+  m.encode(prompt, cache);
+  EXPECT_EQ(cache.seq_length, 40);
+  EXPECT_EQ(cache.k[0].size(2), t.sliding_window - 1);  // sliding layer keeps W - 1
+  EXPECT_EQ(cache.k[static_cast<std::size_t>(t.num_hidden_layers - 1)].size(2), 40);
+  const at::Tensor logits = m.decode(canvas, cache, at::Tensor());
+  const at::Tensor ref = testing::naive_forward(m.config(), m.weights(), prompt, canvas, {});
+  EXPECT_LT(max_abs(logits, ref), 1e-5) << "logit scale " << ref.abs().max().item<double>();
+}
+
+TEST(DiffusionGemma, Bf16ForwardFollowsTheReferenceDtypes) {
+  const DiffusionGemma m = make_model(at::kBFloat16);
+  const auto& t = m.config().text;
+  const at::Tensor prompt = random_ids(1, 5, t.vocab_size, 31);
+  const at::Tensor canvas = random_ids(1, m.config().canvas_length, t.vocab_size, 32);
+  KvCache cache;
+  m.encode(prompt, cache);
+  EXPECT_EQ(cache.k[0].scalar_type(), at::kBFloat16);
+  probe::TapRecorder taps = probe::TapRecorder::all();
+  const at::Tensor logits = m.decode(canvas, cache, at::Tensor(), ForwardContext{nullptr, &taps});
+  EXPECT_EQ(logits.scalar_type(), at::kFloat);
+  EXPECT_EQ(taps.get(probe::Tap::RouterScores, 0).scalar_type(), at::kBFloat16);
+  EXPECT_EQ(taps.get(probe::Tap::RouterTopkWeights, 0).scalar_type(), at::kFloat);
+  EXPECT_EQ(taps.get(probe::Tap::LayerOut, 1).scalar_type(), at::kBFloat16);
+  // The lm_head output is bf16 before the fp32 soft-cap: logits / 30 are tanh of bf16 values.
+  const at::Tensor pre = at::atanh((logits / t.final_logit_softcapping).clamp(-0.999, 0.999)) *
+                         t.final_logit_softcapping;
+  EXPECT_LT(max_abs(pre, pre.to(at::kBFloat16)), 1e-2);
+  // bf16 tracks the fp64 model loosely.
+  const at::Tensor ref = testing::naive_forward(m.config(), m.weights(), prompt, canvas, {});
+  EXPECT_LT(max_abs(logits, ref), 0.5);
+  EXPECT_LE(logits.abs().max().item<double>(), t.final_logit_softcapping);
+}
+
+TEST(DiffusionGemma, SameSeedSameLogitsBitwise) {
+  const DiffusionGemma a = make_model(at::kBFloat16, 7);
+  const DiffusionGemma b = make_model(at::kBFloat16, 7);
+  const DiffusionGemma c = make_model(at::kBFloat16, 8);
+  const auto& t = a.config().text;
+  const at::Tensor prompt = random_ids(1, 6, t.vocab_size, 41);
+  const at::Tensor canvas = random_ids(1, a.config().canvas_length, t.vocab_size, 42);
+  const auto run = [&](const DiffusionGemma& m) {
+    KvCache cache;
+    m.encode(prompt, cache);
+    return m.decode(canvas, cache, at::Tensor());
+  };
+  const at::Tensor la = run(a);
+  EXPECT_TRUE(at::equal(la, run(b)));
+  EXPECT_TRUE(at::equal(la, run(a)));
+  EXPECT_FALSE(at::equal(la, run(c)));
+}
+
+TEST(DiffusionGemma, IdenticalRowsGiveIdenticalOutputsAndRowWiseEqualsDefaultOnCpu) {
+  const DiffusionGemma m = make_model(at::kBFloat16, 9);
+  const auto& t = m.config().text;
+  const at::Tensor prompt = random_ids(1, 6, t.vocab_size, 51);
+  const at::Tensor canvas1 = random_ids(1, m.config().canvas_length, t.vocab_size, 52);
+  KvCache cache1;
+  m.encode(prompt, cache1);
+  const at::Tensor ref = m.decode(canvas1, cache1, at::Tensor());
+  const at::Tensor sc1 = (ref / 0.75).to(at::kBFloat16);
+  const at::Tensor ref_sc = m.decode(canvas1, cache1, sc1);
+
+  const KvCache cache3 = cache1.repeat_rows(3);
+  const at::Tensor canvas3 = canvas1.expand({3, -1}).contiguous();
+  const at::Tensor sc3 = sc1.expand({3, -1, -1}).contiguous();
+  const ops::OpPolicy row_all = ops::OpPolicy::row_wise_all();
+  const ops::OpPolicy workaround = ops::OpPolicy::issue_workaround();
+  for (const ops::OpPolicy* policy :
+       {static_cast<const ops::OpPolicy*>(nullptr), &row_all, &workaround}) {
+    const ForwardContext ctx{policy, nullptr};
+    const at::Tensor batched = m.decode(canvas3, cache3, at::Tensor(), ctx);
+    const at::Tensor batched_sc = m.decode(canvas3, cache3, sc3, ctx);
+    for (int r = 0; r < 3; ++r) {
+      EXPECT_TRUE(at::equal(batched[r], batched[0])) << "row " << r;
+      // CPU kernels here are batch invariant (docs/build.md), so row 0 equals batch 1.
+      EXPECT_TRUE(at::equal(batched[r], ref[0])) << "row " << r;
+      EXPECT_TRUE(at::equal(batched_sc[r], ref_sc[0])) << "row " << r;
+    }
+  }
+}
+
+TEST(DiffusionGemma, TapsHaveDocumentedShapesAndCostNothingWhenUnwanted) {
+  const DiffusionGemma m = make_model(at::kBFloat16, 2);
+  const auto& t = m.config().text;
+  const std::int64_t c = m.config().canvas_length;
+  const at::Tensor prompt = random_ids(2, 5, t.vocab_size, 61);
+  const at::Tensor canvas = random_ids(2, c, t.vocab_size, 62);
+  KvCache cache;
+  m.encode(prompt, cache);
+  probe::TapRecorder all = probe::TapRecorder::all();
+  const at::Tensor logits = m.decode(canvas, cache, at::Tensor(), ForwardContext{nullptr, &all});
+  const std::int64_t full = t.num_hidden_layers - 1;
+  using probe::Tap;
+  EXPECT_EQ(all.get(Tap::AttnQ, 0).sizes(),
+            (at::IntArrayRef{2, c, t.num_attention_heads, t.head_dim}));
+  EXPECT_EQ(all.get(Tap::AttnK, static_cast<int>(full)).sizes(),
+            (at::IntArrayRef{2, c, t.layer_kv_heads(full), t.global_head_dim}));
+  EXPECT_EQ(all.get(Tap::AttnOut, 0).sizes(),
+            (at::IntArrayRef{2, c, t.num_attention_heads * t.head_dim}));
+  EXPECT_EQ(all.get(Tap::RouterScores, 1).sizes(), (at::IntArrayRef{2, c, t.num_experts}));
+  EXPECT_EQ(all.get(Tap::RouterTopkIds, 1).sizes(), (at::IntArrayRef{2, c, t.top_k_experts}));
+  EXPECT_EQ(all.get(Tap::MoeOut, 2).sizes(), (at::IntArrayRef{2, c, t.hidden_size}));
+  EXPECT_EQ(all.get(Tap::SelfCondOut).sizes(), (at::IntArrayRef{2, c, t.hidden_size}));
+  EXPECT_TRUE(at::equal(all.get(Tap::Logits), logits));
+  EXPECT_EQ(all.recorded().size(),
+            static_cast<std::size_t>(11 * t.num_hidden_layers + 3));  // 11 per layer + 3
+
+  probe::TapRecorder none(std::bitset<probe::kTapCount>{});
+  const at::Tensor again = m.decode(canvas, cache, at::Tensor(), ForwardContext{nullptr, &none});
+  EXPECT_TRUE(none.recorded().empty());
+  EXPECT_TRUE(at::equal(again, logits));
+}
+
+TEST(DiffusionGemma, RejectsBadInputsWithClearErrors) {
+  const DiffusionGemma m = make_model(at::kFloat);
+  const auto& t = m.config().text;
+  KvCache cache;
+  const auto bad_ids = base::guarded([&] {
+    m.encode(at::full({1, 3}, t.vocab_size, at::kLong), cache);
+  });
+  ASSERT_FALSE(bad_ids.ok());
+  EXPECT_EQ(bad_ids.error().code, base::ErrorCode::InvalidArgument);
+  EXPECT_NE(bad_ids.error().message.find("token ids must be in"), std::string::npos);
+
+  const auto no_cache = base::guarded([&] {
+    return m.decode(random_ids(1, m.config().canvas_length, t.vocab_size, 1), KvCache{}, {});
+  });
+  ASSERT_FALSE(no_cache.ok());
+  EXPECT_NE(no_cache.error().message.find("prefilled cache"), std::string::npos);
+
+  m.encode(random_ids(1, 4, t.vocab_size, 2), cache);
+  const auto bad_sc = base::guarded([&] {
+    return m.decode(random_ids(1, m.config().canvas_length, t.vocab_size, 3), cache,
+                    at::zeros({1, 2, 3}));
+  });
+  ASSERT_FALSE(bad_sc.ok());
+  EXPECT_EQ(bad_sc.error().code, base::ErrorCode::InvalidArgument);
+
+  const auto grouped = base::guarded(
+      [&] { return DiffusionGemma(m.config(), m.weights(), RunSettings{ExpertsImpl::GroupedMm}); });
+  ASSERT_FALSE(grouped.ok());
+  EXPECT_NE(grouped.error().message.find("grouped_mm"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace batchlens::model

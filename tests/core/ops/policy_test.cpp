@@ -1,0 +1,85 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "core/ops/policy.h"
+
+#include <set>
+#include <string>
+
+#include <gtest/gtest.h>
+
+namespace batchlens::ops {
+namespace {
+
+TEST(OpFamily, NamesRoundTripAndAreUnique) {
+  std::set<std::string> names;
+  for (OpFamily f : all_families()) {
+    const auto name = std::string(family_name(f));
+    EXPECT_TRUE(names.insert(name).second) << name;
+    EXPECT_EQ(family_from_name(name), f);
+    EXPECT_FALSE(family_label(f).empty());
+  }
+  EXPECT_EQ(names.size(), static_cast<std::size_t>(kOpFamilyCount));
+  EXPECT_FALSE(family_from_name("no_such_op").has_value());
+  EXPECT_FALSE(family_is_per_layer(OpFamily::SelfCondMatmul));
+  EXPECT_TRUE(family_is_per_layer(OpFamily::RouterProj));
+}
+
+TEST(OpPolicy, DefaultIsBatchedEverywhere) {
+  const OpPolicy p = OpPolicy::default_policy();
+  EXPECT_TRUE(p.is_default());
+  for (OpFamily f : all_families()) {
+    EXPECT_EQ(p.resolve(f, 3), Strategy::Batched);
+  }
+}
+
+TEST(OpPolicy, IssueWorkaroundIsRouterAndSelfCondMatmul) {
+  const OpPolicy p = OpPolicy::issue_workaround();
+  for (int layer : {0, 5, 29}) {
+    EXPECT_EQ(p.resolve(OpFamily::RouterProj, layer), Strategy::RowWise);
+    EXPECT_EQ(p.resolve(OpFamily::QProj, layer), Strategy::Batched);
+    EXPECT_EQ(p.resolve(OpFamily::ExpertGateUp, layer), Strategy::Batched);
+  }
+  EXPECT_EQ(p.resolve(OpFamily::SelfCondMatmul, -1), Strategy::RowWise);
+  EXPECT_EQ(p.resolve(OpFamily::LmHead, -1), Strategy::Batched);
+}
+
+TEST(OpPolicy, LayerRangesAndLastRuleWins) {
+  OpPolicy p;
+  FamilySet router;
+  router.set(static_cast<std::size_t>(OpFamily::RouterProj));
+  p.rules.push_back(PolicyRule{router, 2, 4, Strategy::RowWise});
+  EXPECT_EQ(p.resolve(OpFamily::RouterProj, 1), Strategy::Batched);
+  EXPECT_EQ(p.resolve(OpFamily::RouterProj, 2), Strategy::RowWise);
+  EXPECT_EQ(p.resolve(OpFamily::RouterProj, 4), Strategy::RowWise);
+  EXPECT_EQ(p.resolve(OpFamily::RouterProj, 5), Strategy::Batched);
+  p.rules.push_back(PolicyRule{router, 3, 3, Strategy::Batched});
+  EXPECT_EQ(p.resolve(OpFamily::RouterProj, 3), Strategy::Batched);
+  EXPECT_EQ(p.resolve(OpFamily::RouterProj, 4), Strategy::RowWise);
+}
+
+TEST(OpPolicy, JsonRoundTripAndErrors) {
+  OpPolicy p = OpPolicy::issue_workaround();
+  FamilySet attn;
+  attn.set(static_cast<std::size_t>(OpFamily::Attention));
+  p.rules.push_back(PolicyRule{attn, 1, 7, Strategy::RowWise});
+  const auto back = policy_from_json(to_json(p));
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(back.value().name, p.name);
+  ASSERT_EQ(back.value().rules.size(), 2U);
+  EXPECT_EQ(back.value().rules[1].families, attn);
+  EXPECT_EQ(back.value().rules[1].last_layer, 7);
+  EXPECT_EQ(describe(p),
+            "issue_workaround: row_wise {router_proj, selfcond_matmul} row_wise {attention} "
+            "layers 1..7");
+
+  const auto unknown = policy_from_json(
+      nlohmann::json::parse(R"({"rules": [{"families": ["router_projection"]}]})"));
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.error().message.find("router_projection"), std::string::npos);
+  EXPECT_FALSE(policy_from_json(nlohmann::json::parse(R"({"rules": 3})")).ok());
+  EXPECT_FALSE(policy_from_json(
+                   nlohmann::json::parse(R"({"rules": [{"families": [], "strategy": "fast"}]})"))
+                   .ok());
+}
+
+}  // namespace
+}  // namespace batchlens::ops
