@@ -224,7 +224,7 @@ void apply_per_layer_config(const json& value, TextConfig& text) {
     fail(path, "an object keyed by layer index", describe(&value));
   }
   const auto layers = static_cast<std::int64_t>(text.layer_types.size());
-  // Per layer: (head_dim, kv heads, whether kv heads were overridden).
+  // The effective shape of every layer; layers without an entry keep the base values.
   std::vector<std::int64_t> head_dims(layers, text.head_dim);
   std::vector<std::int64_t> kv_heads(layers, text.num_key_value_heads);
   bool kv_overridden = false;
