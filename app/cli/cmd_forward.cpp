@@ -20,10 +20,16 @@ void register_forward(CLI::App& app, int& exit_code) {
   add_model_options(cmd, opts->model);
   cmd->add_option("--inputs", opts->request.inputs,
                   "safetensors with input_ids [B,L], decoder_input_ids [B,C] and optionally "
-                  "self_conditioning_logits [B,C,V]")
-      ->required()
+                  "self_conditioning_logits [B,C,V]; without it, seeded random inputs")
       ->check(CLI::ExistingFile);
-  cmd->add_option("--out", opts->request.output, "Output safetensors (logits + taps)")->required();
+  cmd->add_option("--prompt-len", opts->request.prompt_length, "Random inputs: prompt length")
+      ->capture_default_str();
+  cmd->add_option("--input-seed", opts->request.input_seed, "Random inputs: seed")
+      ->capture_default_str();
+  cmd->add_flag("--self-conditioning", opts->request.self_conditioning,
+                "Random inputs: also pass random self-conditioning logits");
+  cmd->add_option("--out", opts->request.output,
+                  "Output safetensors (logits + taps); without it nothing is written");
   cmd->add_option("--taps", opts->request.taps,
                   "Taps to write, e.g. router.scores attn.o_proj logits, or all")
       ->delimiter(',');
@@ -63,7 +69,9 @@ void register_forward(CLI::App& app, int& exit_code) {
                 << " ms, min " << s.decode_min_ms << " ms";
     }
     std::cout << "\n"
-              << "  wrote " << s.tensors_written << " tensors to " << opts->request.output.string()
+              << "  wrote " << s.tensors_written << " tensors to "
+              << (opts->request.output.empty() ? std::string("nothing (no --out)")
+                                               : opts->request.output.string())
               << "\n";
     exit_code = kExitOk;
   });

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 
 #include "core/model/diffusion_gemma.h"
 #include "core/model/safetensors.h"
@@ -74,12 +75,27 @@ void sync(const at::Device& device) {
 base::Result<ForwardSummary> run_forward_file(const DiffusionGemma& model,
                                               const ForwardRequest& request) {
   return base::guarded([&] {
-    const auto inputs = SafetensorsFile::open(request.inputs);
-    const at::Tensor ids = require(*inputs, "input_ids");
-    const at::Tensor canvas = require(*inputs, "decoder_input_ids");
+    at::Tensor ids;
+    at::Tensor canvas;
     at::Tensor sc;
-    if (inputs->tensors().count("self_conditioning_logits") != 0) {
-      sc = inputs->tensor("self_conditioning_logits").to(model.device());
+    const auto& text = model.config().text;
+    if (!request.inputs.empty()) {
+      const auto inputs = SafetensorsFile::open(request.inputs);
+      ids = require(*inputs, "input_ids");
+      canvas = require(*inputs, "decoder_input_ids");
+      if (inputs->tensors().count("self_conditioning_logits") != 0) {
+        sc = inputs->tensor("self_conditioning_logits").to(model.device());
+      }
+    } else {
+      auto gen = at::make_generator<at::CPUGeneratorImpl>(request.input_seed);
+      const auto i64 = at::TensorOptions().dtype(at::kLong);
+      ids = at::randint(3, text.vocab_size, {1, request.prompt_length}, gen, i64);
+      canvas = at::randint(text.vocab_size, {1, model.config().canvas_length}, gen, i64);
+      if (request.self_conditioning) {
+        sc = (at::randn({1, model.config().canvas_length, text.vocab_size}, gen) * 2.0)
+                 .to(at::kBFloat16)
+                 .to(model.device());
+      }
     }
     if (ids.dim() != 2 || canvas.dim() != 2 || ids.size(0) != canvas.size(0)) {
       base::raise(base::ErrorCode::InvalidArgument,
@@ -141,6 +157,9 @@ base::Result<ForwardSummary> run_forward_file(const DiffusionGemma& model,
         name += "." + std::to_string(key.second);
       }
       out.emplace_back(name, value);
+    }
+    if (request.output.empty()) {
+      return summary;
     }
     write_safetensors(request.output, out,
                       {{"batchlens_policy", ops::describe(policy)},

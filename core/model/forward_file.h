@@ -16,9 +16,13 @@ class DiffusionGemma;
 /// What to run and what to keep.
 struct ForwardRequest {
   /// safetensors with `input_ids` [B, L] I64 (the prompt), `decoder_input_ids` [B, C] I64 (the
-  /// canvas) and optionally `self_conditioning_logits` [B, C, V] (any float dtype).
+  /// canvas) and optionally `self_conditioning_logits` [B, C, V] (any float dtype). Empty: a
+  /// seeded random prompt of `prompt_length` tokens and a random canvas (benchmarks).
   std::filesystem::path inputs;
-  /// Output safetensors: `logits` [B, C, V] F32, and per requested tap `<tap>.<layer>` (per-layer
+  std::int64_t prompt_length = 20;  ///< random inputs only
+  std::uint64_t input_seed = 0;     ///< random inputs only
+  bool self_conditioning = false;   ///< random inputs only: also pass random SC logits
+  /// Output safetensors (empty: write nothing): `logits` [B, C, V] F32, and per requested tap `<tap>.<layer>` (per-layer
   /// taps, e.g. `router.scores.3`) or `<tap>` (per-step taps, e.g. `selfcond.out`).
   std::filesystem::path output;
   std::vector<std::string> taps;  ///< tap names (probe/tap_names.h), or {"all"}

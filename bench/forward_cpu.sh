@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Decoder forward time per preset on this machine's CPU (bf16, random weights and inputs, with
+# self-conditioning logits, taps off): one Markdown row per preset and batch size.
+# Usage: bench/forward_cpu.sh [BUILD_DIR] [PRESETS...]   (default build/release; tiny demo mid)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build/release}
+shift || true
+presets=("$@")
+[ ${#presets[@]} -gt 0 ] || presets=(tiny demo mid)
+cli="$build/app/batchlens-cli"
+[ -x "$cli" ] || { echo "bench: $cli not built" >&2; exit 1; }
+echo "| preset | B | decoder forward median (ms) | min (ms) | reps |"
+echo "|---|---|---|---|---|"
+for p in "${presets[@]}"; do
+  for b in 1 4; do
+    reps=10
+    [ "$p" = mid ] && reps=5
+    line=$("$cli" forward --preset "$p" --rows "$b" --repeat "$reps" --self-conditioning | grep 'decode x')
+    median=$(sed -E 's/.*median ([0-9.]+) ms.*/\1/' <<<"$line")
+    min=$(sed -E 's/.*min ([0-9.]+) ms.*/\1/' <<<"$line")
+    printf '| %s | %s | %.1f | %.1f | %s |\n' "$p" "$b" "$median" "$min" "$reps"
+  done
+done
