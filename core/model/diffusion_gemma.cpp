@@ -210,7 +210,7 @@ class Pass {
         runner_.attention(q, k_att, v_att, mask, /*scale=*/1.0, is_causal, enable_gqa, layer);
     const at::Tensor out = attn.transpose(1, 2).contiguous().reshape({b, s, -1}).contiguous();
     record(Tap::AttnOut, layer, out);
-    const at::Tensor o = runner_.linear(out, lw.o_proj, OpSite{OpFamily::OProj, layer});
+    at::Tensor o = runner_.linear(out, lw.o_proj, OpSite{OpFamily::OProj, layer});
     record(Tap::AttnOProj, layer, o);
 
     if (encoder) {
@@ -494,7 +494,7 @@ at::Tensor DiffusionGemma::decode(const at::Tensor& canvas, const KvCache& cache
                                           at::TensorOptions().dtype(at::kLong).device(device()));
   const auto [cos_s, sin_s] = rope_tables(inv_freq_sliding_, positions, dtype());
   const auto [cos_f, sin_f] = rope_tables(inv_freq_full_, positions, dtype());
-  KvCache& readonly = const_cast<KvCache&>(cache);  // the decoder never writes it
+  auto& readonly = const_cast<KvCache&>(cache);  // the decoder never writes it
   for (int l = 0; l < static_cast<int>(t.num_hidden_layers); ++l) {
     const bool sliding = t.is_sliding(l);
     x = pass.layer(l, x, sliding ? cos_s : cos_f, sliding ? sin_s : sin_f, readonly,

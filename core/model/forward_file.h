@@ -22,8 +22,9 @@ struct ForwardRequest {
   std::int64_t prompt_length = 20;  ///< random inputs only
   std::uint64_t input_seed = 0;     ///< random inputs only
   bool self_conditioning = false;   ///< random inputs only: also pass random SC logits
-  /// Output safetensors (empty: write nothing): `logits` [B, C, V] F32, and per requested tap `<tap>.<layer>` (per-layer
-  /// taps, e.g. `router.scores.3`) or `<tap>` (per-step taps, e.g. `selfcond.out`).
+  /// Output safetensors (empty: write nothing): `logits` [B, C, V] F32, and per requested tap
+  /// `<tap>.<layer>` (per-layer taps, e.g. `router.scores.3`) or `<tap>` (per-step taps, e.g.
+  /// `selfcond.out`).
   std::filesystem::path output;
   std::vector<std::string> taps;  ///< tap names (probe/tap_names.h), or {"all"}
   std::string policy =

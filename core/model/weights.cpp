@@ -152,7 +152,7 @@ std::string shape_string(at::IntArrayRef shape) {
   std::ostringstream out;
   out << "[";
   for (std::size_t i = 0; i < shape.size(); ++i) {
-    out << (i ? ", " : "") << shape[i];
+    out << (i > 0 ? ", " : "") << shape[i];
   }
   out << "]";
   return out.str();
@@ -326,7 +326,7 @@ ModelWeights load_weights(const Checkpoint& checkpoint, const ModelConfig& confi
       }
       msg << "; " << keys.size() << " " << what << ": ";
       for (std::size_t i = 0; i < keys.size() && i < 8; ++i) {
-        msg << (i ? ", " : "") << keys[i];
+        msg << (i > 0 ? ", " : "") << keys[i];
       }
       if (keys.size() > 8) {
         msg << ", ...";

@@ -124,7 +124,8 @@ at::Tensor OpRunner::grouped_mm(const at::Tensor& x, const at::Tensor& w, const 
 #else
   (void)x, (void)w, (void)offs, (void)row_of, (void)site;
   base::raise(base::ErrorCode::InvalidArgument,
-              "grouped_mm experts need LibTorch 2.8+ with CUDA; this build has LibTorch " +
+              "grouped_mm experts (batch of " + std::to_string(rows_) +
+                  ") need LibTorch 2.8+ with CUDA; this build has LibTorch " +
                   compat::torch_version() + " - use the eager experts implementation");
 #endif
 }

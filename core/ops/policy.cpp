@@ -64,8 +64,10 @@ base::Result<FamilySet> parse_families(const std::vector<std::string>& names) {
       for (OpFamily k : all_families()) {
         known += (known.empty() ? "" : ", ") + std::string(family_name(k));
       }
-      return base::Error{base::ErrorCode::InvalidArgument,
-                         "unknown op family '" + n + "' (known: " + known + ")"};
+      std::string message = "unknown op family '" + n + "' (known: ";
+      message += known;
+      message += ")";
+      return base::Error{base::ErrorCode::InvalidArgument, message};
     }
     set.set(static_cast<std::size_t>(*f));
   }
@@ -159,7 +161,8 @@ std::string describe(const OpPolicy& policy) {
     out += " " + std::string(strategy_name(r.strategy)) + " {";
     const auto names = family_names(r.families);
     for (std::size_t i = 0; i < names.size(); ++i) {
-      out += (i ? ", " : "") + names[i];
+      out += (i > 0 ? ", " : "");
+      out += names[i];
     }
     out += "}";
     if (r.first_layer != 0 || r.last_layer >= 0) {
