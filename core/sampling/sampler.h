@@ -1,0 +1,91 @@
+// SPDX-License-Identifier: Apache-2.0
+// The pieces of DiffusionGemma's block-diffusion sampler, ported from transformers 5.17's
+// generation_diffusion_gemma.py: linear temperature schedule, entropy-bound acceptance,
+// renoising, stable-and-confident stopping, and the random streams that feed them.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <ATen/core/Generator.h>
+#include <ATen/core/Tensor.h>
+
+namespace batchlens::sampling {
+
+/// Sampler settings; defaults are the released generation_config.json and the reference's
+/// library defaults. ref: DiffusionGemmaGenerationConfig
+struct SamplerConfig {
+  int max_denoising_steps = 48;
+  double t_min = 0.4;
+  double t_max = 0.8;
+  double entropy_bound = 0.1;  ///< EntropyBoundSamplerConfig.entropy_bound
+  int stability_threshold = 1;
+  double confidence_threshold = 0.005;
+};
+
+/// The temperature at `cur_step` (counting down N .. 1) as the reference computes it: a 0-dim
+/// fp32 tensor t_min + (t_max - t_min) * (int32(cur_step) / N) on `device`.
+/// ref: LinearTemperatureScheduleLogitsProcessor.__call__ with cur_step as an int32 tensor
+at::Tensor temperature(int cur_step, const SamplerConfig& config, const at::Device& device);
+
+/// Per-position entropy (nats) of softmax(logits) over the last dim, fp32, as
+/// torch.distributions.Categorical(logits=...).entropy(). logits [B, C, V] -> [B, C].
+at::Tensor token_entropy(const at::Tensor& logits);
+
+/// Entropy-bound acceptance: per row, accept the k lowest-entropy positions with
+/// sum(H_1..k) - H_k <= bound (the lowest is always accepted). entropy [B, C] -> bool [B, C].
+/// ref: EntropyBoundSampler.accept_canvas
+at::Tensor entropy_bound_mask(const at::Tensor& entropy, double bound);
+
+/// Where random numbers come from. Per-row (BatchLens's default): logical row r owns one
+/// generator seeded from (seed, r) - row 0 with `seed` itself - so a row draws the same numbers
+/// at any batch size. Shared (the reference's behaviour): one generator for the batch, drawn
+/// in batch order, so what a row sees depends on the batch size.
+enum class RngMode { PerRow, Shared };
+
+/// "per_row" / "shared".
+const char* rng_mode_name(RngMode mode);
+
+/// The random streams of one batch. Not thread-safe; one per generation.
+class RandomStreams {
+ public:
+  /// Generators on `device` (CPU or CUDA), seeded as RngMode says.
+  RandomStreams(RngMode mode, std::uint64_t seed, std::int64_t rows, const at::Device& device);
+
+  RngMode mode() const { return mode_; }
+  std::int64_t rows() const { return rows_; }
+  /// Uniform token ids [rows, length] in [0, high): torch.randint(0, high, (B, length)).
+  at::Tensor randint(std::int64_t high, std::int64_t length);
+  /// One draw per row of probs [rows * C, V] (rows laid out by logical row), as
+  /// torch.multinomial(probs, 1). Returns int64 [rows * C, 1].
+  at::Tensor multinomial(const at::Tensor& probs);
+
+  /// The seed of row r's generator in per-row mode.
+  static std::uint64_t row_seed(std::uint64_t seed, std::int64_t row);
+
+ private:
+  RngMode mode_;
+  std::int64_t rows_;
+  std::vector<at::Generator> generators_;  // one (shared) or one per row
+};
+
+/// Stable-and-confident adaptive stopping, stateful across the steps of one canvas.
+/// ref: StableAndConfidentStoppingCriteria
+class StableConfidentStopping {
+ public:
+  StableConfidentStopping(int stability_threshold, double confidence_threshold)
+      : stability_threshold_(stability_threshold), confidence_threshold_(confidence_threshold) {}
+  /// argmax [B, C] int64 and the processed (temperature-scaled) logits [B, C, V] -> bool [B]:
+  /// the argmax equals each of the last `stability_threshold` argmax canvases AND the mean
+  /// entropy is below the confidence threshold.
+  at::Tensor operator()(const at::Tensor& argmax, const at::Tensor& processed_logits);
+  /// Forgets the history (a new canvas).
+  void reset() { history_ = at::Tensor(); }
+
+ private:
+  int stability_threshold_;
+  double confidence_threshold_;
+  at::Tensor history_;  // [s, B, C], starts at -1
+};
+
+}  // namespace batchlens::sampling
