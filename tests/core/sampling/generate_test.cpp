@@ -1,0 +1,152 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "core/sampling/generate.h"
+
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "core/base/error.h"
+#include "core/model/weights.h"
+
+namespace batchlens::sampling {
+namespace {
+
+model::DiffusionGemma tiny_model() {
+  auto cfg = model::load_preset("tiny");
+  EXPECT_TRUE(cfg.ok());
+  return model::DiffusionGemma(cfg.value(),
+                               model::random_weights(cfg.value(), 3, at::kCPU, at::kBFloat16));
+}
+
+GenerateOptions fast_options(std::int64_t batch, std::uint64_t seed) {
+  GenerateOptions o;
+  o.batch_size = batch;
+  o.seed = seed;
+  o.config.sampler.max_denoising_steps = 6;
+  o.config.max_new_tokens = 32;  // two canvases of 16
+  o.config.eos_token_ids = {1};
+  return o;
+}
+
+const at::Tensor& prompt() {
+  static const at::Tensor p = at::arange(5, 17, at::kLong).view({1, 12});
+  return p;
+}
+
+TEST(Generate, TinyGenerationIsDeterministicForASeed) {
+  const auto m = tiny_model();
+  const GenerationResult a = generate(m, prompt(), fast_options(1, 7));
+  const GenerationResult b = generate(m, prompt(), fast_options(1, 7));
+  const GenerationResult c = generate(m, prompt(), fast_options(1, 8));
+  EXPECT_TRUE(at::equal(a.sequences, b.sequences));
+  EXPECT_FALSE(at::equal(a.sequences, c.sequences));
+  ASSERT_EQ(a.rows.size(), 1U);
+  EXPECT_EQ(a.sequences.size(1) % 16, 12 % 16);  // prompt + whole canvases
+  EXPECT_TRUE(at::equal(a.sequences.narrow(1, 0, 12), prompt()));
+  ASSERT_FALSE(a.rows[0].steps.empty());
+  for (int s : a.rows[0].steps) {
+    EXPECT_GE(s, 1);
+    EXPECT_LE(s, 6);
+  }
+}
+
+TEST(Generate, PerRowStreamsMakeRowZeroIndependentOfBatchSize) {
+  const auto m = tiny_model();
+  const GenerationResult one = generate(m, prompt(), fast_options(1, 11));
+  const GenerationResult three = generate(m, prompt(), fast_options(3, 11));
+  ASSERT_EQ(three.rows.size(), 3U);
+  // CPU kernels are batch invariant here, and row 0 draws the same numbers at B=1 and B=3.
+  EXPECT_TRUE(at::equal(three.sequences[0], one.sequences[0]));
+  EXPECT_EQ(three.rows[0].steps, one.rows[0].steps);
+  EXPECT_FALSE(at::equal(three.sequences[1], three.sequences[0]));  // own streams
+}
+
+TEST(Generate, SharedStreamChangesRowZeroWithBatchSize) {
+  const auto m = tiny_model();
+  auto o1 = fast_options(1, 11);
+  auto o3 = fast_options(3, 11);
+  o1.rng = RngMode::Shared;
+  o3.rng = RngMode::Shared;
+  std::vector<StepRecord> r1;
+  std::vector<StepRecord> r3;
+  o1.on_step = [&r1](const StepRecord& r) {
+    r1.push_back(r);
+  };
+  o3.on_step = [&r3](const StepRecord& r) {
+    r3.push_back(r);
+  };
+  (void)generate(m, prompt(), o1);
+  (void)generate(m, prompt(), o3);
+  ASSERT_GE(r1.size(), 2U);
+  ASSERT_GE(r3.size(), 2U);
+  // The first canvas comes from the first draws of the shared generator; after that row 0's
+  // draws depend on how many other rows drew before it.
+  EXPECT_TRUE(at::equal(r3[0].canvas_in[0], r1[0].canvas_in[0]));
+  EXPECT_FALSE(at::equal(r3[1].canvas_in[0], r1[1].canvas_in[0]));
+}
+
+TEST(Generate, StepsFollowTheScheduleAndRenoiseOnlyRejectedPositions) {
+  const auto m = tiny_model();
+  auto o = fast_options(2, 5);
+  o.config.sampler.confidence_threshold = -1.0;  // never stop early: all 6 steps run
+  std::vector<StepRecord> recs;
+  o.on_step = [&recs](const StepRecord& r) {
+    recs.push_back(r);
+  };
+  const GenerationResult res = generate(m, prompt(), o);
+  ASSERT_EQ(recs.size(), 12U);  // 2 canvases x 6 steps
+  EXPECT_FLOAT_EQ(recs[0].temperature, 0.8F);
+  EXPECT_NEAR(recs[5].temperature, 0.4 + 0.4 / 6.0, 1e-6);
+  EXPECT_EQ(recs[0].cur_step, 6);
+  EXPECT_EQ(recs[5].cur_step, 1);
+  EXPECT_EQ(res.rows[0].steps, (std::vector<int>{6, 6}));
+  for (std::size_t i = 0; i + 1 < 6; ++i) {
+    const auto& now = recs[i];
+    const auto& next = recs[i + 1];
+    // Accepted positions carry the sampled token into the next canvas.
+    EXPECT_TRUE(at::equal(next.canvas_in.masked_select(now.accepted),
+                          now.sampled.masked_select(now.accepted)));
+    // The lowest-entropy position of each row is always accepted.
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_TRUE(now.accepted[r][now.entropy[r].argmin()].item<bool>());
+    }
+  }
+  // The committed canvas is the last argmax.
+  EXPECT_TRUE(at::equal(res.sequences.narrow(1, 12, 16), recs[5].argmax));
+}
+
+TEST(Generate, EosEndsTheRowAndPadsTheRest) {
+  const auto m = tiny_model();
+  auto o = fast_options(1, 2);
+  o.config.max_new_tokens = 48;
+  o.config.eos_token_ids.clear();
+  for (std::int64_t t = 0; t < m.config().text.vocab_size; ++t) {
+    o.config.eos_token_ids.push_back(t);  // every token ends the text
+  }
+  const GenerationResult res = generate(m, prompt(), o);
+  EXPECT_EQ(res.canvases, 1);
+  EXPECT_EQ(res.rows[0].stop_position, 0);
+  for (std::size_t i = 1; i < res.rows[0].tokens.size(); ++i) {
+    EXPECT_EQ(res.rows[0].tokens[i], 0) << i;  // pad after the first EOS
+  }
+}
+
+TEST(Generate, CancelAndBadInputsAreReported) {
+  const auto m = tiny_model();
+  base::CancelToken cancel;
+  cancel.cancel();
+  auto o = fast_options(1, 1);
+  o.cancel = &cancel;
+  const auto cancelled = base::guarded([&] { return generate(m, prompt(), o).canvases; });
+  ASSERT_FALSE(cancelled.ok());
+  EXPECT_EQ(cancelled.error().code, base::ErrorCode::Cancelled);
+  const auto bad = base::guarded([&] {
+    return generate(m, at::zeros({2, 3}, at::kLong), fast_options(1, 1)).canvases;
+  });
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().code, base::ErrorCode::InvalidArgument);
+}
+
+}  // namespace
+}  // namespace batchlens::sampling
