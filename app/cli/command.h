@@ -21,6 +21,9 @@ void register_forward(CLI::App& app, int& exit_code);
 /// Registers `batchlens-cli save-model` (a preset's random weights as a checkpoint).
 void register_save_model(CLI::App& app, int& exit_code);
 
+/// Registers `batchlens-cli generate` (block-diffusion generation, token ids out).
+void register_generate(CLI::App& app, int& exit_code);
+
 /// Registers `batchlens-cli info` (the same facts as --version, optionally as JSON).
 void register_info(CLI::App& app, int& exit_code);
 

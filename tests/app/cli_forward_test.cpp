@@ -71,3 +71,38 @@ TEST(CliForward, SavedCheckpointAndForwardMatchTheInProcessModel) {
 
 }  // namespace
 }  // namespace batchlens
+
+namespace batchlens {
+namespace {
+
+TEST(CliGenerate, PrintsEveryRowAndIsReproducible) {
+  const std::vector<std::string> args{
+      BL_CLI_PATH, "generate", "--preset", "tiny", "--prompt-ids",     "2,105,50,60,70",
+      "--batch",   "2",        "--steps",  "4",    "--max-new-tokens", "16"};
+  const auto a = testing::run_process(args);
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  EXPECT_NE(a.out.find("row 0: steps"), std::string::npos) << a.out;
+  EXPECT_NE(a.out.find("row 1: steps"), std::string::npos) << a.out;
+  EXPECT_NE(a.err.find("canvas 1 step"), std::string::npos) << a.err;  // progress on stderr
+  EXPECT_EQ(testing::run_process(args).out, a.out);
+  const auto bad =
+      testing::run_process({BL_CLI_PATH, "generate", "--preset", "tiny", "--prompt-ids", "2,x"});
+  EXPECT_EQ(bad.exit_code, 2);
+  const auto rng = testing::run_process(
+      {BL_CLI_PATH, "generate", "--preset", "tiny", "--prompt-ids", "2", "--rng", "global"});
+  EXPECT_EQ(rng.exit_code, 1);
+  EXPECT_NE(rng.err.find("per_row or shared"), std::string::npos) << rng.err;
+}
+
+TEST(CliGenerate, CtrlCCancelsWithExitCode130) {
+  // A long demo generation interrupted after a second by SIGINT.
+  const auto r =
+      testing::run_process({"/usr/bin/timeout", "--preserve-status", "-s", "INT", "2", BL_CLI_PATH,
+                            "generate", "--preset", "demo", "--prompt-ids", "2,105,50", "--batch",
+                            "4", "--steps", "48", "--max-new-tokens", "4096"});
+  EXPECT_EQ(r.exit_code, 130) << r.err;
+  EXPECT_NE(r.err.find("cancelled"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace batchlens
