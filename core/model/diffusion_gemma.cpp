@@ -11,6 +11,7 @@
 #include <ATen/ATen.h>
 
 #include "core/base/error.h"
+#include "core/compat/torch_compat.h"
 #include "core/ops/op_runner.h"
 
 namespace batchlens::model {
@@ -202,8 +203,8 @@ class Pass {
       if (!mask.defined() && d <= 256) {
         enable_gqa = true;
       } else {
-        k_att = compat_repeat_kv(keys, groups);
-        v_att = compat_repeat_kv(values, groups);
+        k_att = compat::repeat_kv(keys, groups);
+        v_att = compat::repeat_kv(values, groups);
       }
     }
     const at::Tensor attn =
@@ -353,7 +354,6 @@ class Pass {
     static const ops::OpPolicy policy = ops::OpPolicy::default_policy();
     return policy;
   }
-  static at::Tensor compat_repeat_kv(const at::Tensor& x, std::int64_t n_rep);
 
   const DiffusionGemma& model_;
   const TextConfig& t_;
@@ -383,15 +383,6 @@ void check_ids(const at::Tensor& ids, std::int64_t vocab, const char* what) {
 }
 
 }  // namespace
-
-at::Tensor Pass::compat_repeat_kv(const at::Tensor& x, std::int64_t n_rep) {
-  // ref: repeat_kv (modeling_diffusion_gemma / sdpa_attention)
-  const auto b = x.size(0);
-  const auto h = x.size(1);
-  const auto s = x.size(2);
-  const auto d = x.size(3);
-  return x.unsqueeze(2).expand({b, h, n_rep, s, d}).reshape({b, h * n_rep, s, d});
-}
 
 DiffusionGemma::DiffusionGemma(ModelConfig config, ModelWeights weights, RunSettings settings)
     : config_(std::move(config)), weights_(std::move(weights)), settings_(settings) {
