@@ -5,6 +5,10 @@
 #include <limits>
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#if defined(BL_WITH_CUDA)
+#include <ATen/cuda/CUDAGeneratorImpl.h>
+#endif
 #if BL_TORCH_HAS_GROUPED_MM
 #include <ATen/ops/_grouped_mm.h>
 #endif
@@ -91,6 +95,21 @@ at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 #else
   return sdpa_math(q, k, v, mask, scale, is_causal, enable_gqa);
 #endif
+}
+
+at::Generator make_generator(const at::Device& device, std::uint64_t seed) {
+#if defined(BL_WITH_CUDA)
+  if (device.is_cuda()) {
+    auto gen = at::make_generator<at::CUDAGeneratorImpl>(device.index() < 0 ? 0 : device.index());
+    gen.set_current_seed(seed);
+    return gen;
+  }
+#endif
+  if (!device.is_cpu()) {
+    base::raise(base::ErrorCode::DeviceUnavailable,
+                "no random generator for device " + device.str());
+  }
+  return at::make_generator<at::CPUGeneratorImpl>(seed);
 }
 
 at::Tensor grouped_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offs) {

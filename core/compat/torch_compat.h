@@ -4,8 +4,10 @@
 // the functions here instead of testing versions itself.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
+#include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 #include <c10/util/Optional.h>
 #include <torch/version.h>
@@ -75,6 +77,10 @@ at::Tensor sdpa_math(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
 /// cumulative ends), w [G, K, N]; returns [R, N]. Only where BL_TORCH_HAS_GROUPED_MM; throws
 /// base::ErrorException(InvalidArgument) elsewhere.
 at::Tensor grouped_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offs);
+
+/// A random generator on `device` (CPU mt19937 or CUDA Philox) seeded with `seed`.
+/// Throws base::ErrorException(DeviceUnavailable) for devices without one in this build.
+at::Generator make_generator(const at::Device& device, std::uint64_t seed);
 
 /// Expands kv heads [B, Hkv, S, D] to [B, Hkv * n_rep, S, D] (each head repeated n_rep times
 /// consecutively). ref: transformers repeat_kv

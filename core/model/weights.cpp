@@ -6,14 +6,10 @@
 #include <sstream>
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 
 #include "core/base/error.h"
+#include "core/compat/torch_compat.h"
 #include "core/model/safetensors.h"
-
-#if defined(BL_WITH_CUDA)
-#include <ATen/cuda/CUDAGeneratorImpl.h>
-#endif
 
 namespace batchlens::model {
 
@@ -167,18 +163,6 @@ std::uint64_t fnv1a(const std::string& s) {
   return h;
 }
 
-at::Generator make_generator(const at::Device& device, std::uint64_t seed) {
-#if defined(BL_WITH_CUDA)
-  if (device.is_cuda()) {
-    auto gen = at::make_generator<at::CUDAGeneratorImpl>(device.index() < 0 ? 0 : device.index());
-    gen.set_current_seed(seed);
-    return gen;
-  }
-#endif
-  (void)device;
-  return at::make_generator<at::CPUGeneratorImpl>(seed);
-}
-
 at::Tensor init_tensor(const std::string& key, const std::vector<std::int64_t>& shape, Init init,
                        const TextConfig& t, std::uint64_t seed, const at::Device& device,
                        at::ScalarType dtype) {
@@ -186,7 +170,7 @@ at::Tensor init_tensor(const std::string& key, const std::vector<std::int64_t>& 
   if (init == Init::Ones) {
     return at::ones(shape, opts.dtype(dtype));
   }
-  at::Generator gen = make_generator(device, seed ^ fnv1a(key));
+  at::Generator gen = compat::make_generator(device, seed ^ fnv1a(key));
   at::Tensor w = at::empty(shape, opts);
   w.normal_(0.0, t.initializer_range, gen);
   if (init == Init::Embedding && t.pad_token_id >= 0 && t.pad_token_id < shape[0]) {

@@ -4,13 +4,9 @@
 #include <limits>
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
-
-#if defined(BL_WITH_CUDA)
-#include <ATen/cuda/CUDAGeneratorImpl.h>
-#endif
 
 #include "core/base/error.h"
+#include "core/compat/torch_compat.h"
 
 namespace batchlens::sampling {
 
@@ -46,25 +42,6 @@ const char* rng_mode_name(RngMode mode) {
   return mode == RngMode::PerRow ? "per_row" : "shared";
 }
 
-namespace {
-
-at::Generator make_generator(const at::Device& device, std::uint64_t seed) {
-#if defined(BL_WITH_CUDA)
-  if (device.is_cuda()) {
-    auto gen = at::make_generator<at::CUDAGeneratorImpl>(device.index() < 0 ? 0 : device.index());
-    gen.set_current_seed(seed);
-    return gen;
-  }
-#endif
-  if (!device.is_cpu()) {
-    base::raise(base::ErrorCode::DeviceUnavailable,
-                "random streams: no generator for device " + device.str());
-  }
-  return at::make_generator<at::CPUGeneratorImpl>(seed);
-}
-
-}  // namespace
-
 std::uint64_t RandomStreams::row_seed(std::uint64_t seed, std::int64_t row) {
   if (row == 0) {
     return seed;  // row 0 draws what a batch-1 run seeded with `seed` draws
@@ -83,10 +60,10 @@ RandomStreams::RandomStreams(RngMode mode, std::uint64_t seed, std::int64_t rows
     base::raise(base::ErrorCode::InvalidArgument, "random streams need at least one row");
   }
   if (mode == RngMode::Shared) {
-    generators_.push_back(make_generator(device, seed));
+    generators_.push_back(compat::make_generator(device, seed));
   } else {
     for (std::int64_t r = 0; r < rows; ++r) {
-      generators_.push_back(make_generator(device, row_seed(seed, r)));
+      generators_.push_back(compat::make_generator(device, row_seed(seed, r)));
     }
   }
 }
