@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -22,29 +21,6 @@ at::Tensor require(const SafetensorsFile& file, const std::string& name) {
                 file.path().string() + ": missing tensor '" + name + "'");
   }
   return file.tensor(name);
-}
-
-ops::OpPolicy resolve_policy(const std::string& name) {
-  if (name == "default") {
-    return ops::OpPolicy::default_policy();
-  }
-  if (name == "issue_workaround") {
-    return ops::OpPolicy::issue_workaround();
-  }
-  if (name == "row_wise_all") {
-    return ops::OpPolicy::row_wise_all();
-  }
-  std::ifstream in(name);
-  if (!in) {
-    base::raise(
-        base::ErrorCode::InvalidArgument,
-        "policy '" + name + "': expected default, issue_workaround, row_wise_all or a JSON file");
-  }
-  auto parsed = ops::policy_from_json(nlohmann::json::parse(in, nullptr, true));
-  if (!parsed.ok()) {
-    throw base::ErrorException(parsed.error());
-  }
-  return parsed.value();
 }
 
 std::bitset<probe::kTapCount> resolve_taps(const std::vector<std::string>& names) {
@@ -111,7 +87,11 @@ base::Result<ForwardSummary> run_forward_file(const DiffusionGemma& model,
         sc = sc.narrow(0, 0, 1).expand({request.rows, -1, -1}).contiguous();
       }
     }
-    const ops::OpPolicy policy = resolve_policy(request.policy);
+    auto resolved = ops::policy_by_name(request.policy);
+    if (!resolved.ok()) {
+      throw base::ErrorException(resolved.error());
+    }
+    const ops::OpPolicy policy = std::move(resolved).value();
     probe::TapRecorder taps(resolve_taps(request.taps));
 
     ForwardSummary summary;

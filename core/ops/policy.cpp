@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/ops/policy.h"
 
+#include <fstream>
+
 namespace batchlens::ops {
 
 std::string_view strategy_name(Strategy strategy) {
@@ -150,6 +152,30 @@ base::Result<OpPolicy> policy_from_json(const nlohmann::json& doc) {
     p.rules.push_back(rule);
   }
   return p;
+}
+
+base::Result<OpPolicy> policy_by_name(const std::string& name_or_file) {
+  if (name_or_file == "default") {
+    return OpPolicy::default_policy();
+  }
+  if (name_or_file == "issue_workaround") {
+    return OpPolicy::issue_workaround();
+  }
+  if (name_or_file == "row_wise_all") {
+    return OpPolicy::row_wise_all();
+  }
+  std::ifstream in(name_or_file);
+  if (!in) {
+    return base::Error{base::ErrorCode::InvalidArgument,
+                       "policy '" + name_or_file +
+                           "': expected default, issue_workaround, row_wise_all or a JSON file"};
+  }
+  const auto doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (doc.is_discarded()) {
+    return base::Error{base::ErrorCode::InvalidArgument,
+                       "policy file '" + name_or_file + "' is not valid JSON"};
+  }
+  return policy_from_json(doc);
 }
 
 std::string describe(const OpPolicy& policy) {

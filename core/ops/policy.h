@@ -63,6 +63,10 @@ base::Result<FamilySet> parse_families(const std::vector<std::string>& names);
 nlohmann::json to_json(const OpPolicy& policy);
 /// Inverse of to_json; InvalidArgument on malformed input. Never throws.
 base::Result<OpPolicy> policy_from_json(const nlohmann::json& doc);
+/// A named policy ("default", "issue_workaround", "row_wise_all") or a policy JSON file
+/// (to_json's format). InvalidArgument for anything else or a malformed file. Never throws.
+base::Result<OpPolicy> policy_by_name(const std::string& name_or_file);
+
 /// A one-line description, e.g. "issue_workaround: row_wise {router_proj, selfcond_matmul}".
 std::string describe(const OpPolicy& policy);
 

@@ -29,16 +29,11 @@ base::Result<std::string> run_generation(const model::ModelSource& source,
       base::raise(base::ErrorCode::InvalidArgument,
                   "prefill '" + request.prefill + "': expected copied or batched");
     }
-    ops::OpPolicy policy;
-    if (request.policy == "issue_workaround") {
-      policy = ops::OpPolicy::issue_workaround();
-    } else if (request.policy == "row_wise_all") {
-      policy = ops::OpPolicy::row_wise_all();
-    } else if (request.policy != "default") {
-      base::raise(
-          base::ErrorCode::InvalidArgument,
-          "policy '" + request.policy + "': expected default, issue_workaround or row_wise_all");
+    auto resolved = ops::policy_by_name(request.policy);
+    if (!resolved.ok()) {
+      throw base::ErrorException(resolved.error());
     }
+    const ops::OpPolicy policy = std::move(resolved).value();
     GenerateOptions o;
     o.batch_size = request.batch_size;
     o.seed = request.seed;

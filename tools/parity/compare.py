@@ -31,20 +31,8 @@ except ImportError as exc:  # pragma: no cover
     print("PARITY: not compared (torch/safetensors missing)")
     sys.exit(0)
 
-LAYER_TAPS = (
-    "attn.q",
-    "attn.k",
-    "attn.v",
-    "attn.out",
-    "attn.o_proj",
-    "mlp.out",
-    "router.scores",
-    "router.topk_ids",
-    "router.topk_weights",
-    "moe.out",
-    "layer.out",
-)
-STEP_TAPS_BEFORE = ("selfcond.soft_embed", "selfcond.out")
+from tap_names import LAYER_TAPS, STEP_TAPS  # noqa: E402  (shared with the other script)
+STEP_TAPS_BEFORE = STEP_TAPS
 CHUNK = 1 << 24  # elements per comparison chunk (bounds the float64 temporaries)
 
 BITS = {

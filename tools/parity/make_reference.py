@@ -69,21 +69,7 @@ except ImportError as exc:  # pragma: no cover
     die(f"safetensors is not importable ({exc})")
 
 
-# Per-layer taps, in dataflow order, and per-step taps. Must match core/probe/tap_names.cpp.
-LAYER_TAPS = (
-    "attn.q",
-    "attn.k",
-    "attn.v",
-    "attn.out",
-    "attn.o_proj",
-    "mlp.out",
-    "router.scores",
-    "router.topk_ids",
-    "router.topk_weights",
-    "moe.out",
-    "layer.out",
-)
-STEP_TAPS = ("selfcond.soft_embed", "selfcond.out")
+from tap_names import LAYER_TAPS, STEP_TAPS  # noqa: E402  (shared with the other script)
 
 # Checkpoint keys BatchLens skips (core/model/weights.cpp is_ignored_key).
 IGNORED_PREFIXES = ("model.encoder.vision_tower.", "model.encoder.embed_vision.")

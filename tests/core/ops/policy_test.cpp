@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/ops/policy.h"
 
+#include <cstdio>
+#include <fstream>
 #include <set>
 #include <string>
 
@@ -79,6 +81,33 @@ TEST(OpPolicy, JsonRoundTripAndErrors) {
   EXPECT_FALSE(policy_from_json(
                    nlohmann::json::parse(R"({"rules": [{"families": [], "strategy": "fast"}]})"))
                    .ok());
+}
+
+}  // namespace
+}  // namespace batchlens::ops
+
+namespace batchlens::ops {
+namespace {
+
+TEST(OpPolicy, ByNameOrJsonFile) {
+  EXPECT_TRUE(policy_by_name("default").value().is_default());
+  EXPECT_EQ(policy_by_name("issue_workaround").value().name, "issue_workaround");
+  EXPECT_EQ(policy_by_name("row_wise_all").value().resolve(OpFamily::LmHead, -1),
+            Strategy::RowWise);
+  const auto missing = policy_by_name("no_such_policy");
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.error().message.find("expected default"), std::string::npos);
+
+  const std::string path = ::testing::TempDir() + "/bl_policy_test.json";
+  { std::ofstream(path) << to_json(OpPolicy::issue_workaround()).dump(); }
+  const auto from_file = policy_by_name(path);
+  ASSERT_TRUE(from_file.ok()) << from_file.error().message;
+  EXPECT_EQ(from_file.value().resolve(OpFamily::RouterProj, 3), Strategy::RowWise);
+  { std::ofstream(path) << "{ not json"; }
+  const auto bad = policy_by_name(path);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("not valid JSON"), std::string::npos);
+  std::remove(path.c_str());
 }
 
 }  // namespace
