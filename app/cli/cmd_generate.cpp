@@ -41,32 +41,58 @@ void register_generate(CLI::App& app, int& exit_code) {
     ModelOptions model;
     sampling::GenerateRequest request;
     std::string prompt_ids;
+    bool raw = false;
+    bool show_ids = false;
+    bool json = false;
   };
   auto opts = std::make_shared<Options>();
   auto* cmd = app.add_subcommand(
-      "generate", "Block-diffusion generation: prints each row's tokens, steps and stop position");
+      "generate",
+      "Block-diffusion generation: prints each row's text, steps taken and stop position");
   add_model_options(cmd, opts->model);
-  cmd->add_option("--prompt-ids", opts->prompt_ids,
-                  "Prompt token ids, comma-separated (e.g. the chat-template ids)")
-      ->required();
-  cmd->add_option("--batch", opts->request.batch_size, "Batch size (identical rows)")
+  auto& rq = opts->request;
+  auto& ov = rq.overrides;
+  auto* text = cmd->add_option("--prompt", rq.prompt,
+                               "Prompt text, wrapped in the Gemma chat template unless --raw");
+  auto* ids = cmd->add_option("--prompt-ids", opts->prompt_ids,
+                              "Prompt token ids, comma-separated, used as they are");
+  text->excludes(ids);
+  cmd->add_flag("--raw", opts->raw, "Do not apply the chat template to --prompt");
+  cmd->add_option("--batch", rq.batch_size, "Batch size (identical rows)")->capture_default_str();
+  cmd->add_option("--gen-seed", rq.seed, "Sampling seed")->capture_default_str();
+  cmd->add_option("--steps", ov.max_denoising_steps,
+                  "max_denoising_steps [generation_config.json, else 48]");
+  cmd->add_option("--max-new-tokens", ov.max_new_tokens,
+                  "max_new_tokens [generation_config.json, else 256]");
+  cmd->add_option("--t-min", ov.t_min, "Temperature at the last step [0.4]");
+  cmd->add_option("--t-max", ov.t_max, "Temperature at the first step [0.8]");
+  cmd->add_option("--entropy-bound", ov.entropy_bound, "Entropy-bound acceptance [0.1]");
+  cmd->add_option("--stability-threshold", ov.stability_threshold,
+                  "Steps the argmax must stay unchanged before stopping [1]");
+  cmd->add_option("--confidence-threshold", ov.confidence_threshold,
+                  "Mean entropy below which a stable canvas stops [0.005]");
+  cmd->add_option("--rng", rq.rng, "per_row (BatchLens) or shared (the reference)")
       ->capture_default_str();
-  cmd->add_option("--gen-seed", opts->request.seed, "Sampling seed")->capture_default_str();
-  cmd->add_option("--steps", opts->request.max_denoising_steps, "max_denoising_steps")
-      ->capture_default_str();
-  cmd->add_option("--max-new-tokens", opts->request.max_new_tokens, "max_new_tokens")
-      ->capture_default_str();
-  cmd->add_option("--rng", opts->request.rng, "per_row (BatchLens) or shared (the reference)")
-      ->capture_default_str();
-  cmd->add_option("--prefill", opts->request.prefill,
+  cmd->add_option("--prefill", rq.prefill,
                   "copied (batch-1 cache copied into every row) or batched")
       ->capture_default_str();
-  cmd->add_option("--policy", opts->request.policy, "default, issue_workaround or row_wise_all")
+  cmd->add_option("--policy", rq.policy, "default, issue_workaround or row_wise_all")
       ->capture_default_str();
+  cmd->add_flag("--show-ids", opts->show_ids, "Print the token ids too");
+  cmd->add_option("--record", rq.record_path,
+                  "Write every denoising step (canvas, draws, argmax, acceptance, entropy) to this "
+                  "safetensors file (for tools/parity)");
+  cmd->add_flag("--json", opts->json, "Print the result as JSON");
   cmd->callback([opts, &exit_code] {
     auto& mo = opts->model;
+    auto& request = opts->request;
     if (mo.source.preset.empty() && mo.checkpoint.empty()) {
       std::cerr << "batchlens-cli generate: give --preset or --checkpoint\n";
+      exit_code = kExitUsage;
+      return;
+    }
+    if (request.prompt.empty() && opts->prompt_ids.empty()) {
+      std::cerr << "batchlens-cli generate: give --prompt TEXT or --prompt-ids IDS\n";
       exit_code = kExitUsage;
       return;
     }
@@ -74,20 +100,21 @@ void register_generate(CLI::App& app, int& exit_code) {
     std::string item;
     while (std::getline(ss, item, ',')) {
       try {
-        opts->request.prompt.push_back(std::stoll(item));
+        request.prompt_ids.push_back(std::stoll(item));
       } catch (const std::exception&) {
         std::cerr << "batchlens-cli generate: bad token id '" << item << "'\n";
         exit_code = kExitUsage;
         return;
       }
     }
+    request.chat_template = !opts->raw;
     mo.source.checkpoint_dir = mo.checkpoint;
     base::CancelToken cancel;
     g_cancel = &cancel;
     const auto previous = std::signal(SIGINT, on_sigint);
-    opts->request.cancel = &cancel;
-    opts->request.progress = draw_progress;
-    const auto result = sampling::run_generation(mo.source, mo.load, opts->request);
+    request.cancel = &cancel;
+    request.progress = draw_progress;
+    const auto result = sampling::run_generation(mo.source, mo.load, request);
     std::signal(SIGINT, previous);
     g_cancel = nullptr;
     std::fprintf(stderr, "\n");
@@ -95,7 +122,8 @@ void register_generate(CLI::App& app, int& exit_code) {
       exit_code = report_error(result.error());
       return;
     }
-    std::cout << result.value();
+    std::cout << (opts->json ? sampling::report_json(result.value())
+                             : sampling::format_report(result.value(), opts->show_ids));
     exit_code = kExitOk;
   });
 }

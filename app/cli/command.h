@@ -27,4 +27,7 @@ void register_generate(CLI::App& app, int& exit_code);
 /// Registers `batchlens-cli info` (the same facts as --version, optionally as JSON).
 void register_info(CLI::App& app, int& exit_code);
 
+/// `tokenize`: encode text or decode ids with a model's tokenizer; export a preset's.
+void register_tokenize(CLI::App& app, int& exit_code);
+
 }  // namespace batchlens::cli

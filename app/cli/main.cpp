@@ -25,6 +25,7 @@ int run(int argc, char** argv) {
   cli::register_forward(app, exit_code);
   cli::register_generate(app, exit_code);
   cli::register_save_model(app, exit_code);
+  cli::register_tokenize(app, exit_code);
 
   try {
     app.parse(argc, argv);

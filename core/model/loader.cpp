@@ -6,9 +6,12 @@
 #include <ATen/ATen.h>
 #include <torch/cuda.h>
 
+#include "core/base/atomic_file.h"
 #include "core/model/diffusion_gemma.h"
 #include "core/model/safetensors.h"
 #include "core/model/weights.h"
+#include "core/sampling/generation_config.h"
+#include "core/text/tokenizer_builder.h"
 
 namespace batchlens::model {
 
@@ -121,16 +124,20 @@ base::Result<void> save_random_model(const std::string& preset, std::uint64_t se
     write_checkpoint(
         dir, named_tensors(weights, config.value().text), max_shard_bytes,
         {{"format", "pt"}, {"batchlens_preset", preset}, {"batchlens_seed", std::to_string(seed)}});
-    // config.json last, atomically: a directory with a config.json is complete.
-    const auto tmp = dir / "config.json.tmp";
-    {
-      std::ofstream out(tmp);
-      out << to_json(config.value()).dump(2) << "\n";
-      if (!out) {
-        base::raise(base::ErrorCode::IoFailed, "cannot write " + tmp.string());
+    // The project's tokenizer and the released generation defaults, so that the directory is
+    // complete for the reference too; config.json last: a directory with one is complete.
+    auto tokenizer = text::preset_tokenizer_json(config.value().text.vocab_size);
+    if (!tokenizer.ok()) {
+      throw base::ErrorException(tokenizer.error());
+    }
+    for (const auto& [name, content] :
+         {std::pair<const char*, std::string>{"tokenizer.json", tokenizer.value()},
+          {"generation_config.json", sampling::to_json(sampling::GenerationConfig{})},
+          {"config.json", to_json(config.value()).dump(2) + "\n"}}) {
+      if (auto w = base::write_file_atomic(dir / name, content); !w.ok()) {
+        throw base::ErrorException(w.error());
       }
     }
-    std::filesystem::rename(tmp, dir / "config.json");
   });
 }
 

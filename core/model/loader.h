@@ -42,9 +42,10 @@ struct LoadOptions {
 base::Result<std::shared_ptr<const DiffusionGemma>> load_model(const ModelSource& source,
                                                                const LoadOptions& options);
 
-/// Writes a preset's random weights as an HF-style checkpoint directory (config.json and
-/// safetensors shards of at most `max_shard_bytes`), e.g. to hand the same weights to the
-/// transformers reference. Never throws.
+/// Writes a preset's random weights as an HF-style checkpoint directory: safetensors shards of
+/// at most `max_shard_bytes`, the preset's generated tokenizer.json, the released
+/// generation_config.json and config.json (written last), e.g. to hand the same model to the
+/// transformers reference. Every file is written atomically. Never throws.
 base::Result<void> save_random_model(const std::string& preset, std::uint64_t seed,
                                      const std::filesystem::path& dir,
                                      std::uint64_t max_shard_bytes = 4ULL << 30);

@@ -15,6 +15,7 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include "core/base/atomic_file.h"
 #include "core/base/error.h"
 
 #include <fcntl.h>
@@ -71,9 +72,7 @@ std::string cat(const Parts&... parts) {
   return out;
 }
 
-std::string errno_text(int err) {
-  return std::error_code(err, std::generic_category()).message();
-}
+using base::errno_text;
 
 [[noreturn]] void file_error(ErrorCode code, const fs::path& file, const std::string& what) {
   raise(code, file.string() + ": " + what);
@@ -305,84 +304,6 @@ ParsedHeader parse_file(const fs::path& file, const unsigned char* bytes, std::u
   return parsed;
 }
 
-/// A temporary file beside a target path, renamed into place by commit() and removed otherwise.
-class AtomicFile {
- public:
-  explicit AtomicFile(fs::path target) : target_(std::move(target)) {
-    std::string pattern = target_.string() + ".tmp-XXXXXX";
-    fd_ = ::mkstemp(pattern.data());
-    if (fd_ < 0) {
-      fail("cannot create a temporary file", errno);
-    }
-    temp_ = pattern;
-    // mkstemp creates 0600; a checkpoint is as readable as any file the user writes.
-    if (::fchmod(fd_, 0644) != 0) {
-      fail("cannot set permissions", errno);
-    }
-  }
-  AtomicFile(const AtomicFile&) = delete;
-  AtomicFile& operator=(const AtomicFile&) = delete;
-  AtomicFile(AtomicFile&&) = delete;
-  AtomicFile& operator=(AtomicFile&&) = delete;
-  ~AtomicFile() {
-    if (fd_ >= 0) {
-      ::close(fd_);
-    }
-    if (!committed_ && !temp_.empty()) {
-      ::unlink(temp_.c_str());
-    }
-  }
-
-  void write(const void* data, std::size_t size) {
-    const auto* p = static_cast<const unsigned char*>(data);
-    while (size > 0) {
-      const ssize_t written = ::write(fd_, p, size);
-      if (written < 0) {
-        if (errno == EINTR) {
-          continue;
-        }
-        fail("write failed", errno);
-      }
-      p += written;
-      size -= static_cast<std::size_t>(written);
-    }
-  }
-
-  /// fsync, close, rename into place, then fsync the directory so the rename is durable.
-  void commit() {
-    if (::fsync(fd_) != 0) {
-      fail("fsync failed", errno);
-    }
-    const int fd = fd_;
-    fd_ = -1;
-    if (::close(fd) != 0) {
-      fail("close failed", errno);
-    }
-    std::error_code ec;
-    fs::rename(temp_, target_, ec);
-    if (ec) {
-      raise(ErrorCode::IoFailed, target_.string() + ": cannot rename into place: " + ec.message());
-    }
-    committed_ = true;
-    const fs::path dir = target_.has_parent_path() ? target_.parent_path() : fs::path(".");
-    const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dir_fd >= 0) {
-      ::fsync(dir_fd);  // best effort: the data itself is already on disk
-      ::close(dir_fd);
-    }
-  }
-
- private:
-  [[noreturn]] void fail(const std::string& what, int err) const {
-    raise(ErrorCode::IoFailed, target_.string() + ": " + what + ": " + errno_text(err));
-  }
-
-  fs::path target_;
-  fs::path temp_;
-  int fd_ = -1;
-  bool committed_ = false;
-};
-
 std::uint64_t tensor_bytes(const at::Tensor& t) {
   return static_cast<std::uint64_t>(t.numel()) * t.element_size();
 }
@@ -414,7 +335,7 @@ void check_tensors(const std::vector<std::pair<std::string, at::Tensor>>& tensor
 }
 
 void write_text_atomically(const fs::path& path, const std::string& text) {
-  AtomicFile out(path);
+  base::AtomicFile out(path);
   out.write(text.data(), text.size());
   out.commit();
 }
@@ -679,7 +600,7 @@ void write_safetensors(const std::filesystem::path& path,
   // ref: prepare(): "Force alignment to 8 bytes" with trailing spaces.
   text.append((kLengthBytes - text.size() % kLengthBytes) % kLengthBytes, ' ');
 
-  AtomicFile out(path);
+  base::AtomicFile out(path);
   const auto length = encode_u64_le(text.size());
   out.write(length.data(), length.size());
   out.write(text.data(), text.size());

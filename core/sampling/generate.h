@@ -16,14 +16,6 @@
 
 namespace batchlens::sampling {
 
-/// Generation settings; defaults are the released generation_config.json.
-struct GenerationConfig {
-  SamplerConfig sampler;
-  std::int64_t max_new_tokens = 256;
-  std::vector<std::int64_t> eos_token_ids{1, 106, 50};
-  std::int64_t pad_token_id = 0;
-};
-
 /// How the prompt cache is built for a batch of identical rows.
 enum class PrefillMode {
   Copied,   ///< prefill at batch 1, copy the cache into every row (the user's setup)

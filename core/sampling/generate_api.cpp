@@ -1,83 +1,205 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/sampling/generate_api.h"
 
+#include <optional>
 #include <sstream>
 
 #include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
 
+#include "core/model/diffusion_gemma.h"
+#include "core/model/safetensors.h"
 #include "core/sampling/generate.h"
+#include "core/text/chat_template.h"
+#include "core/text/model_text.h"
 
 namespace batchlens::sampling {
 
-base::Result<std::string> run_generation(const model::ModelSource& source,
-                                         const model::LoadOptions& load,
-                                         const GenerateRequest& request) {
-  auto loaded = model::load_model(source, load);
-  if (!loaded.ok()) {
-    return loaded.error();
+namespace {
+
+using base::ErrorCode;
+
+template <class T>
+T take(base::Result<T> r) {
+  if (!r.ok()) {
+    throw base::ErrorException(r.error());
   }
-  return base::guarded([&]() -> std::string {
-    const model::DiffusionGemma& m = *loaded.value();
-    if (request.prompt.empty()) {
-      base::raise(base::ErrorCode::InvalidArgument, "generate: the prompt is empty");
-    }
+  return std::move(r).value();
+}
+
+}  // namespace
+
+base::Result<GenerateReport> run_generation(const model::ModelSource& source,
+                                            const model::LoadOptions& load,
+                                            const GenerateRequest& request) {
+  return base::guarded([&]() -> GenerateReport {
     if (request.rng != "per_row" && request.rng != "shared") {
-      base::raise(base::ErrorCode::InvalidArgument,
+      base::raise(ErrorCode::InvalidArgument,
                   "rng '" + request.rng + "': expected per_row or shared");
     }
     if (request.prefill != "copied" && request.prefill != "batched") {
-      base::raise(base::ErrorCode::InvalidArgument,
+      base::raise(ErrorCode::InvalidArgument,
                   "prefill '" + request.prefill + "': expected copied or batched");
     }
-    auto resolved = ops::policy_by_name(request.policy);
-    if (!resolved.ok()) {
-      throw base::ErrorException(resolved.error());
+    if (request.batch_size < 1 || request.batch_size > 4096) {
+      base::raise(ErrorCode::InvalidArgument,
+                  "batch size must be in 1..4096, not " + std::to_string(request.batch_size));
     }
-    const ops::OpPolicy policy = std::move(resolved).value();
+    const ops::OpPolicy policy = take(ops::policy_by_name(request.policy));
+    const GenerationConfig base_config = source.checkpoint_dir.empty()
+                                             ? GenerationConfig{}
+                                             : take(load_generation_config(source.checkpoint_dir));
+    GenerateReport report;
+    report.config = take(apply(request.overrides, base_config));
+    std::optional<text::Tokenizer> tokenizer;
+    if (auto t = text::tokenizer_for(source); t.ok()) {
+      tokenizer = std::move(t).value();
+    } else if (request.prompt_ids.empty() || t.error().code != ErrorCode::FileNotFound) {
+      throw base::ErrorException(t.error());
+    }
+    report.has_text = tokenizer.has_value();
+    if (!request.prompt_ids.empty()) {
+      report.prompt_ids = request.prompt_ids;
+    } else {
+      const std::string text =
+          request.chat_template ? text::chat_prompt(request.prompt) : request.prompt;
+      report.prompt_ids = take(tokenizer->encode(text));
+    }
+    if (report.prompt_ids.empty()) {
+      base::raise(ErrorCode::InvalidArgument, "generate: the prompt is empty");
+    }
+
+    auto loaded = take(model::load_model(source, load));
+    const model::DiffusionGemma& m = *loaded;
+    const std::int64_t vocab = m.config().text.vocab_size;
+    for (std::int64_t id : report.prompt_ids) {
+      if (id < 0 || id >= vocab) {
+        base::raise(ErrorCode::InvalidArgument, "prompt token id " + std::to_string(id) +
+                                                    " is outside the vocabulary (0.." +
+                                                    std::to_string(vocab - 1) + ")");
+      }
+    }
+    report.model = source.describe();
+    report.policy = ops::describe(policy);
+    report.rng = request.rng;
+    report.prefill = request.prefill;
+    report.seed = request.seed;
+
     GenerateOptions o;
     o.batch_size = request.batch_size;
     o.seed = request.seed;
     o.rng = request.rng == "shared" ? RngMode::Shared : RngMode::PerRow;
     o.prefill = request.prefill == "batched" ? PrefillMode::Batched : PrefillMode::Copied;
-    o.config.sampler.max_denoising_steps = request.max_denoising_steps;
-    o.config.max_new_tokens = request.max_new_tokens;
-    o.config.eos_token_ids = m.config().eos_token_ids;
-    o.config.pad_token_id = m.config().text.pad_token_id;
+    o.config = report.config;
     o.policy = &policy;
     o.cancel = request.cancel;
+    const int steps = report.config.sampler.max_denoising_steps;
     const std::int64_t canvases =
-        (request.max_new_tokens + m.config().canvas_length - 1) / m.config().canvas_length;
-    base::ProgressClock clock(canvases * request.max_denoising_steps);
+        (report.config.max_new_tokens + m.config().canvas_length - 1) / m.config().canvas_length;
+    base::ProgressClock clock(canvases * steps);
     std::int64_t done = 0;
-    if (request.progress) {
-      o.on_step = [&](const StepRecord& r) {
-        ++done;
-        request.progress(clock.at(done, "canvas " + std::to_string(r.canvas + 1) + " step " +
-                                            std::to_string(r.step) + "/" +
-                                            std::to_string(request.max_denoising_steps)));
-      };
-    }
-    const at::Tensor prompt =
-        at::tensor(request.prompt, at::TensorOptions().dtype(at::kLong)).view({1, -1});
-    const GenerationResult res = generate(m, prompt, o);
-    std::ostringstream out;
-    out << "generate: " << source.describe() << ", batch " << request.batch_size << ", rng "
-        << request.rng << ", prefill " << request.prefill << ", policy " << ops::describe(policy)
-        << "\n";
-    for (std::size_t r = 0; r < res.rows.size(); ++r) {
-      const RowOutcome& row = res.rows[r];
-      out << "row " << r << ": steps";
-      for (int s : row.steps) {
-        out << " " << s;
+    std::vector<std::pair<std::string, at::Tensor>> record;
+    o.on_step = [&](const StepRecord& r) {
+      if (!request.record_path.empty()) {
+        const std::string key =
+            "c" + std::to_string(r.canvas) + ".s" + std::to_string(r.step) + ".";
+        record.emplace_back(key + "canvas_in", r.canvas_in);
+        record.emplace_back(key + "sampled", r.sampled);
+        record.emplace_back(key + "argmax", r.argmax);
+        record.emplace_back(key + "accepted", r.accepted.to(at::kByte));
+        record.emplace_back(key + "entropy", r.entropy);
+        record.emplace_back(key + "finished", r.finished.to(at::kByte));
+        record.emplace_back(key + "temperature", at::full({1}, r.temperature, at::kFloat));
       }
-      out << ", stop position " << row.stop_position << "\n  tokens:";
+      if (request.progress) {
+        // A canvas can stop early; its skipped steps count as done.
+        done = static_cast<std::int64_t>(r.canvas) * steps + r.step;
+        request.progress(clock.at(done, "canvas " + std::to_string(r.canvas + 1) + " step " +
+                                            std::to_string(r.step) + "/" + std::to_string(steps)));
+      }
+    };
+    const at::Tensor prompt =
+        at::tensor(report.prompt_ids, at::TensorOptions().dtype(at::kLong)).view({1, -1});
+    const GenerationResult res = generate(m, prompt, o);
+    if (!request.record_path.empty()) {
+      record.emplace_back("prompt", prompt);
+      record.emplace_back("sequences", res.sequences);
+      model::write_safetensors(request.record_path, record,
+                               {{"batch", std::to_string(request.batch_size)},
+                                {"seed", std::to_string(request.seed)},
+                                {"rng", request.rng},
+                                {"prefill", request.prefill},
+                                {"generation_config", to_json(report.config)},
+                                {"canvases", std::to_string(res.canvases)}});
+    }
+    for (const RowOutcome& row : res.rows) {
+      GeneratedRow out;
+      out.tokens = row.tokens;
+      out.stop_position = row.stop_position;
+      out.steps = row.steps;
+      if (tokenizer) {
+        const auto end =
+            row.stop_position >= 0 ? row.tokens.begin() + row.stop_position + 1 : row.tokens.end();
+        out.text = tokenizer->decode(std::vector<std::int64_t>(row.tokens.begin(), end));
+      }
+      report.rows.push_back(std::move(out));
+    }
+    return report;
+  });
+}
+
+std::string format_report(const GenerateReport& r, bool show_ids) {
+  std::ostringstream out;
+  out << "generate: " << r.model << ", batch " << r.rows.size() << ", seed " << r.seed << ", rng "
+      << r.rng << ", prefill " << r.prefill << ", policy " << r.policy << ", "
+      << r.config.sampler.max_denoising_steps << " steps, max " << r.config.max_new_tokens
+      << " new tokens\n";
+  out << "prompt: " << r.prompt_ids.size() << " tokens\n";
+  for (std::size_t i = 0; i < r.rows.size(); ++i) {
+    const GeneratedRow& row = r.rows[i];
+    const bool same_as_0 = i > 0 && row.tokens == r.rows[0].tokens;
+    out << "row " << i << ": steps";
+    for (int s : row.steps) {
+      out << " " << s;
+    }
+    out << ", stop position " << row.stop_position;
+    if (i > 0) {
+      out << (same_as_0 ? ", identical to row 0" : ", differs from row 0");
+    }
+    out << "\n";
+    if (r.has_text) {
+      out << "  text: " << row.text << "\n";
+    }
+    if (show_ids || !r.has_text) {
+      out << "  tokens:";
       for (std::int64_t t : row.tokens) {
         out << " " << t;
       }
       out << "\n";
     }
-    return out.str();
-  });
+  }
+  return out.str();
+}
+
+std::string report_json(const GenerateReport& r) {
+  nlohmann::ordered_json j;
+  j["model"] = r.model;
+  j["policy"] = r.policy;
+  j["rng"] = r.rng;
+  j["prefill"] = r.prefill;
+  j["seed"] = r.seed;
+  j["generation_config"] = nlohmann::ordered_json::parse(to_json(r.config));
+  j["prompt_ids"] = r.prompt_ids;
+  j["rows"] = nlohmann::ordered_json::array();
+  for (const GeneratedRow& row : r.rows) {
+    nlohmann::ordered_json o;
+    o["tokens"] = row.tokens;
+    o["text"] = r.has_text ? nlohmann::ordered_json(row.text) : nlohmann::ordered_json(nullptr);
+    o["stop_position"] = row.stop_position;
+    o["steps"] = row.steps;
+    j["rows"].push_back(std::move(o));
+  }
+  return j.dump(2) + "\n";
 }
 
 }  // namespace batchlens::sampling

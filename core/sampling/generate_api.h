@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
-// Torch-free entry point to generation for the CLI and the UI.
+// Torch-free entry point to generation for the CLI and the UI: text in, text out.
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -10,28 +11,64 @@
 #include "core/base/error.h"
 #include "core/base/progress.h"
 #include "core/model/loader.h"
+#include "core/sampling/generation_config.h"
 
 namespace batchlens::sampling {
 
 /// A generation run described with plain values.
 struct GenerateRequest {
-  std::vector<std::int64_t> prompt;  ///< prompt token ids
+  std::string prompt;                    ///< prompt text
+  bool chat_template = true;             ///< wrap `prompt` in the Gemma chat template
+  std::vector<std::int64_t> prompt_ids;  ///< token ids, used instead of `prompt` when set
   std::int64_t batch_size = 1;
   std::uint64_t seed = 0;
-  int max_denoising_steps = 48;
-  std::int64_t max_new_tokens = 256;
+  GenerationOverrides overrides;   ///< over generation_config.json (or its defaults)
   std::string rng = "per_row";     ///< "per_row" or "shared"
   std::string prefill = "copied";  ///< "copied" or "batched"
-  std::string policy = "default";  ///< "default", "issue_workaround", "row_wise_all"
+  std::string policy = "default";  ///< a name ops::policy_by_name knows
   const base::CancelToken* cancel = nullptr;
   base::ProgressFn progress;  ///< one report per denoising step (all rows)
+  /// When set, every step's record (canvas in, draws, argmax, acceptance, entropy, finished)
+  /// is written there as safetensors, "c{canvas}.s{step}.{field}", with "prompt" and
+  /// "sequences": what tools/parity replays through the reference.
+  std::filesystem::path record_path;
 };
 
-/// Loads the model, generates and returns a report: per row the generated token ids, the
-/// steps taken per canvas and the stop position. Errors as load_model and generate; Cancelled
-/// when `cancel` fires. Never throws.
-base::Result<std::string> run_generation(const model::ModelSource& source,
-                                         const model::LoadOptions& load,
-                                         const GenerateRequest& request);
+/// What one row produced.
+struct GeneratedRow {
+  std::vector<std::int64_t> tokens;  ///< generated ids (all canvases; pads after the stop)
+  std::string text;                  ///< tokens decoded up to the stop, specials kept
+  std::int64_t stop_position = -1;   ///< index of the first EOS in `tokens`, -1 without one
+  std::vector<int> steps;            ///< denoising steps taken per canvas
+};
+
+struct GenerateReport {
+  std::string model;   ///< ModelSource::describe()
+  std::string policy;  ///< ops::describe of the policy used
+  std::string rng;
+  std::string prefill;
+  std::uint64_t seed = 0;
+  GenerationConfig config;               ///< what ran (file + overrides)
+  std::vector<std::int64_t> prompt_ids;  ///< what the model saw
+  bool has_text = false;                 ///< a tokenizer was found; `text` fields are filled
+  std::vector<GeneratedRow> rows;        ///< one per batch row
+};
+
+/// Loads the model and its tokenizer (text::tokenizer_for; without one only ids are given),
+/// reads generation_config.json from a checkpoint directory, applies the overrides and
+/// generates. Errors: those of load_model, InvalidArgument (bad names or values, an empty
+/// prompt, a prompt id outside the vocabulary, text without a tokenizer), OutOfMemory,
+/// Cancelled when `cancel` fires. Never throws.
+base::Result<GenerateReport> run_generation(const model::ModelSource& source,
+                                            const model::LoadOptions& load,
+                                            const GenerateRequest& request);
+
+/// Human text: a header, then per row the steps, stop position and text (and ids when
+/// `show_ids` or when there is no text).
+std::string format_report(const GenerateReport& report, bool show_ids);
+
+/// The report as JSON (stable keys: model, policy, rng, prefill, seed, generation_config,
+/// prompt_ids, rows[{tokens, text, stop_position, steps}]).
+std::string report_json(const GenerateReport& report);
 
 }  // namespace batchlens::sampling

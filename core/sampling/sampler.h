@@ -10,18 +10,9 @@
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
-namespace batchlens::sampling {
+#include "core/sampling/generation_config.h"
 
-/// Sampler settings; defaults are the released generation_config.json and the reference's
-/// library defaults. ref: DiffusionGemmaGenerationConfig
-struct SamplerConfig {
-  int max_denoising_steps = 48;
-  double t_min = 0.4;
-  double t_max = 0.8;
-  double entropy_bound = 0.1;  ///< EntropyBoundSamplerConfig.entropy_bound
-  int stability_threshold = 1;
-  double confidence_threshold = 0.005;
-};
+namespace batchlens::sampling {
 
 /// The temperature at `cur_step` (counting down N .. 1) as the reference computes it: a 0-dim
 /// fp32 tensor t_min + (t_max - t_min) * (int32(cur_step) / N) on `device`.

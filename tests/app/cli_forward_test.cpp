@@ -4,6 +4,7 @@
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include "core/model/diffusion_gemma.h"
 #include "core/model/loader.h"
@@ -102,6 +103,82 @@ TEST(CliGenerate, CtrlCCancelsWithExitCode130) {
                             "4", "--steps", "48", "--max-new-tokens", "4096"});
   EXPECT_EQ(r.exit_code, 130) << r.err;
   EXPECT_NE(r.err.find("cancelled"), std::string::npos) << r.err;
+}
+
+TEST(CliGenerate, TextPromptGivesTextAndJsonAndARecord) {
+  const fs::path rec = fs::temp_directory_path() / ("bl_gen_rec_" + std::to_string(getpid()));
+  const auto r = run_process({BL_CLI_PATH, "generate", "--preset", "tiny", "--prompt",
+                              "the cat sat", "--batch", "2", "--steps", "3", "--max-new-tokens",
+                              "16", "--json", "--record", rec.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["rows"].size(), 2U);
+  EXPECT_TRUE(j["rows"][0]["text"].is_string());
+  EXPECT_EQ(j["rows"][0]["tokens"].size(), 16U);
+  EXPECT_EQ(j["generation_config"]["max_denoising_steps"], 3);
+  // The chat template's ids: <bos> <|turn> user \n ...
+  EXPECT_EQ(j["prompt_ids"][0], 2);
+  EXPECT_EQ(j["prompt_ids"][1], 105);
+  const auto f = model::SafetensorsFile::open(rec);
+  EXPECT_EQ(f->tensors().count("c0.s1.canvas_in"), 1U);
+  EXPECT_EQ(f->tensor("sequences").size(0), 2);
+  fs::remove(rec);
+  const auto text = run_process({BL_CLI_PATH, "generate", "--preset", "tiny", "--prompt",
+                                 "the cat sat", "--steps", "2", "--max-new-tokens", "16"});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("  text: "), std::string::npos) << text.out;
+  const auto none = run_process({BL_CLI_PATH, "generate", "--preset", "tiny"});
+  EXPECT_EQ(none.exit_code, 2);
+  const auto big =
+      run_process({BL_CLI_PATH, "generate", "--preset", "tiny", "--prompt-ids", "2,999999"});
+  EXPECT_EQ(big.exit_code, 1);
+  EXPECT_NE(big.err.find("outside the vocabulary"), std::string::npos) << big.err;
+}
+
+TEST(CliGenerate, SavedCheckpointCarriesTokenizerAndGenerationConfigAndGeneratesTheSame) {
+  const fs::path dir = fs::temp_directory_path() / ("bl_cli_gen_ckpt_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  const auto saved = run_process(
+      {BL_CLI_PATH, "save-model", "--preset", "tiny", "--seed", "5", "--out", dir.string()});
+  ASSERT_EQ(saved.exit_code, 0) << saved.err;
+  for (const char* f : {"config.json", "tokenizer.json", "generation_config.json"}) {
+    EXPECT_TRUE(fs::exists(dir / f)) << f;
+  }
+  const std::vector<std::string> common{"--prompt", "hello there",      "--steps",
+                                        "3",        "--max-new-tokens", "32"};
+  std::vector<std::string> from_preset{BL_CLI_PATH, "generate", "--preset", "tiny", "--seed", "5"};
+  std::vector<std::string> from_dir{BL_CLI_PATH, "generate", "--checkpoint", dir.string()};
+  from_preset.insert(from_preset.end(), common.begin(), common.end());
+  from_dir.insert(from_dir.end(), common.begin(), common.end());
+  const auto a = run_process(from_preset);
+  const auto b = run_process(from_dir);
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  // Same weights, tokenizer and generation config: the rows are the same (headers differ).
+  EXPECT_EQ(a.out.substr(a.out.find("row 0")), b.out.substr(b.out.find("row 0")));
+  fs::remove_all(dir);
+}
+
+TEST(CliTokenize, EncodesDecodesAndExports) {
+  const auto enc = run_process({BL_CLI_PATH, "tokenize", "--preset", "demo", "--chat", "hi"});
+  ASSERT_EQ(enc.exit_code, 0) << enc.err;
+  EXPECT_EQ(enc.out.rfind("2,105,", 0), 0U) << enc.out;
+  const auto words = run_process({BL_CLI_PATH, "tokenize", "--preset", "demo", "the cat"});
+  ASSERT_EQ(words.exit_code, 0) << words.err;
+  std::string ids = words.out.substr(0, words.out.find('\n'));
+  const auto dec = run_process({BL_CLI_PATH, "tokenize", "--preset", "demo", "--decode", ids});
+  ASSERT_EQ(dec.exit_code, 0) << dec.err;
+  EXPECT_EQ(dec.out, "the cat\n");
+  const fs::path out = fs::temp_directory_path() / ("bl_tok_" + std::to_string(getpid()) + ".json");
+  const auto ex =
+      run_process({BL_CLI_PATH, "tokenize", "--preset", "tiny", "--export", out.string()});
+  ASSERT_EQ(ex.exit_code, 0) << ex.err;
+  const auto again = run_process({BL_CLI_PATH, "tokenize", "--tokenizer", out.string(), "the"});
+  EXPECT_EQ(again.exit_code, 0) << again.err;
+  fs::remove(out);
+  const auto missing = run_process({BL_CLI_PATH, "tokenize", "--tokenizer", "/nonexistent", "x"});
+  EXPECT_EQ(missing.exit_code, 1);
+  EXPECT_NE(missing.err.find("FileNotFound"), std::string::npos) << missing.err;
 }
 
 }  // namespace
