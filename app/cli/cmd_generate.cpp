@@ -1,40 +1,14 @@
 // SPDX-License-Identifier: Apache-2.0
-#include <chrono>
-#include <csignal>
 #include <cstdio>
 #include <iostream>
 #include <memory>
-#include <sstream>
 
+#include "app/cli/cli_progress.h"
 #include "app/cli/command.h"
 #include "app/cli/model_options.h"
 #include "core/sampling/generate_api.h"
 
 namespace batchlens::cli {
-
-namespace {
-
-base::CancelToken* g_cancel = nullptr;
-
-extern "C" void on_sigint(int /*signal*/) {
-  if (g_cancel != nullptr) {
-    g_cancel->cancel();  // an atomic store: async-signal-safe
-  }
-}
-
-// "[#####.....] canvas 1 step 12/48  ETA 3.2s" on stderr, redrawn in place.
-void draw_progress(const base::Progress& p) {
-  const int width = 30;
-  const auto filled = static_cast<int>(p.fraction() * width);
-  std::fprintf(stderr, "\r[%s%s] %3.0f%%  %-28s", std::string(filled, '#').c_str(),
-               std::string(width - filled, '.').c_str(), 100.0 * p.fraction(), p.stage.c_str());
-  if (p.eta_s >= 0) {
-    std::fprintf(stderr, " ETA %.1fs ", p.eta_s);
-  }
-  std::fflush(stderr);
-}
-
-}  // namespace
 
 void register_generate(CLI::App& app, int& exit_code) {
   struct Options {
@@ -96,27 +70,21 @@ void register_generate(CLI::App& app, int& exit_code) {
       exit_code = kExitUsage;
       return;
     }
-    std::stringstream ss(opts->prompt_ids);
-    std::string item;
-    while (std::getline(ss, item, ',')) {
-      try {
-        request.prompt_ids.push_back(std::stoll(item));
-      } catch (const std::exception&) {
-        std::cerr << "batchlens-cli generate: bad token id '" << item << "'\n";
-        exit_code = kExitUsage;
-        return;
-      }
+    std::string bad;
+    if (!parse_int_list(opts->prompt_ids, request.prompt_ids, bad)) {
+      std::cerr << "batchlens-cli generate: bad token id '" << bad << "'\n";
+      exit_code = kExitUsage;
+      return;
     }
     request.chat_template = !opts->raw;
     mo.source.checkpoint_dir = mo.checkpoint;
-    base::CancelToken cancel;
-    g_cancel = &cancel;
-    const auto previous = std::signal(SIGINT, on_sigint);
-    request.cancel = &cancel;
-    request.progress = draw_progress;
-    const auto result = sampling::run_generation(mo.source, mo.load, request);
-    std::signal(SIGINT, previous);
-    g_cancel = nullptr;
+    base::Result<sampling::GenerateReport> result = base::Error{};
+    {
+      const SigintCancel sigint;
+      request.cancel = sigint.token();
+      request.progress = draw_progress;
+      result = sampling::run_generation(mo.source, mo.load, request);
+    }
     std::fprintf(stderr, "\n");
     if (!result.ok()) {
       exit_code = report_error(result.error());

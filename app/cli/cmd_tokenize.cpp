@@ -2,7 +2,6 @@
 #include <fstream>
 #include <iostream>
 #include <memory>
-#include <sstream>
 
 #include "app/cli/command.h"
 #include "app/cli/model_options.h"
@@ -77,16 +76,11 @@ void register_tokenize(CLI::App& app, int& exit_code) {
     }
     if (!o.decode.empty()) {
       std::vector<std::int64_t> ids;
-      std::stringstream ss(o.decode);
-      std::string item;
-      while (std::getline(ss, item, ',')) {
-        try {
-          ids.push_back(std::stoll(item));
-        } catch (const std::exception&) {
-          std::cerr << "batchlens-cli tokenize: bad token id '" << item << "'\n";
-          exit_code = kExitUsage;
-          return;
-        }
+      std::string bad;
+      if (!parse_int_list(o.decode, ids, bad)) {
+        std::cerr << "batchlens-cli tokenize: bad token id '" << bad << "'\n";
+        exit_code = kExitUsage;
+        return;
       }
       std::cout << tok.value().decode(ids) << "\n";
       exit_code = kExitOk;

@@ -27,6 +27,12 @@ void register_generate(CLI::App& app, int& exit_code);
 /// Registers `batchlens-cli info` (the same facts as --version, optionally as JSON).
 void register_info(CLI::App& app, int& exit_code);
 
+/// `run`: a paired batch-size experiment to an HDF5 file.
+void register_run(CLI::App& app, int& exit_code);
+
+/// `summary FILE`: an experiment file in words or JSON.
+void register_summary(CLI::App& app, int& exit_code);
+
 /// `tokenize`: encode text or decode ids with a model's tokenizer; export a preset's.
 void register_tokenize(CLI::App& app, int& exit_code);
 

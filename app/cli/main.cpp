@@ -26,6 +26,8 @@ int run(int argc, char** argv) {
   cli::register_generate(app, exit_code);
   cli::register_save_model(app, exit_code);
   cli::register_tokenize(app, exit_code);
+  cli::register_run(app, exit_code);
+  cli::register_summary(app, exit_code);
 
   try {
     app.parse(argc, argv);

@@ -2,6 +2,8 @@
 #include "app/cli/model_options.h"
 
 #include <iostream>
+#include <sstream>
+#include <stdexcept>
 
 #include "app/cli/command.h"
 
@@ -23,6 +25,24 @@ void add_model_options(CLI::App* cmd, ModelOptions& options) {
                   "Experts implementation: eager (the modeling file's loop) or grouped_mm "
                   "(torch._grouped_mm, CUDA)")
       ->capture_default_str();
+}
+
+bool parse_int_list(const std::string& text, std::vector<std::int64_t>& out, std::string& bad) {
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    try {
+      std::size_t used = 0;
+      out.push_back(std::stoll(item, &used));
+      if (used != item.size()) {
+        throw std::invalid_argument(item);
+      }
+    } catch (const std::exception&) {
+      bad = item;
+      return false;
+    }
+  }
+  return true;
 }
 
 int report_error(const base::Error& error) {

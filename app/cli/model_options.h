@@ -1,8 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -19,6 +21,10 @@ struct ModelOptions {
 
 /// Adds --preset/--checkpoint, --seed, --device, --dtype and --experts to `cmd`.
 void add_model_options(CLI::App* cmd, ModelOptions& options);
+
+/// Parses "1,2,3" into `out`; false (with `out` unspecified) on a bad item, which it names in
+/// `bad`.
+bool parse_int_list(const std::string& text, std::vector<std::int64_t>& out, std::string& bad);
 
 /// Prints a one-line error for a failed Result to stderr and returns the exit code for it
 /// (130 for Cancelled, 1 otherwise).

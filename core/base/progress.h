@@ -31,6 +31,8 @@ class ProgressClock {
  public:
   explicit ProgressClock(std::int64_t total) : total_(total), start_(Clock::now()) {}
 
+  std::int64_t total() const { return total_; }
+
   /// A Progress for `done` units finished, with elapsed time and ETA filled in.
   Progress at(std::int64_t done, std::string stage) const {
     Progress p;

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/ops/op_runner.h"
 
+#include <algorithm>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -50,29 +51,64 @@ at::Tensor per_row_gather(const at::Tensor& x, const at::Tensor& row_of, std::in
 
 }  // namespace
 
-at::Tensor OpRunner::linear(const at::Tensor& x, const at::Tensor& w, OpSite site) const {
-  if (strategy(site) == Strategy::Batched || rows_ == 1) {
+int emulated_split_count(std::int64_t m, std::int64_t k) {
+  const std::int64_t tiles = std::max<std::int64_t>(1, (m + 15) / 16);
+  const std::int64_t by_rows = std::max<std::int64_t>(1, 8 / tiles);
+  return static_cast<int>(std::max<std::int64_t>(1, std::min(by_rows, k / 32)));
+}
+
+at::Tensor emulated_split_k_linear(const at::Tensor& x, const at::Tensor& w) {
+  const std::int64_t k = x.size(-1);
+  const std::int64_t m = k > 0 ? x.numel() / k : 0;
+  const int splits = emulated_split_count(m, k);
+  if (splits == 1 || m == 0) {
     return at::linear(x, w);
   }
-  return per_row_blocks(x, rows_, [&w](const at::Tensor& part) { return at::linear(part, w); });
+  // Partial products in the model's dtype (the CPU kernel here is batch invariant), summed in
+  // fp32 in chunk order and rounded once: the reduction order depends on M through `splits`.
+  const at::Tensor x2 = x.reshape({m, k});
+  const std::int64_t chunk = (k + splits - 1) / splits;
+  at::Tensor acc;
+  for (std::int64_t lo = 0; lo < k; lo += chunk) {
+    const std::int64_t len = std::min(chunk, k - lo);
+    const at::Tensor part = at::linear(x2.narrow(1, lo, len), w.narrow(1, lo, len)).to(at::kFloat);
+    acc = acc.defined() ? acc.add_(part) : part;
+  }
+  std::vector<std::int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = w.size(0);
+  return acc.to(x.scalar_type()).view(shape);
+}
+
+at::Tensor OpRunner::gemm(const at::Tensor& x, const at::Tensor& w, OpSite site) const {
+  return policy_.emulates(site.family) ? emulated_split_k_linear(x, w) : at::linear(x, w);
+}
+
+at::Tensor OpRunner::linear(const at::Tensor& x, const at::Tensor& w, OpSite site) const {
+  if (strategy(site) == Strategy::Batched || rows_ == 1) {
+    return gemm(x, w, site);
+  }
+  return per_row_blocks(x, rows_, [&](const at::Tensor& part) { return gemm(part, w, site); });
 }
 
 at::Tensor OpRunner::linear_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor& row_of,
                                  OpSite site) const {
   if (strategy(site) == Strategy::Batched || rows_ == 1) {
-    return at::linear(x, w);
+    return gemm(x, w, site);
   }
-  return per_row_gather(x, row_of, rows_,
-                        [&w](const at::Tensor& part, std::int64_t, const at::Tensor&) {
-                          return at::linear(part, w);
-                        });
+  return per_row_gather(
+      x, row_of, rows_,
+      [&](const at::Tensor& part, std::int64_t, const at::Tensor&) { return gemm(part, w, site); });
 }
 
 at::Tensor OpRunner::matmul(const at::Tensor& a, const at::Tensor& b, OpSite site) const {
+  const auto call = [&](const at::Tensor& part) {
+    return policy_.emulates(site.family) ? emulated_split_k_linear(part, b.t())
+                                         : at::matmul(part, b);
+  };
   if (strategy(site) == Strategy::Batched || rows_ == 1) {
-    return at::matmul(a, b);
+    return call(a);
   }
-  return per_row_blocks(a, rows_, [&b](const at::Tensor& part) { return at::matmul(part, b); });
+  return per_row_blocks(a, rows_, call);
 }
 
 at::Tensor OpRunner::attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -53,9 +53,23 @@ class OpRunner {
                         const at::Tensor& row_of, OpSite site) const;
 
  private:
+  // at::linear, or the emulated split-K kernel when the policy says so for this family.
+  at::Tensor gemm(const at::Tensor& x, const at::Tensor& w, OpSite site) const;
+
   const OpPolicy& policy_;
   std::int64_t rows_;
 };
+
+/// The number of K chunks the emulated split-K kernel uses for a GEMM with M rows and
+/// reduction length K: max(1, 8 / ceil(M / 16)), at most K / 32. Like GPU GEMM heuristics it
+/// splits K more when M is small (fewer output tiles to keep the device busy), so a row of a
+/// batch of 1 and the same row in a batch of 2+ are reduced in a different order. An
+/// EMULATION for CPUs, whose kernels here are batch invariant; labelled so in every output.
+int emulated_split_count(std::int64_t m, std::int64_t k);
+
+/// F.linear(x, w) with the K reduction split in emulated_split_count(M, K) contiguous chunks:
+/// partial products in x's dtype, summed in fp32 in chunk order, rounded once to x's dtype.
+at::Tensor emulated_split_k_linear(const at::Tensor& x, const at::Tensor& w);
 
 /// True when this build and device can run OpRunner::grouped_mm.
 bool grouped_mm_available(const at::Device& device);

@@ -57,6 +57,32 @@ OpPolicy OpPolicy::issue_workaround() {
   return row_wise(f, "issue_workaround");
 }
 
+OpPolicy OpPolicy::emulated_split_k() {
+  OpPolicy p;
+  p.name = "emulated_split_k";
+  p.emulate_split_k = gemm_families();
+  return p;
+}
+
+FamilySet gemm_families() {
+  FamilySet f;
+  f.set();
+  f.reset(static_cast<std::size_t>(OpFamily::Attention));
+  return f;
+}
+
+OpPolicy combine(const OpPolicy& a, const OpPolicy& b) {
+  OpPolicy p = a;
+  if (a.is_default() && a.name == "default") {
+    p.name = b.name;
+  } else if (!(b.is_default() && b.name == "default")) {
+    p.name = a.name + "+" + b.name;
+  }
+  p.rules.insert(p.rules.end(), b.rules.begin(), b.rules.end());
+  p.emulate_split_k |= b.emulate_split_k;
+  return p;
+}
+
 base::Result<FamilySet> parse_families(const std::vector<std::string>& names) {
   FamilySet set;
   for (const auto& n : names) {
@@ -88,6 +114,19 @@ std::vector<std::string> family_names(const FamilySet& set) {
   return out;
 }
 
+// A JSON array of family names.
+base::Result<FamilySet> families_from_json(const nlohmann::json& names) {
+  std::vector<std::string> out;
+  for (const auto& n : names) {
+    if (!n.is_string()) {
+      return base::Error{base::ErrorCode::InvalidArgument,
+                         "op policy: family names must be strings"};
+    }
+    out.push_back(n.get<std::string>());
+  }
+  return parse_families(out);
+}
+
 }  // namespace
 
 nlohmann::json to_json(const OpPolicy& policy) {
@@ -98,7 +137,9 @@ nlohmann::json to_json(const OpPolicy& policy) {
                      {"last_layer", r.last_layer},
                      {"strategy", std::string(strategy_name(r.strategy))}});
   }
-  return {{"name", policy.name}, {"rules", rules}};
+  return {{"name", policy.name},
+          {"rules", rules},
+          {"emulate_split_k", family_names(policy.emulate_split_k)}};
 }
 
 base::Result<OpPolicy> policy_from_json(const nlohmann::json& doc) {
@@ -116,14 +157,7 @@ base::Result<OpPolicy> policy_from_json(const nlohmann::json& doc) {
     if (!r.is_object() || !r.contains("families") || !r["families"].is_array()) {
       return bad("each rule needs a \"families\" array");
     }
-    std::vector<std::string> names;
-    for (const auto& n : r["families"]) {
-      if (!n.is_string()) {
-        return bad("family names must be strings");
-      }
-      names.push_back(n.get<std::string>());
-    }
-    auto families = parse_families(names);
+    auto families = families_from_json(r["families"]);
     if (!families.ok()) {
       return families.error();
     }
@@ -151,10 +185,34 @@ base::Result<OpPolicy> policy_from_json(const nlohmann::json& doc) {
     }
     p.rules.push_back(rule);
   }
+  if (doc.contains("emulate_split_k")) {
+    if (!doc["emulate_split_k"].is_array()) {
+      return bad("emulate_split_k must be an array of family names");
+    }
+    auto families = families_from_json(doc["emulate_split_k"]);
+    if (!families.ok()) {
+      return families.error();
+    }
+    p.emulate_split_k = families.value();
+  }
   return p;
 }
 
 base::Result<OpPolicy> policy_by_name(const std::string& name_or_file) {
+  if (const auto plus = name_or_file.find('+'); plus != std::string::npos) {
+    auto a = policy_by_name(name_or_file.substr(0, plus));
+    if (!a.ok()) {
+      return a;
+    }
+    auto b = policy_by_name(name_or_file.substr(plus + 1));
+    if (!b.ok()) {
+      return b;
+    }
+    return combine(a.value(), b.value());
+  }
+  if (name_or_file == "emulated_split_k") {
+    return OpPolicy::emulated_split_k();
+  }
   if (name_or_file == "default") {
     return OpPolicy::default_policy();
   }
@@ -168,7 +226,8 @@ base::Result<OpPolicy> policy_by_name(const std::string& name_or_file) {
   if (!in) {
     return base::Error{base::ErrorCode::InvalidArgument,
                        "policy '" + name_or_file +
-                           "': expected default, issue_workaround, row_wise_all or a JSON file"};
+                           "': expected default, issue_workaround, row_wise_all, emulated_split_k, "
+                           "names joined with + or a JSON file"};
   }
   const auto doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
   if (doc.is_discarded()) {
@@ -179,8 +238,20 @@ base::Result<OpPolicy> policy_by_name(const std::string& name_or_file) {
 }
 
 std::string describe(const OpPolicy& policy) {
+  std::string emulation;
+  if (policy.emulate_split_k.any()) {
+    std::string on = "every GEMM";
+    if (policy.emulate_split_k != gemm_families()) {
+      on.clear();
+      for (const auto& f : family_names(policy.emulate_split_k)) {
+        on += (on.empty() ? "{" : ", ") + f;
+      }
+      on += "}";
+    }
+    emulation = "; EMULATED split-K (CPU emulation) on " + on;
+  }
   if (policy.rules.empty()) {
-    return policy.name + ": every op batched";
+    return policy.name + ": every op batched" + emulation;
   }
   std::string out = policy.name + ":";
   for (const auto& r : policy.rules) {
@@ -196,7 +267,7 @@ std::string describe(const OpPolicy& policy) {
              (r.last_layer < 0 ? std::string("last") : std::to_string(r.last_layer));
     }
   }
-  return out;
+  return out + emulation;
 }
 
 }  // namespace batchlens::ops

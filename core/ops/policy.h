@@ -41,10 +41,17 @@ struct PolicyRule {
 struct OpPolicy {
   std::string name = "default";
   std::vector<PolicyRule> rules;
+  /// Families whose GEMMs use the emulated split-K kernel (CPU only, an EMULATION of GPU
+  /// libraries choosing the K split by shape; see ops::emulated_split_count). Orthogonal to
+  /// the strategy: a row-wise op runs the same kernel once per row.
+  FamilySet emulate_split_k;
 
   Strategy resolve(OpFamily family, int layer) const;
-  /// True when no op can be computed other than Batched.
-  bool is_default() const { return rules.empty(); }
+  bool emulates(OpFamily family) const {
+    return emulate_split_k.test(static_cast<std::size_t>(family));
+  }
+  /// True when every op is computed as transformers computes it.
+  bool is_default() const { return rules.empty() && emulate_split_k.none(); }
 
   /// Everything Batched, as transformers computes it.
   static OpPolicy default_policy();
@@ -54,7 +61,16 @@ struct OpPolicy {
   static OpPolicy row_wise_all();
   /// The user's recipe: router projection in all layers + self-conditioning matmul row-wise.
   static OpPolicy issue_workaround();
+  /// Every GEMM family (all but attention) on the emulated split-K kernel, batched.
+  static OpPolicy emulated_split_k();
 };
+
+/// The GEMM families the emulation can apply to (every family but Attention).
+FamilySet gemm_families();
+
+/// `a` then `b`: b's rules after a's (so b wins where both match), emulation sets joined,
+/// names joined with "+".
+OpPolicy combine(const OpPolicy& a, const OpPolicy& b);
 
 /// FamilySet from names; InvalidArgument naming an unknown family. Never throws.
 base::Result<FamilySet> parse_families(const std::vector<std::string>& names);
@@ -63,8 +79,10 @@ base::Result<FamilySet> parse_families(const std::vector<std::string>& names);
 nlohmann::json to_json(const OpPolicy& policy);
 /// Inverse of to_json; InvalidArgument on malformed input. Never throws.
 base::Result<OpPolicy> policy_from_json(const nlohmann::json& doc);
-/// A named policy ("default", "issue_workaround", "row_wise_all") or a policy JSON file
-/// (to_json's format). InvalidArgument for anything else or a malformed file. Never throws.
+/// A named policy ("default", "issue_workaround", "row_wise_all", "emulated_split_k"), names
+/// joined with "+" (combined left to right, e.g. "emulated_split_k+issue_workaround") or a
+/// policy JSON file (to_json's format). InvalidArgument for anything else or a malformed file.
+/// Never throws.
 base::Result<OpPolicy> policy_by_name(const std::string& name_or_file);
 
 /// A one-line description, e.g. "issue_workaround: row_wise {router_proj, selfcond_matmul}".

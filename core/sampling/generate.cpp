@@ -10,167 +10,212 @@ namespace batchlens::sampling {
 namespace {
 
 using model::DiffusionGemma;
-using model::ForwardContext;
 using model::KvCache;
 
-// The state of the denoising loop of one canvas.
-struct Denoiser {
-  at::Tensor current;    // [B, C] int64
-  at::Tensor argmax;     // [B, C] int64
-  at::Tensor sc_logits;  // [B, C, V] model dtype, undefined on the first step
-  at::Tensor finished;   // [B] bool
-};
-
-}  // namespace
-
-GenerationResult generate(const DiffusionGemma& model, const at::Tensor& prompt,
-                          const GenerateOptions& options) {
-  const auto& text = model.config().text;
-  const GenerationConfig& gc = options.config;
-  const std::int64_t b = options.batch_size;
-  const std::int64_t c = model.config().canvas_length;
-  const std::int64_t vocab = text.vocab_size;
-  if (b < 1 || prompt.dim() != 2 || prompt.size(0) != 1 || prompt.size(1) < 1) {
+const GenerateOptions& checked(const at::Tensor& prompt, const GenerateOptions& options) {
+  if (options.batch_size < 1 || prompt.dim() != 2 || prompt.size(0) != 1 || prompt.size(1) < 1) {
     base::raise(base::ErrorCode::InvalidArgument,
                 "generate: expected a prompt [1, L] with L >= 1 and a batch size >= 1");
   }
-  if (gc.sampler.max_denoising_steps < 1 || gc.max_new_tokens < 1) {
+  if (options.config.sampler.max_denoising_steps < 1 || options.config.max_new_tokens < 1) {
     base::raise(base::ErrorCode::InvalidArgument,
                 "generate: max_denoising_steps and max_new_tokens must be >= 1");
   }
+  return options;
+}
+
+}  // namespace
+
+GenerationEngine::GenerationEngine(const DiffusionGemma& model, const at::Tensor& prompt,
+                                   const GenerateOptions& options)
+    : model_(model),
+      options_(checked(prompt, options)),
+      ctx_{options_.policy, nullptr},
+      streams_(options_.rng, options_.seed, options_.batch_size, model.device()),
+      stopping_(options_.config.sampler.stability_threshold,
+                options_.config.sampler.confidence_threshold) {
   const at::Device device = model.device();
-  const ForwardContext ctx{options.policy, nullptr};
-  RandomStreams streams(options.rng, options.seed, b, device);
-  StableConfidentStopping stopping(gc.sampler.stability_threshold, gc.sampler.confidence_threshold);
-  const at::Tensor eos =
-      at::tensor(gc.eos_token_ids, at::TensorOptions().dtype(at::kLong)).to(device);
-
+  const std::int64_t b = options_.batch_size;
+  const GenerationConfig& gc = options_.config;
+  eos_ = at::tensor(gc.eos_token_ids, at::TensorOptions().dtype(at::kLong)).to(device);
+  prompt_ = prompt.to(device);
   // Prefill. ref: generate -> _prepare_encoder_inputs + encoder (is_prefill)
-  const at::Tensor prompt_dev = prompt.to(device);
-  KvCache cache;
-  if (options.prefill == PrefillMode::Copied) {
+  if (options_.prefill == PrefillMode::Copied) {
     KvCache one;
-    model.encode(prompt_dev, one, ctx);
-    cache = one.repeat_rows(b);
+    model_.encode(prompt_, one, ctx_);
+    cache_ = one.repeat_rows(b);
   } else {
-    model.encode(prompt_dev.expand({b, -1}).contiguous(), cache, ctx);
+    model_.encode(prompt_.expand({b, -1}).contiguous(), cache_, ctx_);
   }
+  input_ids_ = prompt_.expand({b, -1}).contiguous();  // [B, L]
+  const std::int64_t c = model_.config().canvas_length;
+  max_length_ = prompt.size(1) + gc.max_new_tokens;
+  max_canvases_ = static_cast<int>((gc.max_new_tokens + c - 1) / c);
+  finished_sequences_ = at::zeros({b}, at::TensorOptions().dtype(at::kBool).device(device));
+}
 
-  at::Tensor input_ids = prompt_dev.expand({b, -1}).contiguous();  // [B, L]
-  const std::int64_t max_length = prompt.size(1) + gc.max_new_tokens;
-  const std::int64_t max_canvases = (gc.max_new_tokens + c - 1) / c;
-  at::Tensor finished_sequences =
-      at::zeros({b}, at::TensorOptions().dtype(at::kBool).device(device));
+bool GenerationEngine::canvas_done() const {
+  return step_ >= options_.config.sampler.max_denoising_steps ||
+         (step_ > 0 && finished_.all().item<bool>());
+}
+
+void GenerationEngine::begin_canvas() {
+  const std::int64_t b = options_.batch_size;
+  const std::int64_t c = model_.config().canvas_length;
+  if (canvas_ >= 0) {
+    // Commit: the last canvas is encoded causally and appended to the cache.
+    model_.encode(input_ids_.narrow(1, input_ids_.size(1) - c, c), cache_, ctx_);
+  }
+  ++canvas_;
+  // ref: _prepare_denoiser_inputs
+  current_ = streams_.randint(model_.config().text.vocab_size, c);
+  argmax_ = current_;
+  sc_logits_ = at::Tensor();
+  finished_ = at::zeros({b}, at::TensorOptions().dtype(at::kBool).device(model_.device()));
+  stopping_.reset();
+  steps_.assign(static_cast<std::size_t>(b), 0);
+  step_ = 0;
+  cur_step_ = options_.config.sampler.max_denoising_steps;
+}
+
+const StepTensors& GenerationEngine::step(probe::TapSink* taps) {
+  if (options_.cancel != nullptr && options_.cancel->cancelled()) {
+    base::raise(base::ErrorCode::Cancelled, "generation cancelled");
+  }
+  const std::int64_t b = options_.batch_size;
+  const std::int64_t c = model_.config().canvas_length;
+  const std::int64_t vocab = model_.config().text.vocab_size;
+  const at::Device device = model_.device();
+  const GenerationConfig& gc = options_.config;
+  const at::Tensor active = ~(finished_ | finished_sequences_);
+  const at::Tensor active_cpu = active.cpu();
+  for (std::int64_t r = 0; r < b; ++r) {
+    steps_[static_cast<std::size_t>(r)] += active_cpu[r].item<bool>() ? 1 : 0;
+  }
+  // ref: _denoising_step
+  const model::ForwardContext ctx{options_.policy, taps};
+  const at::Tensor canvas_in = current_;
+  const at::Tensor raw = model_.decode(canvas_in, cache_, sc_logits_, ctx);  // [B, C, V] fp32
+  const at::Tensor temp = temperature(cur_step_, gc.sampler, device);
+  at::Tensor processed = raw / temp;
+  const at::Tensor probs = at::softmax(processed, -1, at::kFloat);
+  const at::Tensor sampled = streams_.multinomial(probs.view({-1, vocab})).squeeze(-1).view({b, c});
+  at::Tensor new_argmax = at::argmax(processed, -1);
+  const at::Tensor entropy = token_entropy(processed);
+  const at::Tensor accepted = entropy_bound_mask(entropy, gc.sampler.entropy_bound);
+  const at::Tensor accepted_canvas = at::where(accepted, sampled, current_);
+  const at::Tensor noise = streams_.randint(vocab, c);
+  at::Tensor new_current = at::where(accepted.logical_not(), noise, accepted_canvas);
+  if (finished_.any().item<bool>()) {
+    const at::Tensor f = finished_.unsqueeze(1);
+    new_argmax = at::where(f, argmax_, new_argmax);
+    new_current = at::where(f, current_, new_current);
+    processed = at::where(f.unsqueeze(2), sc_logits_, processed);
+  }
+  finished_ = finished_ | stopping_(new_argmax, processed);
+  sc_logits_ = processed.to(model_.weights().embed.scalar_type());
+  current_ = new_current;
+  argmax_ = new_argmax;
+  ++step_;
+  --cur_step_;
+  last_ =
+      StepTensors{canvas_in, sampled, new_argmax, accepted, entropy, finished_, temp.item<float>()};
+  return last_;
+}
+
+void GenerationEngine::end_canvas() {
+  const std::int64_t c = model_.config().canvas_length;
+  const GenerationConfig& gc = options_.config;
+  // ref: _finalize_canvas (EosTokenCriteria over the whole canvas, MaxLengthCriteria)
+  input_ids_ = at::cat({input_ids_, argmax_}, -1);
+  const at::Tensor new_tokens = input_ids_.narrow(1, input_ids_.size(1) - c, c);
+  const at::Tensor is_eos = at::isin(new_tokens, eos_);
+  at::Tensor finished_this = is_eos.any(-1);
+  if (input_ids_.size(1) >= max_length_) {
+    finished_this = at::ones_like(finished_this);
+  }
+  const at::Tensor previously = finished_sequences_;
+  finished_sequences_ = previously | finished_this;
+  if (finished_sequences_.any().item<bool>()) {
+    at::Tensor fresh = new_tokens.clone();
+    fresh.masked_fill_(previously.unsqueeze(1), gc.pad_token_id);
+    if (finished_this.any().item<bool>()) {
+      const at::Tensor cumsum = is_eos.cumsum(-1);
+      const at::Tensor pad = (cumsum > 0) & ~((cumsum == 1) & is_eos);
+      fresh.masked_fill_(pad, gc.pad_token_id);
+    }
+    input_ids_ = at::cat({input_ids_.narrow(1, 0, input_ids_.size(1) - c), fresh}, -1);
+  }
+  steps_per_canvas_.push_back(steps_);
+  done_ = canvas_ + 1 >= max_canvases_ || finished_sequences_.all().item<bool>();
+}
+
+DenoiserState GenerationEngine::snapshot() const {
+  DenoiserState s;
+  s.current = current_.narrow(0, 0, 1);
+  s.argmax = argmax_.narrow(0, 0, 1);
+  if (sc_logits_.defined()) {
+    s.sc_logits = sc_logits_.narrow(0, 0, 1);
+  }
+  s.finished = finished_.narrow(0, 0, 1);
+  return s;
+}
+
+void GenerationEngine::adopt(const DenoiserState& s) {
+  const std::int64_t b = options_.batch_size;
+  current_ = s.current.expand({b, -1}).contiguous();
+  argmax_ = s.argmax.expand({b, -1}).contiguous();
+  sc_logits_ = s.sc_logits.defined() ? s.sc_logits.expand({b, -1, -1}).contiguous() : at::Tensor();
+  finished_ = s.finished.expand({b}).contiguous();
+}
+
+GenerationResult GenerationEngine::result() const {
   GenerationResult result;
+  const std::int64_t b = options_.batch_size;
+  result.sequences = input_ids_.cpu();
+  result.canvases = static_cast<int>(steps_per_canvas_.size());
   result.rows.resize(static_cast<std::size_t>(b));
-
-  for (int canvas = 0; canvas < max_canvases; ++canvas) {
-    if (canvas > 0) {
-      // Commit: the last canvas is encoded causally and appended to the cache.
-      model.encode(input_ids.narrow(1, input_ids.size(1) - c, c), cache, ctx);
-    }
-    // ref: _prepare_denoiser_inputs
-    Denoiser d;
-    d.current = streams.randint(vocab, c);
-    d.argmax = d.current;
-    d.finished = at::zeros({b}, at::TensorOptions().dtype(at::kBool).device(device));
-    stopping.reset();
-    std::vector<int> steps(static_cast<std::size_t>(b), 0);
-
-    int done = 0;
-    for (int cur_step = gc.sampler.max_denoising_steps; cur_step >= 1; --cur_step) {
-      if (options.cancel != nullptr && options.cancel->cancelled()) {
-        base::raise(base::ErrorCode::Cancelled, "generation cancelled");
-      }
-      const at::Tensor active = ~(d.finished | finished_sequences);
-      for (std::int64_t r = 0; r < b; ++r) {
-        steps[static_cast<std::size_t>(r)] += active[r].item<bool>() ? 1 : 0;
-      }
-      // ref: _denoising_step
-      const at::Tensor canvas_in = d.current;
-      const at::Tensor raw = model.decode(canvas_in, cache, d.sc_logits, ctx);  // [B, C, V] fp32
-      const at::Tensor temp = temperature(cur_step, gc.sampler, device);
-      at::Tensor processed = raw / temp;
-      const at::Tensor probs = at::softmax(processed, -1, at::kFloat);
-      const at::Tensor sampled =
-          streams.multinomial(probs.view({-1, vocab})).squeeze(-1).view({b, c});
-      at::Tensor new_argmax = at::argmax(processed, -1);
-      const at::Tensor entropy = token_entropy(processed);
-      const at::Tensor accepted = entropy_bound_mask(entropy, gc.sampler.entropy_bound);
-      const at::Tensor accepted_canvas = at::where(accepted, sampled, d.current);
-      const at::Tensor noise = streams.randint(vocab, c);
-      at::Tensor new_current = at::where(accepted.logical_not(), noise, accepted_canvas);
-      if (d.finished.any().item<bool>()) {
-        const at::Tensor f = d.finished.unsqueeze(1);
-        new_argmax = at::where(f, d.argmax, new_argmax);
-        new_current = at::where(f, d.current, new_current);
-        processed = at::where(f.unsqueeze(2), d.sc_logits, processed);
-      }
-      d.finished = d.finished | stopping(new_argmax, processed);
-      d.sc_logits = processed.to(model.weights().embed.scalar_type());
-      d.current = new_current;
-      d.argmax = new_argmax;
-      ++done;
-      if (options.on_step) {
-        StepRecord rec;
-        rec.canvas = canvas;
-        rec.step = done;
-        rec.cur_step = cur_step;
-        rec.temperature = temp.item<float>();
-        rec.canvas_in = canvas_in.cpu();
-        rec.sampled = sampled.cpu();
-        rec.argmax = new_argmax.cpu();
-        rec.accepted = accepted.cpu();
-        rec.entropy = entropy.cpu();
-        rec.finished = d.finished.cpu();
-        options.on_step(rec);
-      }
-      if (d.finished.all().item<bool>()) {
-        break;
-      }
-    }
-
-    // ref: _finalize_canvas (EosTokenCriteria over the whole canvas, MaxLengthCriteria)
-    input_ids = at::cat({input_ids, d.argmax}, -1);
-    const at::Tensor new_tokens = input_ids.narrow(1, input_ids.size(1) - c, c);
-    const at::Tensor is_eos = at::isin(new_tokens, eos);
-    at::Tensor finished_this = is_eos.any(-1);
-    if (input_ids.size(1) >= max_length) {
-      finished_this = at::ones_like(finished_this);
-    }
-    const at::Tensor previously = finished_sequences;
-    finished_sequences = previously | finished_this;
-    if (finished_sequences.any().item<bool>()) {
-      at::Tensor fresh = new_tokens.clone();
-      fresh.masked_fill_(previously.unsqueeze(1), gc.pad_token_id);
-      if (finished_this.any().item<bool>()) {
-        const at::Tensor cumsum = is_eos.cumsum(-1);
-        const at::Tensor pad = (cumsum > 0) & ~((cumsum == 1) & is_eos);
-        fresh.masked_fill_(pad, gc.pad_token_id);
-      }
-      input_ids = at::cat({input_ids.narrow(1, 0, input_ids.size(1) - c), fresh}, -1);
-    }
-    for (std::int64_t r = 0; r < b; ++r) {
-      result.rows[static_cast<std::size_t>(r)].steps.push_back(steps[static_cast<std::size_t>(r)]);
-    }
-    result.canvases = canvas + 1;
-    if (finished_sequences.all().item<bool>()) {
-      break;
-    }
-  }
-
-  result.sequences = input_ids.cpu();
-  const std::int64_t l = prompt.size(1);
+  const std::int64_t l = prompt_.size(1);
   const at::Tensor generated = result.sequences.narrow(1, l, result.sequences.size(1) - l);
-  const at::Tensor eos_cpu = eos.cpu();
+  const at::Tensor eos_cpu = eos_.cpu();
   for (std::int64_t r = 0; r < b; ++r) {
     RowOutcome& row = result.rows[static_cast<std::size_t>(r)];
+    for (const auto& per_row : steps_per_canvas_) {
+      row.steps.push_back(per_row[static_cast<std::size_t>(r)]);
+    }
     const at::Tensor g = generated[r].contiguous();
     row.tokens.assign(g.data_ptr<std::int64_t>(), g.data_ptr<std::int64_t>() + g.numel());
     const at::Tensor hits = at::isin(g, eos_cpu).nonzero();
     row.stop_position = hits.numel() > 0 ? hits[0][0].item<std::int64_t>() : -1;
   }
   return result;
+}
+
+GenerationResult generate(const DiffusionGemma& model, const at::Tensor& prompt,
+                          const GenerateOptions& options) {
+  GenerationEngine engine(model, prompt, options);
+  while (!engine.done()) {
+    engine.begin_canvas();
+    while (!engine.canvas_done()) {
+      const StepTensors& t = engine.step();
+      if (options.on_step) {
+        StepRecord rec;
+        rec.canvas = engine.canvas();
+        rec.step = engine.step_index();
+        rec.cur_step = engine.cur_step() + 1;
+        rec.temperature = t.temperature;
+        rec.canvas_in = t.canvas_in.cpu();
+        rec.sampled = t.sampled.cpu();
+        rec.argmax = t.argmax.cpu();
+        rec.accepted = t.accepted.cpu();
+        rec.entropy = t.entropy.cpu();
+        rec.finished = t.finished.cpu();
+        options.on_step(rec);
+      }
+    }
+    engine.end_canvas();
+  }
+  return engine.result();
 }
 
 }  // namespace batchlens::sampling

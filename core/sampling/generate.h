@@ -12,6 +12,7 @@
 #include "core/base/cancel.h"
 #include "core/model/diffusion_gemma.h"
 #include "core/ops/policy.h"
+#include "core/probe/taps.h"
 #include "core/sampling/sampler.h"
 
 namespace batchlens::sampling {
@@ -62,6 +63,84 @@ struct GenerationResult {
   at::Tensor sequences;          ///< [B, L + canvases * C] int64 CPU: prompt + canvases
   std::vector<RowOutcome> rows;  ///< one per row
   int canvases = 0;
+};
+
+/// The device tensors of one denoising step of one engine (all rows), before copying.
+struct StepTensors {
+  at::Tensor canvas_in;  ///< [B, C] int64
+  at::Tensor sampled;    ///< [B, C] int64
+  at::Tensor argmax;     ///< [B, C] int64
+  at::Tensor accepted;   ///< [B, C] bool
+  at::Tensor entropy;    ///< [B, C] fp32
+  at::Tensor finished;   ///< [B] bool
+  float temperature = 0;
+};
+
+/// Row 0's denoising state, for lockstep runs (see GenerationEngine::adopt).
+struct DenoiserState {
+  at::Tensor current;    ///< [1, C] int64
+  at::Tensor argmax;     ///< [1, C] int64
+  at::Tensor sc_logits;  ///< [1, C, V] model dtype; undefined before the first step
+  at::Tensor finished;   ///< [1] bool
+};
+
+/// generate() taken apart so that several engines (batch sizes, policies) can be stepped
+/// together: the constructor prefills; then per canvas begin_canvas(), step() until
+/// canvas_done(), end_canvas(); until done(). Throws as generate().
+class GenerationEngine {
+ public:
+  GenerationEngine(const model::DiffusionGemma& model, const at::Tensor& prompt,
+                   const GenerateOptions& options);
+
+  bool done() const { return done_; }
+  /// The current canvas stopped denoising (every row finished or the steps ran out).
+  bool canvas_done() const;
+  /// Commits the previous canvas into the cache (after the first) and draws a new canvas.
+  void begin_canvas();
+  /// One denoising step; `taps` (optional) sees the decoder's tapped tensors.
+  const StepTensors& step(probe::TapSink* taps = nullptr);
+  /// Appends the argmax canvas, applies EOS and pad handling; sets done().
+  void end_canvas();
+
+  int canvas() const { return canvas_; }      ///< 0-based index of the current canvas
+  int step_index() const { return step_; }    ///< steps done in the current canvas
+  int cur_step() const { return cur_step_; }  ///< the reference's countdown for the next step
+  std::int64_t batch_size() const { return options_.batch_size; }
+
+  /// Row 0's state now (for a lockstep follower).
+  DenoiserState snapshot() const;
+  /// Replaces every row's state by `state` (row 0 of another engine): the next step then
+  /// decodes exactly the leader's canvas and self-conditioning input.
+  void adopt(const DenoiserState& state);
+
+  /// The outcome so far (complete once done()).
+  GenerationResult result() const;
+
+ private:
+  const model::DiffusionGemma& model_;
+  GenerateOptions options_;
+  at::Tensor prompt_;  // [1, L]
+  model::ForwardContext ctx_;
+  RandomStreams streams_;
+  StableConfidentStopping stopping_;
+  at::Tensor eos_;
+  model::KvCache cache_;
+  at::Tensor input_ids_;           // [B, L + canvases * C]
+  at::Tensor finished_sequences_;  // [B] bool
+  std::int64_t max_length_ = 0;
+  int max_canvases_ = 0;
+  // current canvas
+  at::Tensor current_;    // [B, C]
+  at::Tensor argmax_;     // [B, C]
+  at::Tensor sc_logits_;  // [B, C, V]
+  at::Tensor finished_;   // [B] bool
+  std::vector<int> steps_;
+  std::vector<std::vector<int>> steps_per_canvas_;
+  StepTensors last_;
+  int canvas_ = -1;
+  int step_ = 0;
+  int cur_step_ = 0;
+  bool done_ = false;
 };
 
 /// Generates for `prompt` [1, L] int64 repeated to options.batch_size bitwise-identical rows.

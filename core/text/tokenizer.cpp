@@ -427,7 +427,7 @@ struct Tokenizer::Impl {
       if (n.kind == Normalizer::Kind::Replace) {
         s = replace_all(std::move(s), n.from, n.to);
       } else if (!s.empty()) {
-        s = n.from + s;
+        s.insert(0, n.from);
       }
     }
     return s;
@@ -447,7 +447,7 @@ struct Tokenizer::Impl {
         const bool prepend = p.prepend == PreTokenizer::Prepend::Always ||
                              (p.prepend == PreTokenizer::Prepend::First && first_segment);
         if (prepend && m.compare(0, p.replacement.size(), p.replacement) != 0) {
-          m = p.replacement + m;
+          m.insert(0, p.replacement);
         }
         if (!p.split) {
           next.push_back(std::move(m));
@@ -639,8 +639,10 @@ base::Result<Tokenizer> Tokenizer::from_json(std::string_view json_text) {
         const auto ib = impl->ids.find(b);
         const auto iab = impl->ids.find(a + b);
         if (ia == impl->ids.end() || ib == impl->ids.end() || iab == impl->ids.end()) {
-          corrupt("merge " + std::to_string(rank) + " (" + a + " + " + b +
-                  ") names a piece that is not in the vocabulary");
+          std::string what = "merge " + std::to_string(rank) + " (";
+          what.append(a).append(" + ").append(b).append(
+              ") names a piece that is not in the vocabulary");
+          corrupt(what);
         }
         impl->merges.emplace(pair_key(ia->second, ib->second), Impl::Merge{rank, iab->second});
         ++rank;

@@ -15,7 +15,7 @@ namespace {
 
 using base::ErrorCode;
 
-const std::string kSpace = "\xE2\x96\x81";  // U+2581, what spaces become
+constexpr const char* kSpace = "\xE2\x96\x81";  // U+2581, what spaces become
 
 std::vector<std::string> utf8_prefixes(const std::string& s) {
   std::vector<std::string> out;
@@ -221,7 +221,7 @@ base::Result<std::string> preset_tokenizer_json(std::int64_t vocab_size) {
       chars += "ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789;:!?\"-()";
     }
     for (char c : chars) {
-      b.add_piece(c == ' ' ? kSpace : std::string(1, c));
+      b.add_piece(c == ' ' ? std::string(kSpace) : std::string(1, c));
     }
     for (const char* w : {"user", "model", "system", "thought"}) {
       if (b.size() + b.cost(w) <= vocab_size) {
@@ -245,7 +245,7 @@ base::Result<std::string> preset_tokenizer_json(std::int64_t vocab_size) {
       stride += 2;
     }
     for (std::size_t k = 0; k < n && b.size() < vocab_size; ++k) {
-      const std::string piece = kSpace + std::string(words[(k * stride) % n]);
+      const std::string piece = std::string(kSpace).append(words[(k * stride) % n]);
       if (b.size() + b.cost(piece) <= vocab_size) {
         b.add_piece(piece);
       }

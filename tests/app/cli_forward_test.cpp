@@ -181,5 +181,49 @@ TEST(CliTokenize, EncodesDecodesAndExports) {
   EXPECT_NE(missing.err.find("FileNotFound"), std::string::npos) << missing.err;
 }
 
+TEST(CliRun, WritesAnExperimentFileThatSummaryReads) {
+  const fs::path dir = fs::temp_directory_path() / ("bl_cli_run_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const fs::path file = dir / "tiny.h5";
+  const auto r =
+      run_process({BL_CLI_PATH, "run", "--preset", "tiny", "--steps", "3", "--max-new-tokens", "16",
+                   "--batch-sizes", "2", "--policy", "emulated_split_k", "--out", file.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("ref__b2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("EMULATED"), std::string::npos) << r.out;
+  ASSERT_TRUE(fs::exists(file));
+  const auto s = run_process({BL_CLI_PATH, "summary", file.string(), "--json"});
+  ASSERT_EQ(s.exit_code, 0) << s.err;
+  const auto j = nlohmann::json::parse(s.out);
+  EXPECT_EQ(j["emulated"], true);
+  EXPECT_EQ(j["comparisons"].size(), 2U);
+  EXPECT_EQ(j["noise_floor_clean"], true);
+  const auto text = run_process({BL_CLI_PATH, "summary", file.string()});
+  EXPECT_NE(text.out.find("first divergence"), std::string::npos) << text.out;
+  // Errors: a bad file, a bad spec.
+  const auto bad = run_process({BL_CLI_PATH, "summary", (dir / "nope.h5").string()});
+  EXPECT_EQ(bad.exit_code, 1);
+  const auto spec = run_process({BL_CLI_PATH, "run", "--preset", "tiny", "--batch-sizes", "1",
+                                 "--out", (dir / "x.h5").string()});
+  EXPECT_EQ(spec.exit_code, 1);
+  EXPECT_NE(spec.err.find("batch sizes"), std::string::npos) << spec.err;
+  EXPECT_FALSE(fs::exists(dir / "x.h5"));
+  fs::remove_all(dir);
+}
+
+TEST(CliRun, CtrlCCancelsAndLeavesNoFile) {
+  const fs::path dir =
+      fs::temp_directory_path() / ("bl_cli_run_cancel_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const auto r = run_process({"/usr/bin/timeout", "--preserve-status", "-s", "INT", "3",
+                              BL_CLI_PATH, "run", "--preset", "demo", "--steps", "48",
+                              "--max-new-tokens", "1024", "--out", (dir / "e.h5").string()});
+  EXPECT_EQ(r.exit_code, 130) << r.err;
+  EXPECT_TRUE(fs::is_empty(dir)) << "no file, no temporary file";
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace batchlens

@@ -1,0 +1,130 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <sstream>
+
+#include "app/cli/cli_progress.h"
+#include "app/cli/command.h"
+#include "app/cli/model_options.h"
+#include "core/experiment/experiment.h"
+#include "core/io/experiment_file.h"
+
+namespace batchlens::cli {
+
+void register_run(CLI::App& app, int& exit_code) {
+  struct Options {
+    ModelOptions model;
+    experiment::ExperimentSpec spec;
+    std::string prompt_ids;
+    std::string batch_sizes = "2,3,4";
+    std::string taps;
+    std::string out;
+    bool raw = false;
+  };
+  auto opts = std::make_shared<Options>();
+  auto* cmd = app.add_subcommand(
+      "run",
+      "Run a paired batch-size experiment (B=1 reference, B=1 repeats, batched runs; optionally "
+      "again with a workaround policy) and write it to an HDF5 experiment file");
+  add_model_options(cmd, opts->model);
+  auto& sp = opts->spec;
+  auto& ov = sp.overrides;
+  auto* text =
+      cmd->add_option("--prompt", sp.prompt, "Prompt text (Gemma chat template unless --raw)")
+          ->capture_default_str();
+  auto* ids =
+      cmd->add_option("--prompt-ids", opts->prompt_ids, "Prompt token ids, comma-separated");
+  ids->excludes(text);
+  cmd->add_flag("--raw", opts->raw, "Do not apply the chat template to --prompt");
+  cmd->add_option("--batch-sizes", opts->batch_sizes, "Batched runs to compare with B=1")
+      ->capture_default_str();
+  cmd->add_option("--repeats", sp.repeats, "Extra B=1 runs (the noise floor)")
+      ->capture_default_str();
+  cmd->add_option("--gen-seed", sp.seed, "Sampling seed")->capture_default_str();
+  cmd->add_option("--steps", ov.max_denoising_steps, "max_denoising_steps [48]");
+  cmd->add_option("--max-new-tokens", ov.max_new_tokens, "max_new_tokens [256]");
+  cmd->add_option("--rng", sp.rng, "per_row (BatchLens) or shared (the reference)")
+      ->capture_default_str();
+  cmd->add_option("--prefill", sp.prefill, "copied (batch-1 cache in every row) or batched")
+      ->capture_default_str();
+  cmd->add_option("--mode", sp.mode,
+                  "free (each run its own trajectory) or lockstep (batched runs forced onto the "
+                  "reference's canvas every step)")
+      ->capture_default_str();
+  cmd->add_option("--policy", sp.policy,
+                  "Kernel policy of every run: default, emulated_split_k (CPU emulation), "
+                  "row_wise_all, ... or a JSON file; join with +")
+      ->capture_default_str();
+  cmd->add_option("--workaround", sp.workaround,
+                  "Also run everything with this row-wise policy added, e.g. issue_workaround");
+  cmd->add_option("--taps", opts->taps, "Comma-separated tap names to compare [all]");
+  cmd->add_option("--out", opts->out, "Experiment file to write (.h5)")->required();
+  cmd->callback([opts, &exit_code] {
+    auto& mo = opts->model;
+    auto& spec = opts->spec;
+    if (mo.source.preset.empty() && mo.checkpoint.empty()) {
+      std::cerr << "batchlens-cli run: give --preset or --checkpoint\n";
+      exit_code = kExitUsage;
+      return;
+    }
+    std::string bad;
+    spec.batch_sizes.clear();
+    if (!parse_int_list(opts->prompt_ids, spec.prompt_ids, bad) ||
+        !parse_int_list(opts->batch_sizes, spec.batch_sizes, bad)) {
+      std::cerr << "batchlens-cli run: bad number '" << bad << "'\n";
+      exit_code = kExitUsage;
+      return;
+    }
+    std::stringstream taps(opts->taps);
+    for (std::string t; std::getline(taps, t, ',');) {
+      spec.taps.push_back(t);
+    }
+    mo.source.checkpoint_dir = mo.checkpoint;
+    spec.model = mo.source;
+    spec.load = mo.load;
+    spec.chat_template = !opts->raw;
+    base::Result<experiment::ExperimentResult> result = base::Error{};
+    {
+      const SigintCancel sigint;
+      experiment::RunControl control;
+      control.cancel = sigint.token();
+      control.progress = draw_progress;
+      result = experiment::run_experiment(spec, control);
+    }
+    std::fprintf(stderr, "\n");
+    if (!result.ok()) {
+      exit_code = report_error(result.error());
+      return;
+    }
+    if (auto w = io::write_experiment(opts->out, result.value()); !w.ok()) {
+      exit_code = report_error(w.error());
+      return;
+    }
+    std::cout << experiment::summary_text(result.value()) << "\nwrote " << opts->out << "\n";
+    exit_code = kExitOk;
+  });
+}
+
+void register_summary(CLI::App& app, int& exit_code) {
+  struct Options {
+    std::string file;
+    bool json = false;
+  };
+  auto opts = std::make_shared<Options>();
+  auto* cmd = app.add_subcommand("summary", "Summarise an experiment file");
+  cmd->add_option("file", opts->file, "Experiment file (.h5)")->required();
+  cmd->add_flag("--json", opts->json, "Print JSON");
+  cmd->callback([opts, &exit_code] {
+    const auto r = io::read_experiment(opts->file);
+    if (!r.ok()) {
+      exit_code = report_error(r.error());
+      return;
+    }
+    std::cout << (opts->json ? experiment::summary_json(r.value()).dump(2) + "\n"
+                             : experiment::summary_text(r.value()));
+    exit_code = kExitOk;
+  });
+}
+
+}  // namespace batchlens::cli

@@ -1,0 +1,304 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "core/experiment/experiment.h"
+
+#include <iomanip>
+#include <sstream>
+
+#include "core/ops/policy.h"
+#include "core/probe/tap_names.h"
+
+namespace batchlens::experiment {
+
+namespace {
+
+using base::ErrorCode;
+
+base::Error bad(const std::string& m) {
+  return base::Error{ErrorCode::InvalidArgument, "experiment: " + m};
+}
+
+template <class T>
+void put_optional(nlohmann::json& j, const char* key, const std::optional<T>& v) {
+  if (v) {
+    j[key] = *v;
+  }
+}
+
+template <class T>
+void get_optional(const nlohmann::json& j, const char* key, std::optional<T>& v) {
+  if (j.contains(key) && !j[key].is_null()) {
+    v = j[key].get<T>();
+  }
+}
+
+}  // namespace
+
+base::Result<void> validate(const ExperimentSpec& s) {
+  if (s.model.preset.empty() == s.model.checkpoint_dir.empty()) {
+    return bad("give exactly one of a preset and a checkpoint directory");
+  }
+  if (s.batch_sizes.empty() && s.repeats < 1) {
+    return bad("nothing to compare: no batch sizes and no repeats");
+  }
+  for (std::int64_t b : s.batch_sizes) {
+    if (b < 2 || b > 1024) {
+      return bad("batch sizes must be in 2..1024, not " + std::to_string(b));
+    }
+  }
+  if (s.repeats < 0 || s.repeats > 16) {
+    return bad("repeats must be in 0..16");
+  }
+  if (s.rng != "per_row" && s.rng != "shared") {
+    return bad("rng '" + s.rng + "': expected per_row or shared");
+  }
+  if (s.prefill != "copied" && s.prefill != "batched") {
+    return bad("prefill '" + s.prefill + "': expected copied or batched");
+  }
+  if (s.mode != "free" && s.mode != "lockstep") {
+    return bad("mode '" + s.mode + "': expected free or lockstep");
+  }
+  if (s.prompt_ids.empty() && s.prompt.empty()) {
+    return bad("the prompt is empty");
+  }
+  for (const auto& name : s.taps) {
+    if (!probe::tap_from_name(name)) {
+      return bad("unknown tap '" + name + "'");
+    }
+  }
+  for (const std::string& p : {s.policy, s.workaround}) {
+    if (p.empty()) {
+      continue;
+    }
+    auto policy = ops::policy_by_name(p);
+    if (!policy.ok()) {
+      return policy.error();
+    }
+    if (policy.value().emulate_split_k.any() && s.load.device != "cpu") {
+      return bad("the emulated split-K kernel is a CPU emulation; device is " + s.load.device);
+    }
+  }
+  if (auto g = sampling::apply(s.overrides, sampling::GenerationConfig{}); !g.ok()) {
+    return g.error();
+  }
+  return base::ok_result();
+}
+
+nlohmann::json to_json(const ExperimentSpec& s) {
+  nlohmann::json o = nlohmann::json::object();
+  put_optional(o, "max_denoising_steps", s.overrides.max_denoising_steps);
+  put_optional(o, "max_new_tokens", s.overrides.max_new_tokens);
+  put_optional(o, "t_min", s.overrides.t_min);
+  put_optional(o, "t_max", s.overrides.t_max);
+  put_optional(o, "entropy_bound", s.overrides.entropy_bound);
+  put_optional(o, "stability_threshold", s.overrides.stability_threshold);
+  put_optional(o, "confidence_threshold", s.overrides.confidence_threshold);
+  return {{"preset", s.model.preset},
+          {"checkpoint", s.model.checkpoint_dir.string()},
+          {"weight_seed", s.model.seed},
+          {"device", s.load.device},
+          {"dtype", s.load.dtype},
+          {"experts", s.load.experts},
+          {"prompt", s.prompt},
+          {"chat_template", s.chat_template},
+          {"prompt_ids", s.prompt_ids},
+          {"seed", s.seed},
+          {"overrides", o},
+          {"batch_sizes", s.batch_sizes},
+          {"repeats", s.repeats},
+          {"rng", s.rng},
+          {"prefill", s.prefill},
+          {"mode", s.mode},
+          {"policy", s.policy},
+          {"workaround", s.workaround},
+          {"taps", s.taps}};
+}
+
+base::Result<ExperimentSpec> spec_from_json(const nlohmann::json& doc) {
+  const nlohmann::json& j = doc;
+  try {
+    ExperimentSpec s;
+    s.model.preset = j.value("preset", std::string());
+    s.model.checkpoint_dir = j.value("checkpoint", std::string());
+    s.model.seed = j.value("weight_seed", std::uint64_t{0});
+    s.load.device = j.value("device", s.load.device);
+    s.load.dtype = j.value("dtype", s.load.dtype);
+    s.load.experts = j.value("experts", s.load.experts);
+    s.prompt = j.value("prompt", s.prompt);
+    s.chat_template = j.value("chat_template", true);
+    s.prompt_ids = j.value("prompt_ids", std::vector<std::int64_t>{});
+    s.seed = j.value("seed", std::uint64_t{0});
+    if (j.contains("overrides")) {
+      const auto& o = j["overrides"];
+      get_optional(o, "max_denoising_steps", s.overrides.max_denoising_steps);
+      get_optional(o, "max_new_tokens", s.overrides.max_new_tokens);
+      get_optional(o, "t_min", s.overrides.t_min);
+      get_optional(o, "t_max", s.overrides.t_max);
+      get_optional(o, "entropy_bound", s.overrides.entropy_bound);
+      get_optional(o, "stability_threshold", s.overrides.stability_threshold);
+      get_optional(o, "confidence_threshold", s.overrides.confidence_threshold);
+    }
+    s.batch_sizes = j.value("batch_sizes", s.batch_sizes);
+    s.repeats = j.value("repeats", s.repeats);
+    s.rng = j.value("rng", s.rng);
+    s.prefill = j.value("prefill", s.prefill);
+    s.mode = j.value("mode", s.mode);
+    s.policy = j.value("policy", s.policy);
+    s.workaround = j.value("workaround", std::string());
+    s.taps = j.value("taps", std::vector<std::string>{});
+    return s;
+  } catch (const nlohmann::json::exception& e) {
+    return base::Error{ErrorCode::FileCorrupted, std::string("experiment spec: ") + e.what()};
+  }
+}
+
+const RunResult* ExperimentResult::run(const std::string& id) const {
+  for (const auto& r : runs) {
+    if (r.id == id) {
+      return &r;
+    }
+  }
+  return nullptr;
+}
+
+const ComparisonResult* ExperimentResult::comparison(const std::string& id) const {
+  for (const auto& c : comparisons) {
+    if (c.id == id) {
+      return &c;
+    }
+  }
+  return nullptr;
+}
+
+namespace {
+
+std::string where(const Divergence& d) {
+  if (!d.found()) {
+    return "none (bitwise identical at every compared step)";
+  }
+  std::ostringstream o;
+  o << "canvas " << d.canvas << " step " << d.step << ", "
+    << (d.layer >= 0 ? "layer " + std::to_string(d.layer) + " " : std::string()) << d.tap
+    << ", position " << d.position;
+  return o.str();
+}
+
+// Share of positions whose last compared step's logits differ, and of logit elements.
+std::pair<double, double> last_step_logit_diff(const ExperimentResult& r,
+                                               const ComparisonResult& c) {
+  const auto& f = c.frac_differ;
+  if (f.empty() || c.pos_frac_differ.empty()) {
+    return {0.0, 0.0};
+  }
+  int tap = -1;
+  for (std::size_t t = 0; t < r.taps.size(); ++t) {
+    tap = r.taps[t] == "logits" ? static_cast<int>(t) : tap;
+  }
+  if (tap < 0) {
+    return {0.0, 0.0};
+  }
+  for (std::int64_t s = f.shape[0]; s-- > 0;) {
+    if (c.compared[static_cast<std::size_t>(s)] == 0) {
+      continue;
+    }
+    double positions = 0;
+    for (std::int64_t p = 0; p < r.canvas_length; ++p) {
+      positions += c.pos_frac_differ.at({s, r.layers, tap, p}) > 0 ? 1 : 0;
+    }
+    return {positions / static_cast<double>(r.canvas_length), f.at({s, r.layers, tap})};
+  }
+  return {0.0, 0.0};
+}
+
+}  // namespace
+
+nlohmann::json summary_json(const ExperimentResult& r) {
+  nlohmann::json runs = nlohmann::json::array();
+  for (const auto& run : r.runs) {
+    runs.push_back({{"id", run.id},
+                    {"batch_size", run.batch_size},
+                    {"group", run.group},
+                    {"policy", run.policy_text},
+                    {"emulated", run.emulated},
+                    {"wall_time_s", run.wall_time_s},
+                    {"stop_position", run.stop_position},
+                    {"steps", run.steps},
+                    {"text", run.text}});
+  }
+  nlohmann::json comps = nlohmann::json::array();
+  for (const auto& c : r.comparisons) {
+    nlohmann::json first = nullptr;
+    if (c.first.found()) {
+      first = {{"tick", c.first.tick}, {"canvas", c.first.canvas},
+               {"step", c.first.step}, {"layer", c.first.layer},
+               {"tap", c.first.tap},   {"position", c.first.position}};
+    }
+    const auto [positions, scores] = last_step_logit_diff(r, c);
+    comps.push_back({{"id", c.id},
+                     {"reference", c.reference},
+                     {"run", c.run},
+                     {"kind", c.kind},
+                     {"first_divergence", first},
+                     {"tokens_identical", c.tokens_identical},
+                     {"tokens_changed", c.tokens_changed},
+                     {"stop_changed", c.stop_changed},
+                     {"steps_changed", c.steps_changed},
+                     {"last_step_positions_differing", positions},
+                     {"last_step_logits_differing", scores}});
+  }
+  const ComparisonResult* floor = r.comparison("ref__repeat1");
+  return {{"model", r.spec.model.describe()},
+          {"device", r.provenance.device},
+          {"device_name", r.provenance.device_name},
+          {"libtorch", r.provenance.libtorch},
+          {"emulated", r.provenance.emulated},
+          {"mode", r.spec.mode},
+          {"rng", r.spec.rng},
+          {"prefill", r.spec.prefill},
+          {"noise_floor_clean",
+           floor == nullptr ? nlohmann::json(nullptr) : nlohmann::json(!floor->first.found())},
+          {"runs", runs},
+          {"comparisons", comps}};
+}
+
+std::string summary_text(const ExperimentResult& r) {
+  std::ostringstream o;
+  o << "BatchLens experiment: " << r.spec.model.describe() << " on " << r.provenance.device << " ("
+    << r.provenance.device_name << "), LibTorch " << r.provenance.libtorch << ", "
+    << r.provenance.dtype << "\n";
+  if (r.provenance.emulated) {
+    o << "NOTE: EMULATED split-K kernels (a CPU emulation of GPU batch-shape divergence)\n";
+  }
+  o << "mode " << r.spec.mode << ", rng " << r.spec.rng << ", prefill " << r.spec.prefill
+    << ", seed " << r.spec.seed << ", " << r.layers << " layers, taps " << r.taps.size() << "\n\n";
+  o << "runs:\n";
+  for (const auto& run : r.runs) {
+    o << "  " << std::left << std::setw(10) << run.id << " B=" << run.batch_size << "  "
+      << run.policy_text << "  stop " << run.stop_position << ", steps";
+    for (int s : run.steps) {
+      o << " " << s;
+    }
+    o << std::fixed << std::setprecision(2) << "  (" << run.wall_time_s << " s)\n";
+  }
+  o << "\ncomparisons (row 0 unless noted):\n";
+  for (const auto& c : r.comparisons) {
+    o << "  " << c.id << (c.kind == "rows" ? " (rows 1.. vs row 0)" : "") << ":\n";
+    o << "    first divergence: " << where(c.first) << "\n";
+    if (c.kind == "row0") {
+      const auto [positions, scores] = last_step_logit_diff(r, c);
+      o << "    text " << (c.tokens_identical ? "identical" : "DIFFERS") << " (" << c.tokens_changed
+        << " tokens changed), stop " << (c.stop_changed ? "CHANGED" : "unchanged") << ", steps "
+        << (c.steps_changed ? "CHANGED" : "unchanged") << "\n";
+      o << std::setprecision(4) << "    last compared step: " << 100.0 * positions
+        << "% of positions and " << 100.0 * scores << "% of token scores differ\n";
+    }
+  }
+  if (const ComparisonResult* floor = r.comparison("ref__repeat1")) {
+    o << "\nnoise floor (B=1 repeat): "
+      << (floor->first.found() ? "NOT CLEAN - the engine is not deterministic here"
+                               : "clean (bitwise identical)")
+      << "\n";
+  }
+  return o.str();
+}
+
+}  // namespace batchlens::experiment

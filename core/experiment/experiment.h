@@ -1,0 +1,193 @@
+// SPDX-License-Identifier: Apache-2.0
+// Paired batch-size experiments: what to run (ExperimentSpec) and what came out
+// (ExperimentResult). Plain values, torch-free: the UI, the CLI and the HDF5 file share them.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "core/base/cancel.h"
+#include "core/base/error.h"
+#include "core/base/progress.h"
+#include "core/model/loader.h"
+#include "core/sampling/generation_config.h"
+#include "core/text/token_diff.h"
+
+namespace batchlens::experiment {
+
+/// A dense row-major array with its shape.
+template <class T>
+struct NdArray {
+  std::vector<std::int64_t> shape;
+  std::vector<T> data;
+
+  NdArray() = default;
+  explicit NdArray(std::vector<std::int64_t> dims, T fill = T{}) : shape(std::move(dims)) {
+    std::int64_t n = 1;
+    for (std::int64_t d : shape) {
+      n *= d;
+    }
+    data.assign(static_cast<std::size_t>(n), fill);
+  }
+  std::size_t offset(std::initializer_list<std::int64_t> index) const {
+    std::size_t off = 0;
+    std::size_t k = 0;
+    for (std::int64_t i : index) {
+      off = off * static_cast<std::size_t>(shape[k++]) + static_cast<std::size_t>(i);
+    }
+    return off;
+  }
+  T& at(std::initializer_list<std::int64_t> index) { return data[offset(index)]; }
+  const T& at(std::initializer_list<std::int64_t> index) const { return data[offset(index)]; }
+  bool empty() const { return data.empty(); }
+};
+
+/// What to run. Defaults: B=1 reference, one B=1 repeat, B = 2, 3, 4; per-row random streams,
+/// the prompt cache copied from batch 1, free trajectories, the default policy.
+struct ExperimentSpec {
+  model::ModelSource model;
+  model::LoadOptions load;  ///< device, dtype, experts (progress/cancel are not part of a spec)
+  std::string prompt = "Write a long essay about Portugal.";
+  bool chat_template = true;
+  std::vector<std::int64_t> prompt_ids;  ///< used instead of `prompt` when non-empty
+  std::uint64_t seed = 0;                ///< sampling seed
+  sampling::GenerationOverrides overrides;
+  std::vector<std::int64_t> batch_sizes{2, 3, 4};
+  int repeats = 1;                 ///< extra B=1 runs: the noise floor
+  std::string rng = "per_row";     ///< per_row | shared
+  std::string prefill = "copied";  ///< copied | batched
+  std::string mode = "free";       ///< free | lockstep
+  std::string policy = "default";  ///< every run's policy (ops::policy_by_name)
+  std::string workaround;          ///< when set, every run again with policy+workaround
+  std::vector<std::string> taps;   ///< tap names; empty = all
+};
+
+/// InvalidArgument naming the first bad field (sizes, names, emulation off the CPU, ...).
+base::Result<void> validate(const ExperimentSpec& spec);
+nlohmann::json to_json(const ExperimentSpec& spec);
+base::Result<ExperimentSpec> spec_from_json(const nlohmann::json& doc);
+
+/// Where and with what the experiment ran.
+struct Provenance {
+  std::string tool_version;
+  std::string created_utc;
+  std::string host;
+  std::string device;       ///< "cpu", "cuda:0"
+  std::string device_name;  ///< CPU model or GPU name
+  std::string driver;       ///< NVIDIA driver ("" on CPU)
+  std::string cuda;         ///< CUDA runtime ("" on CPU)
+  std::string cublas;
+  std::string libtorch;
+  std::string blas;  ///< CPU BLAS / oneDNN description
+  std::string dtype;
+  std::int64_t threads = 0;
+  bool emulated = false;  ///< some run used the emulated split-K kernel
+};
+
+/// One engine's run: its batch size, policy and row 0's trajectory.
+struct RunResult {
+  std::string id;  ///< "ref", "repeat1", "b2", "wa.ref", "wa.b2", ...
+  std::int64_t batch_size = 1;
+  std::string group;        ///< "main" or "workaround"
+  std::string policy_json;  ///< ops::to_json of the policy
+  std::string policy_text;  ///< ops::describe
+  bool emulated = false;
+  double wall_time_s = 0;
+  // Row 0 per tick (S ticks of the experiment; -1 / 0 where this run did not step).
+  NdArray<std::int64_t> canvas_in;  ///< [S, C]
+  NdArray<std::int64_t> argmax;     ///< [S, C]
+  NdArray<std::int64_t> sampled;    ///< [S, C]
+  NdArray<std::uint8_t> accepted;   ///< [S, C]
+  NdArray<float> entropy;           ///< [S, C]
+  std::vector<int> tick_canvas;     ///< [S] canvas of this run's step at each tick, -1: no step
+  std::vector<int> tick_step;       ///< [S] 1-based step within the canvas, -1: no step
+  // Row 0's outcome.
+  std::vector<std::int64_t> tokens;
+  std::string text;
+  std::int64_t stop_position = -1;
+  std::vector<int> steps;  ///< denoising steps per canvas
+};
+
+/// Where a comparison first differs. tick = -1 when it never does.
+struct Divergence {
+  int tick = -1;
+  int canvas = -1;
+  int step = -1;    ///< 1-based step within the canvas
+  int layer = -1;   ///< -1 for per-step taps
+  std::string tap;  ///< tap name, or "tokens" when only the sampler state differs
+  std::int64_t position = -1;
+  bool found() const { return tick >= 0; }
+};
+
+/// Bits to mark sampler decisions that differ at a position (sampler_diff).
+enum SamplerBits : std::uint8_t {
+  CanvasInDiffers = 1,
+  SampledDiffers = 2,
+  ArgmaxDiffers = 4,
+  AcceptedDiffers = 8,
+};
+
+/// Reference vs run (row 0 of each), or a batched run's rows vs its own row 0 (kind "rows").
+struct ComparisonResult {
+  std::string id;         ///< "ref__b2", "b4.rows"
+  std::string reference;  ///< run id
+  std::string run;        ///< run id
+  std::string kind = "row0";
+  // Per tick, layer slot (layers 0..L-1, slot L = per-step taps) and tap (spec's tap order).
+  NdArray<float> frac_differ;           ///< [S, L+1, T] share of elements with different bits
+  NdArray<float> max_abs;               ///< [S, L+1, T]
+  NdArray<float> max_ulp;               ///< [S, L+1, T]
+  NdArray<float> pos_frac_differ;       ///< [S, L+1, T, C] (row0 only)
+  NdArray<std::uint8_t> routing_flips;  ///< [S, L, C] expert sets differ (row0 only)
+  NdArray<float> router_margin;         ///< [S, L, C] the reference's k-th minus (k+1)-th score
+  NdArray<std::uint8_t> sampler_diff;   ///< [S, C] SamplerBits (row0 only)
+  std::vector<std::uint8_t> compared;   ///< [S] 1 where both stepped (ticks of the group)
+  Divergence first;
+  bool tokens_identical = true;
+  std::int64_t tokens_changed = 0;
+  bool stop_changed = false;
+  bool steps_changed = false;
+  std::vector<text::TokenEdit> token_diff;
+};
+
+struct ExperimentResult {
+  ExperimentSpec spec;
+  Provenance provenance;
+  std::string config_json;             ///< the model's config.json
+  std::string generation_config_json;  ///< what ran
+  std::vector<std::int64_t> prompt_ids;
+  std::string prompt_text;        ///< the prompt as the model saw it (decoded)
+  std::vector<std::string> taps;  ///< tap names, the T axis
+  int layers = 0;
+  std::int64_t canvas_length = 0;
+  std::int64_t top_k = 0;
+  std::vector<RunResult> runs;
+  std::vector<ComparisonResult> comparisons;
+
+  const RunResult* run(const std::string& id) const;
+  const ComparisonResult* comparison(const std::string& id) const;
+};
+
+/// Progress and cancellation of a run.
+struct RunControl {
+  const base::CancelToken* cancel = nullptr;
+  base::ProgressFn progress;       ///< one report per tick
+  base::ProgressFn load_progress;  ///< weights being loaded
+};
+
+/// Runs the experiment: loads the model, builds one generation engine per run (the B=1
+/// reference, the B=1 repeats, each batch size; then the same with the workaround policy),
+/// steps each group's engines together one denoising step at a time and compares their taps
+/// on the device as they go. Errors: InvalidArgument (spec), those of load_model and the
+/// tokenizer, OutOfMemory, Cancelled. Never throws.
+base::Result<ExperimentResult> run_experiment(const ExperimentSpec& spec,
+                                              const RunControl& control = {});
+
+/// Human summary (what `batchlens-cli summary` prints) and its JSON form.
+std::string summary_text(const ExperimentResult& result);
+nlohmann::json summary_json(const ExperimentResult& result);
+
+}  // namespace batchlens::experiment

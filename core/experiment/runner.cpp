@@ -1,0 +1,658 @@
+// SPDX-License-Identifier: Apache-2.0
+// The experiment runner: engines of one group stepped together, taps compared on the device.
+#include <chrono>
+#include <cmath>
+#include <ctime>
+#include <limits>
+#include <map>
+#include <memory>
+
+#include <ATen/ATen.h>
+
+#include "core/base/system_info.h"
+#include "core/base/version.h"
+#include "core/experiment/experiment.h"
+#include "core/model/config.h"
+#include "core/model/diffusion_gemma.h"
+#include "core/ops/policy.h"
+#include "core/probe/metrics.h"
+#include "core/sampling/generate.h"
+#include "core/text/chat_template.h"
+#include "core/text/model_text.h"
+
+namespace batchlens::experiment {
+
+namespace {
+
+using base::ErrorCode;
+using probe::Tap;
+constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
+
+template <class T>
+T take(base::Result<T> r) {
+  if (!r.ok()) {
+    throw base::ErrorException(r.error());
+  }
+  return std::move(r).value();
+}
+
+// Keeps this step's tapped tensors (clones: the model may reuse its buffers).
+class StepTaps final : public probe::TapSink {
+ public:
+  explicit StepTaps(std::bitset<probe::kTapCount> wanted) : wanted_(wanted) {}
+  bool wants(Tap tap, int /*layer*/) const override {
+    return wanted_.test(static_cast<std::size_t>(tap));
+  }
+  void record(Tap tap, int layer, const at::Tensor& value) override {
+    taps_[{tap, layer}] = value.detach().clone();
+  }
+  at::Tensor get(Tap tap, int layer) const {
+    const auto it = taps_.find({tap, layer});
+    return it == taps_.end() ? at::Tensor() : it->second;
+  }
+  void clear() { taps_.clear(); }
+
+ private:
+  std::bitset<probe::kTapCount> wanted_;
+  std::map<std::pair<Tap, int>, at::Tensor> taps_;
+};
+
+struct Engine {
+  RunResult result;
+  std::unique_ptr<ops::OpPolicy> policy;
+  std::unique_ptr<sampling::GenerationEngine> engine;
+  StepTaps taps;
+  sampling::StepTensors last;  // this tick's step (when stepped)
+  bool stepped = false;        // in the current tick
+  double seconds = 0;
+  // Row-0 per-tick data, appended.
+  std::vector<std::int64_t> canvas_in, argmax, sampled;
+  std::vector<std::uint8_t> accepted;
+  std::vector<float> entropy;
+  explicit Engine(std::bitset<probe::kTapCount> wanted) : taps(wanted) {}
+};
+
+struct Acc {
+  ComparisonResult r;
+  Engine* ref = nullptr;
+  Engine* run = nullptr;
+  std::vector<float> frac, abs, ulp, pos, margin;
+  std::vector<std::uint8_t> flips, sampler;
+};
+
+struct Layout {
+  std::vector<Tap> taps;  // the T axis
+  int layers = 0;
+  std::int64_t c = 0;
+  std::int64_t k = 0;  // top-k experts
+};
+
+at::Tensor row0(const at::Tensor& t) {
+  return t.narrow(0, 0, 1).squeeze(0);
+}
+
+// Appends one tick of row-0 comparison data (or an uncompared tick).
+// Appends one tick of NaN aggregates [L+1, T]; returns where the tick starts.
+std::size_t grow_aggregates(Acc& a, const Layout& lay) {
+  const std::size_t base = a.frac.size();
+  a.frac.resize(base + static_cast<std::size_t>((lay.layers + 1) * lay.taps.size()), kNaN);
+  a.abs.resize(a.frac.size(), kNaN);
+  a.ulp.resize(a.frac.size(), kNaN);
+  return base;
+}
+
+void compare_row0(Acc& a, const Layout& lay, bool both) {
+  const std::int64_t slots = lay.layers + 1;
+  const auto ntap = static_cast<std::int64_t>(lay.taps.size());
+  const std::size_t base = grow_aggregates(a, lay);
+  const std::size_t pbase = a.pos.size();
+  a.pos.resize(pbase + static_cast<std::size_t>(slots * ntap * lay.c), kNaN);
+  const std::size_t lbase = a.flips.size();
+  a.flips.resize(lbase + static_cast<std::size_t>(lay.layers * lay.c), 0);
+  a.margin.resize(a.flips.size(), kNaN);
+  const std::size_t sbase = a.sampler.size();
+  a.sampler.resize(sbase + static_cast<std::size_t>(lay.c), 0);
+  a.r.compared.push_back(both ? 1 : 0);
+  if (!both) {
+    return;
+  }
+  std::vector<at::Tensor> parts;
+  std::vector<std::pair<std::int64_t, std::int64_t>> where;  // (slot, tap index)
+  for (std::int64_t t = 0; t < ntap; ++t) {
+    const Tap tap = lay.taps[static_cast<std::size_t>(t)];
+    const bool per_layer = probe::tap_is_per_layer(tap);
+    for (int l = per_layer ? 0 : probe::kNoLayer; l < (per_layer ? lay.layers : 0); ++l) {
+      const at::Tensor x = a.ref->taps.get(tap, l);
+      const at::Tensor y = a.run->taps.get(tap, l);
+      if (!x.defined() || !y.defined()) {
+        continue;
+      }
+      parts.push_back(probe::position_diff(row0(x), row0(y)));
+      where.emplace_back(per_layer ? l : lay.layers, t);
+    }
+  }
+  const at::Tensor ids_ref = a.ref->taps.get(Tap::RouterTopkIds, 0);
+  const bool routing = ids_ref.defined();
+  std::vector<at::Tensor> flips;
+  std::vector<at::Tensor> margins;
+  for (int l = 0; routing && l < lay.layers; ++l) {
+    const at::Tensor ri = a.ref->taps.get(Tap::RouterTopkIds, l);
+    const at::Tensor xi = a.run->taps.get(Tap::RouterTopkIds, l);
+    const at::Tensor rs = a.ref->taps.get(Tap::RouterScores, l);
+    flips.push_back(probe::routing_flips(row0(ri), row0(xi)).to(at::kFloat));
+    margins.push_back(rs.defined() ? probe::router_margin(row0(rs), lay.k)
+                                   : at::full({lay.c}, kNaN, ri.options().dtype(at::kFloat)));
+  }
+  // Sampler decisions at each position.
+  const sampling::StepTensors& x = a.ref->last;
+  const sampling::StepTensors& y = a.run->last;
+  const at::Tensor bits = ((row0(x.canvas_in) != row0(y.canvas_in)).to(at::kInt) * CanvasInDiffers +
+                           (row0(x.sampled) != row0(y.sampled)).to(at::kInt) * SampledDiffers +
+                           (row0(x.argmax) != row0(y.argmax)).to(at::kInt) * ArgmaxDiffers +
+                           (row0(x.accepted) != row0(y.accepted)).to(at::kInt) * AcceptedDiffers)
+                              .to(at::kByte)
+                              .cpu()
+                              .contiguous();
+  std::copy(bits.data_ptr<std::uint8_t>(), bits.data_ptr<std::uint8_t>() + lay.c,
+            a.sampler.begin() + static_cast<std::ptrdiff_t>(sbase));
+  if (!parts.empty()) {
+    const at::Tensor all = at::stack(parts).cpu();  // [n, 3, C] one transfer
+    const auto acc = all.accessor<float, 3>();
+    for (std::size_t i = 0; i < where.size(); ++i) {
+      const auto [slot, t] = where[i];
+      const std::size_t cell = base + static_cast<std::size_t>(slot * ntap + t);
+      float frac = 0;
+      float mabs = 0;
+      float mulp = 0;
+      for (std::int64_t p = 0; p < lay.c; ++p) {
+        const float f = acc[static_cast<std::int64_t>(i)][0][p];
+        frac += f;
+        mabs = std::max(mabs, acc[static_cast<std::int64_t>(i)][1][p]);
+        mulp = std::max(mulp, acc[static_cast<std::int64_t>(i)][2][p]);
+        a.pos[pbase + static_cast<std::size_t>((slot * ntap + t) * lay.c + p)] = f;
+      }
+      a.frac[cell] = frac / static_cast<float>(lay.c);
+      a.abs[cell] = mabs;
+      a.ulp[cell] = mulp;
+    }
+  }
+  if (routing) {
+    const at::Tensor f = at::stack(flips).cpu().contiguous();
+    const at::Tensor m = at::stack(margins).cpu().contiguous();
+    for (std::int64_t i = 0; i < lay.layers * lay.c; ++i) {
+      a.flips[lbase + static_cast<std::size_t>(i)] = f.data_ptr<float>()[i] > 0 ? 1 : 0;
+      a.margin[lbase + static_cast<std::size_t>(i)] = m.data_ptr<float>()[i];
+    }
+  }
+}
+
+// Rows 1.. of a batched run vs its own row 0 (aggregates only).
+void compare_rows(Acc& a, const Layout& lay, bool stepped) {
+  const auto ntap = static_cast<std::int64_t>(lay.taps.size());
+  const std::size_t base = grow_aggregates(a, lay);
+  a.r.compared.push_back(stepped ? 1 : 0);
+  if (!stepped) {
+    return;
+  }
+  std::vector<at::Tensor> parts;
+  std::vector<std::pair<std::int64_t, std::int64_t>> where;
+  for (std::int64_t t = 0; t < ntap; ++t) {
+    const Tap tap = lay.taps[static_cast<std::size_t>(t)];
+    const bool per_layer = probe::tap_is_per_layer(tap);
+    for (int l = per_layer ? 0 : probe::kNoLayer; l < (per_layer ? lay.layers : 0); ++l) {
+      const at::Tensor y = a.run->taps.get(tap, l);
+      if (!y.defined() || y.size(0) < 2) {
+        continue;
+      }
+      const std::int64_t b = y.size(0);
+      const at::Tensor others = y.narrow(0, 1, b - 1);
+      const at::Tensor first = y.narrow(0, 0, 1).expand_as(others);
+      // Rows as extra positions: [(B-1)*C, ...].
+      const at::Tensor d =
+          probe::position_diff(first.reshape({-1}).view({(b - 1) * y.size(1), -1}),
+                               others.reshape({-1}).view({(b - 1) * y.size(1), -1}));
+      parts.push_back(at::stack({d[0].mean(), d[1].max(), d[2].max()}));
+      where.emplace_back(per_layer ? l : lay.layers, t);
+    }
+  }
+  if (parts.empty()) {
+    return;
+  }
+  const at::Tensor all = at::stack(parts).cpu().contiguous();  // [n, 3]
+  for (std::size_t i = 0; i < where.size(); ++i) {
+    const auto [slot, t] = where[i];
+    const std::size_t cell = base + static_cast<std::size_t>(slot * ntap + t);
+    a.frac[cell] = all[static_cast<std::int64_t>(i)][0].item<float>();
+    a.abs[cell] = all[static_cast<std::int64_t>(i)][1].item<float>();
+    a.ulp[cell] = all[static_cast<std::int64_t>(i)][2].item<float>();
+  }
+}
+
+// The first (tick, slot, tap, position) that differs, scanning each tick in model order:
+// self-conditioning taps, then the layers in order, then the logits.
+Divergence first_divergence(const ComparisonResult& c, const Layout& lay,
+                            const std::vector<std::string>& names, const RunResult& ref) {
+  Divergence d;
+  const std::int64_t s_count = c.frac_differ.empty() ? 0 : c.frac_differ.shape[0];
+  const auto ntap = static_cast<std::int64_t>(lay.taps.size());
+  std::vector<std::pair<std::int64_t, std::int64_t>> order;  // (slot, tap)
+  for (std::int64_t t = 0; t < ntap; ++t) {
+    const Tap tap = lay.taps[static_cast<std::size_t>(t)];
+    if (!probe::tap_is_per_layer(tap) && tap != Tap::Logits) {
+      order.emplace_back(lay.layers, t);
+    }
+  }
+  for (std::int64_t l = 0; l < lay.layers; ++l) {
+    for (std::int64_t t = 0; t < ntap; ++t) {
+      if (probe::tap_is_per_layer(lay.taps[static_cast<std::size_t>(t)])) {
+        order.emplace_back(l, t);
+      }
+    }
+  }
+  for (std::int64_t t = 0; t < ntap; ++t) {
+    if (lay.taps[static_cast<std::size_t>(t)] == Tap::Logits) {
+      order.emplace_back(lay.layers, t);
+    }
+  }
+  for (std::int64_t s = 0; s < s_count; ++s) {
+    if (c.compared[static_cast<std::size_t>(s)] == 0) {
+      continue;
+    }
+    for (const auto& [slot, t] : order) {
+      const float f = c.frac_differ.at({s, slot, t});
+      if (!(f > 0)) {
+        continue;
+      }
+      d.tick = static_cast<int>(s);
+      d.layer = slot < lay.layers ? static_cast<int>(slot) : -1;
+      d.tap = names[static_cast<std::size_t>(t)];
+      if (!c.pos_frac_differ.empty()) {
+        for (std::int64_t p = 0; p < lay.c; ++p) {
+          if (c.pos_frac_differ.at({s, slot, t, p}) > 0) {
+            d.position = p;
+            break;
+          }
+        }
+      }
+      break;
+    }
+    if (!d.found() && !c.sampler_diff.empty()) {
+      for (std::int64_t p = 0; p < lay.c; ++p) {
+        if (c.sampler_diff.at({s, p}) != 0) {
+          d.tick = static_cast<int>(s);
+          d.tap = "sampler";
+          d.position = p;
+          break;
+        }
+      }
+    }
+    if (d.found()) {
+      d.canvas = ref.tick_canvas[static_cast<std::size_t>(s)];
+      d.step = ref.tick_step[static_cast<std::size_t>(s)];
+      return d;
+    }
+  }
+  return d;
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof(buf), "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+Provenance provenance(const ExperimentSpec& spec, bool emulated) {
+  Provenance p;
+  const auto& build = base::build_info();
+  p.tool_version = build.tool_version + " (" + build.git_hash + ")";
+  p.created_utc = utc_now();
+  p.device = spec.load.device;
+  p.dtype = spec.load.dtype;
+  p.emulated = emulated;
+  if (auto info = base::query_system_info(); info.ok()) {
+    const base::SystemInfo& i = info.value();
+    p.host = i.host;
+    p.libtorch = i.libtorch_version;
+    p.threads = i.torch_threads;
+    p.blas = i.blas + (i.mkldnn ? " + oneDNN" : "");
+    p.device_name = i.cpu_model;
+    if (spec.load.device.rfind("cuda", 0) == 0 && !i.gpus.empty()) {
+      const auto colon = spec.load.device.find(':');
+      const std::size_t index =
+          colon == std::string::npos ? 0 : std::stoul(spec.load.device.substr(colon + 1));
+      p.device_name = index < i.gpus.size() ? i.gpus[index].name : i.gpus.front().name;
+      p.driver = i.gpu_driver;
+      p.cuda = std::to_string(i.cuda_runtime_version / 1000) + "." +
+               std::to_string((i.cuda_runtime_version % 1000) / 10);
+      p.cublas = i.cublas_version;
+    }
+  }
+  return p;
+}
+
+template <class T>
+NdArray<T> shaped(std::vector<T> data, const std::vector<std::int64_t>& shape) {
+  NdArray<T> a;
+  a.shape = shape;
+  a.data = std::move(data);
+  return a;
+}
+
+}  // namespace
+
+base::Result<ExperimentResult> run_experiment(const ExperimentSpec& spec,
+                                              const RunControl& control) {
+  return base::guarded([&]() -> ExperimentResult {
+    if (auto v = validate(spec); !v.ok()) {
+      throw base::ErrorException(v.error());
+    }
+    ExperimentResult out;
+    out.spec = spec;
+    // Generation settings and prompt.
+    const sampling::GenerationConfig base_config =
+        spec.model.checkpoint_dir.empty()
+            ? sampling::GenerationConfig{}
+            : take(sampling::load_generation_config(spec.model.checkpoint_dir));
+    const sampling::GenerationConfig gc = take(sampling::apply(spec.overrides, base_config));
+    out.generation_config_json = sampling::to_json(gc);
+    std::optional<text::Tokenizer> tokenizer;
+    if (auto t = text::tokenizer_for(spec.model); t.ok()) {
+      tokenizer = std::move(t).value();
+    } else if (spec.prompt_ids.empty() || t.error().code != ErrorCode::FileNotFound) {
+      throw base::ErrorException(t.error());
+    }
+    out.prompt_ids = spec.prompt_ids.empty()
+                         ? take(tokenizer->encode(
+                               spec.chat_template ? text::chat_prompt(spec.prompt) : spec.prompt))
+                         : spec.prompt_ids;
+    if (out.prompt_ids.empty()) {
+      base::raise(ErrorCode::InvalidArgument, "experiment: the prompt has no tokens");
+    }
+    out.prompt_text = tokenizer ? tokenizer->decode(out.prompt_ids) : std::string();
+
+    model::LoadOptions load = spec.load;
+    load.progress = control.load_progress;
+    load.cancel = control.cancel;
+    const auto loaded = take(model::load_model(spec.model, load));
+    const model::DiffusionGemma& m = *loaded;
+    out.config_json = model::to_json(m.config()).dump(2);
+    const std::int64_t vocab = m.config().text.vocab_size;
+    for (std::int64_t id : out.prompt_ids) {
+      if (id < 0 || id >= vocab) {
+        base::raise(ErrorCode::InvalidArgument,
+                    "prompt token id " + std::to_string(id) + " is outside the vocabulary");
+      }
+    }
+
+    Layout lay;
+    lay.layers = static_cast<int>(m.config().text.num_hidden_layers);
+    lay.c = m.config().canvas_length;
+    lay.k = m.config().text.top_k_experts;
+    std::bitset<probe::kTapCount> wanted;
+    if (spec.taps.empty()) {
+      for (Tap t : probe::all_taps()) {
+        lay.taps.push_back(t);
+      }
+    } else {
+      for (const auto& n : spec.taps) {
+        lay.taps.push_back(*probe::tap_from_name(n));
+      }
+    }
+    for (Tap t : lay.taps) {
+      wanted.set(static_cast<std::size_t>(t));
+      out.taps.emplace_back(probe::tap_name(t));
+    }
+    out.layers = lay.layers;
+    out.canvas_length = lay.c;
+    out.top_k = lay.k;
+
+    // Runs, by group.
+    struct Planned {
+      std::string id;
+      std::int64_t batch;
+      std::string group;
+      std::string policy;
+    };
+    std::vector<Planned> plan;
+    const auto add_group = [&](const std::string& group, const std::string& prefix,
+                               const std::string& policy, int repeats) {
+      plan.push_back({prefix + "ref", 1, group, policy});
+      for (int r = 1; r <= repeats; ++r) {
+        plan.push_back({prefix + "repeat" + std::to_string(r), 1, group, policy});
+      }
+      for (std::int64_t b : spec.batch_sizes) {
+        plan.push_back({prefix + "b" + std::to_string(b), b, group, policy});
+      }
+    };
+    add_group("main", "", spec.policy, spec.repeats);
+    if (!spec.workaround.empty()) {
+      add_group("workaround", "wa.", spec.policy + "+" + spec.workaround, 0);
+    }
+    const at::Tensor prompt =
+        at::tensor(out.prompt_ids, at::TensorOptions().dtype(at::kLong)).view({1, -1});
+    const std::int64_t canvases = (gc.max_new_tokens + lay.c - 1) / lay.c;
+    const std::int64_t groups = spec.workaround.empty() ? 1 : 2;
+    base::ProgressClock clock(groups * canvases * gc.sampler.max_denoising_steps);
+    std::int64_t ticks_done = 0;
+    const bool lockstep = spec.mode == "lockstep";
+
+    for (const std::string group : {"main", "workaround"}) {
+      std::vector<std::unique_ptr<Engine>> engines;
+      for (const Planned& p : plan) {
+        if (p.group != group) {
+          continue;
+        }
+        auto e = std::make_unique<Engine>(wanted);
+        e->result.id = p.id;
+        e->result.batch_size = p.batch;
+        e->result.group = group;
+        e->policy = std::make_unique<ops::OpPolicy>(take(ops::policy_by_name(p.policy)));
+        e->result.policy_json = ops::to_json(*e->policy).dump();
+        e->result.policy_text = ops::describe(*e->policy);
+        e->result.emulated = e->policy->emulate_split_k.any();
+        out.provenance.emulated = out.provenance.emulated || e->result.emulated;
+        sampling::GenerateOptions o;
+        o.batch_size = p.batch;
+        o.seed = spec.seed;
+        o.rng = spec.rng == "shared" ? sampling::RngMode::Shared : sampling::RngMode::PerRow;
+        o.prefill = spec.prefill == "batched" ? sampling::PrefillMode::Batched
+                                              : sampling::PrefillMode::Copied;
+        o.config = gc;
+        o.policy = e->policy.get();
+        o.cancel = control.cancel;
+        const auto t0 = std::chrono::steady_clock::now();
+        e->engine = std::make_unique<sampling::GenerationEngine>(m, prompt, o);
+        e->seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        engines.push_back(std::move(e));
+      }
+      if (engines.empty()) {
+        continue;
+      }
+      Engine* leader = engines.front().get();
+      std::vector<Acc> accs;
+      for (std::size_t i = 1; i < engines.size(); ++i) {
+        Acc a;
+        a.ref = leader;
+        a.run = engines[i].get();
+        a.r.reference = leader->result.id;
+        a.r.run = a.run->result.id;
+        a.r.id = a.r.reference + "__" + a.r.run;
+        accs.push_back(std::move(a));
+        if (lockstep && engines[i]->result.batch_size > 1) {
+          Acc rows;
+          rows.ref = engines[i].get();
+          rows.run = engines[i].get();
+          rows.r.kind = "rows";
+          rows.r.reference = rows.r.run = engines[i]->result.id;
+          rows.r.id = engines[i]->result.id + ".rows";
+          accs.push_back(std::move(rows));
+        }
+      }
+      std::int64_t ticks = 0;
+      const auto timed = [](Engine& e, auto&& f) {
+        const auto t0 = std::chrono::steady_clock::now();
+        f();
+        e.seconds += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      };
+      const auto all_done = [&] {
+        for (const auto& e : engines) {
+          if (!e->engine->done()) {
+            return false;
+          }
+        }
+        return true;
+      };
+      while (!all_done()) {
+        for (auto& e : engines) {
+          if (!e->engine->done()) {
+            timed(*e, [&] { e->engine->begin_canvas(); });
+          }
+        }
+        // Step the canvas: every engine that still denoises takes one step per tick.
+        while (true) {
+          bool any = false;
+          for (auto& e : engines) {
+            e->stepped = false;
+            e->taps.clear();
+            const bool leader_follow = lockstep && e.get() != leader;
+            const bool can =
+                !e->engine->done() && (leader_follow ? !leader->engine->done() && leader->stepped
+                                                     : !e->engine->canvas_done());
+            if (e.get() == leader) {
+              const sampling::DenoiserState pre = leader->engine->snapshot();
+              if (!leader->engine->done() && !leader->engine->canvas_done()) {
+                timed(*e, [&] { e->last = leader->engine->step(&e->taps); });
+                e->stepped = true;
+                any = true;
+              }
+              // Followers in lockstep decode the leader's input of this step.
+              for (auto& f : engines) {
+                if (lockstep && f.get() != leader && e->stepped && !f->engine->done()) {
+                  f->engine->adopt(pre);
+                }
+              }
+              continue;
+            }
+            if (!can) {
+              continue;
+            }
+            timed(*e, [&] { e->last = e->engine->step(&e->taps); });
+            e->stepped = true;
+            any = true;
+            if (leader_follow) {
+              e->engine->adopt(leader->engine->snapshot());
+            }
+          }
+          if (!any) {
+            break;
+          }
+          if (control.cancel != nullptr && control.cancel->cancelled()) {
+            base::raise(ErrorCode::Cancelled, "experiment cancelled");
+          }
+          for (auto& e : engines) {
+            RunResult& r = e->result;
+            const auto c = static_cast<std::size_t>(lay.c);
+            r.tick_canvas.push_back(e->stepped ? e->engine->canvas() : -1);
+            r.tick_step.push_back(e->stepped ? e->engine->step_index() : -1);
+            if (!e->stepped) {
+              e->canvas_in.insert(e->canvas_in.end(), c, -1);
+              e->argmax.insert(e->argmax.end(), c, -1);
+              e->sampled.insert(e->sampled.end(), c, -1);
+              e->accepted.insert(e->accepted.end(), c, 0);
+              e->entropy.insert(e->entropy.end(), c, kNaN);
+              continue;
+            }
+            const auto append = [&](auto& into, const at::Tensor& t, auto tag) {
+              using V = decltype(tag);
+              const at::Tensor h =
+                  row0(t).to(c10::CppTypeToScalarType<V>::value).cpu().contiguous();
+              into.insert(into.end(), h.data_ptr<V>(), h.data_ptr<V>() + lay.c);
+            };
+            append(e->canvas_in, e->last.canvas_in, std::int64_t{});
+            append(e->argmax, e->last.argmax, std::int64_t{});
+            append(e->sampled, e->last.sampled, std::int64_t{});
+            append(e->accepted, e->last.accepted, std::uint8_t{});
+            append(e->entropy, e->last.entropy, float{});
+          }
+          for (Acc& a : accs) {
+            if (a.r.kind == "rows") {
+              compare_rows(a, lay, a.run->stepped);
+            } else {
+              compare_row0(a, lay, a.ref->stepped && a.run->stepped);
+            }
+          }
+          ++ticks;
+          ++ticks_done;
+          if (control.progress) {
+            control.progress(clock.at(std::min(ticks_done, clock.total()),
+                                      std::string(group == "main" ? "" : "workaround: ") +
+                                          "canvas " + std::to_string(leader->engine->canvas() + 1) +
+                                          " step " + std::to_string(leader->engine->step_index()) +
+                                          "/" + std::to_string(gc.sampler.max_denoising_steps)));
+          }
+        }
+        for (auto& e : engines) {
+          if (!e->engine->done()) {
+            if (lockstep && e.get() != leader) {
+              e->engine->adopt(leader->engine->snapshot());
+            }
+            timed(*e, [&] { e->engine->end_canvas(); });
+          }
+        }
+      }
+      // Results of the group.
+      const auto s = ticks;
+      for (auto& e : engines) {
+        RunResult& r = e->result;
+        r.canvas_in = shaped(std::move(e->canvas_in), {s, lay.c});
+        r.argmax = shaped(std::move(e->argmax), {s, lay.c});
+        r.sampled = shaped(std::move(e->sampled), {s, lay.c});
+        r.accepted = shaped(std::move(e->accepted), {s, lay.c});
+        r.entropy = shaped(std::move(e->entropy), {s, lay.c});
+        const sampling::GenerationResult g = e->engine->result();
+        r.tokens = g.rows[0].tokens;
+        r.stop_position = g.rows[0].stop_position;
+        r.steps = g.rows[0].steps;
+        if (tokenizer) {
+          const auto end =
+              r.stop_position >= 0 ? r.tokens.begin() + r.stop_position + 1 : r.tokens.end();
+          r.text = tokenizer->decode(std::vector<std::int64_t>(r.tokens.begin(), end));
+        }
+        r.wall_time_s = e->seconds;
+      }
+      const std::int64_t slots = lay.layers + 1;
+      const auto ntap = static_cast<std::int64_t>(lay.taps.size());
+      for (Acc& a : accs) {
+        ComparisonResult& c = a.r;
+        c.frac_differ = shaped(std::move(a.frac), {s, slots, ntap});
+        c.max_abs = shaped(std::move(a.abs), {s, slots, ntap});
+        c.max_ulp = shaped(std::move(a.ulp), {s, slots, ntap});
+        if (c.kind == "row0") {
+          c.pos_frac_differ = shaped(std::move(a.pos), {s, slots, ntap, lay.c});
+          c.routing_flips = shaped(std::move(a.flips), {s, lay.layers, lay.c});
+          c.router_margin = shaped(std::move(a.margin), {s, lay.layers, lay.c});
+          c.sampler_diff = shaped(std::move(a.sampler), {s, lay.c});
+          const RunResult& ref = a.ref->result;
+          const RunResult& run = a.run->result;
+          c.token_diff = text::token_diff(ref.tokens, run.tokens);
+          c.tokens_changed = text::changed_count(c.token_diff);
+          c.tokens_identical = c.tokens_changed == 0;
+          c.stop_changed = ref.stop_position != run.stop_position;
+          c.steps_changed = ref.steps != run.steps;
+        }
+        c.first = first_divergence(c, lay, out.taps, a.ref->result);
+        out.comparisons.push_back(std::move(c));
+      }
+      for (auto& e : engines) {
+        out.runs.push_back(std::move(e->result));
+      }
+    }
+    out.provenance = provenance(spec, out.provenance.emulated);
+    return out;
+  });
+}
+
+}  // namespace batchlens::experiment

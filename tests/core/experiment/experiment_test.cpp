@@ -1,0 +1,311 @@
+// SPDX-License-Identifier: Apache-2.0
+// Paired experiments on the demo preset (CPU): what the runner records and what files keep.
+#include "core/experiment/experiment.h"
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "core/io/experiment_file.h"
+
+#include <unistd.h>
+
+namespace batchlens::experiment {
+namespace {
+
+namespace fs = std::filesystem;
+
+ExperimentSpec demo_spec(const std::string& policy, const std::string& mode = "free") {
+  ExperimentSpec s;
+  s.model.preset = "demo";
+  s.prompt = "Write a long essay about Portugal.";
+  s.seed = 11;
+  s.overrides.max_denoising_steps = 6;
+  s.overrides.max_new_tokens = 64;  // two canvases of 32
+  s.policy = policy;
+  s.mode = mode;
+  return s;
+}
+
+const ExperimentResult& run_cached(const std::string& key, const ExperimentSpec& spec) {
+  static std::map<std::string, ExperimentResult> cache;
+  auto it = cache.find(key);
+  if (it == cache.end()) {
+    auto r = run_experiment(spec);
+    EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
+    it = cache.emplace(key, r.ok() ? r.value() : ExperimentResult{}).first;
+  }
+  return it->second;
+}
+
+const ExperimentResult& default_run() {
+  return run_cached("default", demo_spec("default"));
+}
+
+const ExperimentResult& emulated_run() {
+  auto s = demo_spec("emulated_split_k");
+  s.workaround = "issue_workaround";
+  return run_cached("emulated", s);
+}
+
+std::string temp_path(const std::string& name) {
+  return (fs::path(::testing::TempDir()) / (name + "_" + std::to_string(::getpid()) + ".h5"))
+      .string();
+}
+
+TEST(Experiment, DefaultPolicyOnCpuIsBatchInvariantAndRecordedSo) {
+  const ExperimentResult& r = default_run();
+  ASSERT_EQ(r.runs.size(), 5U);  // ref, repeat1, b2, b3, b4
+  ASSERT_EQ(r.comparisons.size(), 4U);
+  for (const auto& c : r.comparisons) {
+    EXPECT_FALSE(c.first.found()) << c.id << " diverges at " << c.first.tap;
+    EXPECT_TRUE(c.tokens_identical) << c.id;
+    EXPECT_FALSE(c.stop_changed) << c.id;
+    // Recorded, not assumed: every compared tick has a measured 0 for the logits.
+    ASSERT_FALSE(c.frac_differ.empty());
+    for (std::int64_t s = 0; s < c.frac_differ.shape[0]; ++s) {
+      EXPECT_EQ(c.compared[static_cast<std::size_t>(s)], 1);
+      EXPECT_EQ(c.frac_differ.at({s, r.layers, 13}), 0.0F) << c.id << " tick " << s;
+    }
+  }
+  EXPECT_EQ(r.runs[0].tokens, r.runs[4].tokens);
+  EXPECT_FALSE(r.runs[0].text.empty());
+  EXPECT_FALSE(r.provenance.emulated);
+  EXPECT_NE(summary_text(r).find("noise floor (B=1 repeat): clean"), std::string::npos);
+}
+
+TEST(Experiment, EmulatedSplitKDivergesAtTheFirstGemmOfTheFirstStep) {
+  const ExperimentResult& r = emulated_run();
+  EXPECT_TRUE(r.provenance.emulated);
+  const ComparisonResult* floor = r.comparison("ref__repeat1");
+  ASSERT_NE(floor, nullptr);
+  EXPECT_FALSE(floor->first.found()) << "B=1 repeat must stay bitwise identical";
+  for (const char* id : {"ref__b2", "ref__b3", "ref__b4"}) {
+    const ComparisonResult* c = r.comparison(id);
+    ASSERT_NE(c, nullptr) << id;
+    ASSERT_TRUE(c->first.found()) << id;
+    // Prefill is copied from B=1, so the first batched GEMM is q_proj in layer 0 at step 1.
+    EXPECT_EQ(c->first.canvas, 0) << id;
+    EXPECT_EQ(c->first.step, 1) << id;
+    EXPECT_EQ(c->first.layer, 0) << id;
+    EXPECT_EQ(c->first.tap, "attn.q") << id;
+    EXPECT_GE(c->first.position, 0) << id;
+  }
+  EXPECT_NE(summary_text(r).find("EMULATED"), std::string::npos);
+}
+
+TEST(Experiment, IssueWorkaroundCannotFixEmulationOfEveryFamily) {
+  // Every GEMM family is emulated, the workaround makes two of them row-wise: the others still
+  // see the batch shape, so row 0 must still diverge in the workaround group.
+  const ExperimentResult& r = emulated_run();
+  const ComparisonResult* c = r.comparison("wa.ref__wa.b2");
+  ASSERT_NE(c, nullptr);
+  EXPECT_TRUE(c->first.found());
+  EXPECT_NE(r.run("wa.b2")->policy_text.find("router_proj"), std::string::npos);
+}
+
+TEST(Experiment, IssueWorkaroundFixesEmulationOfItsOwnFamilies) {
+  // Emulate only the two families the workaround covers: then it must give bitwise equality.
+  const std::string policy = temp_path("two_family_policy") + ".json";
+  std::ofstream(policy) << R"({"name": "emulate_router_selfcond", "rules": [],
+      "emulate_split_k": ["router_proj", "selfcond_matmul"]})";
+  auto s = demo_spec(policy);
+  s.batch_sizes = {2, 4};
+  s.repeats = 0;
+  s.workaround = "issue_workaround";
+  const ExperimentResult& r = run_cached("two_family", s);
+  const ComparisonResult* without = r.comparison("ref__b4");
+  const ComparisonResult* with = r.comparison("wa.ref__wa.b4");
+  ASSERT_NE(without, nullptr);
+  ASSERT_NE(with, nullptr);
+  EXPECT_TRUE(without->first.found());
+  EXPECT_EQ(without->first.tap, "router.scores");
+  EXPECT_FALSE(with->first.found()) << with->first.tap;
+  std::filesystem::remove(policy);
+}
+
+TEST(Experiment, RowWiseEverywhereIsBitwiseIdenticalUnderEmulation) {
+  auto s = demo_spec("emulated_split_k+row_wise_all");
+  s.batch_sizes = {3};
+  const ExperimentResult& r = run_cached("row_wise_all", s);
+  for (const auto& c : r.comparisons) {
+    EXPECT_FALSE(c.first.found()) << c.id << ": " << c.first.tap << " layer " << c.first.layer;
+    EXPECT_TRUE(c.tokens_identical) << c.id;
+  }
+}
+
+TEST(Experiment, LockstepForcesTheReferenceCanvasAndComparesRowsWithinABatch) {
+  auto s = demo_spec("emulated_split_k", "lockstep");
+  s.batch_sizes = {2};
+  s.repeats = 0;
+  const ExperimentResult& r = run_cached("lockstep", s);
+  const ComparisonResult* c = r.comparison("ref__b2");
+  ASSERT_NE(c, nullptr);
+  EXPECT_TRUE(c->first.found());
+  const RunResult* ref = r.run("ref");
+  const RunResult* b2 = r.run("b2");
+  ASSERT_EQ(ref->canvas_in.data.size(), b2->canvas_in.data.size());
+  EXPECT_EQ(ref->canvas_in.data, b2->canvas_in.data) << "lockstep decodes the reference canvas";
+  EXPECT_EQ(ref->tokens, b2->tokens);
+  for (std::uint8_t bits : c->sampler_diff.data) {
+    EXPECT_EQ(bits & CanvasInDiffers, 0);
+  }
+  const ComparisonResult* rows = r.comparison("b2.rows");
+  ASSERT_NE(rows, nullptr);
+  EXPECT_EQ(rows->kind, "rows");
+  // Rows of one batch see the same kernels on the same inputs: identical to row 0.
+  EXPECT_FALSE(rows->first.found());
+}
+
+TEST(Experiment, InvalidSpecsAreRefused) {
+  auto s = demo_spec("default");
+  s.batch_sizes = {1};
+  EXPECT_FALSE(run_experiment(s).ok());
+  s = demo_spec("default");
+  s.mode = "sideways";
+  EXPECT_EQ(run_experiment(s).error().code, base::ErrorCode::InvalidArgument);
+  s = demo_spec("emulated_split_k");
+  s.load.device = "cuda";
+  const auto r = run_experiment(s);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("emulat"), std::string::npos);
+  s = demo_spec("default");
+  s.taps = {"attn.nope"};
+  EXPECT_FALSE(run_experiment(s).ok());
+}
+
+TEST(ExperimentFile, RoundTripKeepsEverything) {
+  const ExperimentResult& r = emulated_run();
+  const std::string path = temp_path("roundtrip");
+  ASSERT_TRUE(io::write_experiment(path, r).ok());
+  const auto back = io::read_experiment(path);
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  const ExperimentResult& b = back.value();
+  EXPECT_EQ(b.taps, r.taps);
+  EXPECT_EQ(b.layers, r.layers);
+  EXPECT_EQ(b.prompt_ids, r.prompt_ids);
+  EXPECT_EQ(b.provenance.device_name, r.provenance.device_name);
+  EXPECT_TRUE(b.provenance.emulated);
+  EXPECT_EQ(to_json(b.spec), to_json(r.spec));
+  ASSERT_EQ(b.runs.size(), r.runs.size());
+  for (std::size_t i = 0; i < r.runs.size(); ++i) {
+    EXPECT_EQ(b.runs[i].id, r.runs[i].id);
+    EXPECT_EQ(b.runs[i].tokens, r.runs[i].tokens);
+    EXPECT_EQ(b.runs[i].text, r.runs[i].text);
+    EXPECT_EQ(b.runs[i].canvas_in.data, r.runs[i].canvas_in.data);
+    EXPECT_EQ(b.runs[i].tick_step, r.runs[i].tick_step);
+  }
+  ASSERT_EQ(b.comparisons.size(), r.comparisons.size());
+  for (std::size_t i = 0; i < r.comparisons.size(); ++i) {
+    const auto& x = r.comparisons[i];
+    const auto& y = b.comparisons[i];
+    EXPECT_EQ(y.id, x.id);
+    EXPECT_EQ(y.first.tap, x.first.tap);
+    EXPECT_EQ(y.first.position, x.first.position);
+    EXPECT_EQ(y.frac_differ.shape, x.frac_differ.shape);
+    // NaN marks cells with no tap; compare bit patterns through memcmp.
+    ASSERT_EQ(y.pos_frac_differ.data.size(), x.pos_frac_differ.data.size());
+    EXPECT_EQ(std::memcmp(y.pos_frac_differ.data.data(), x.pos_frac_differ.data.data(),
+                          x.pos_frac_differ.data.size() * sizeof(float)),
+              0);
+    EXPECT_EQ(y.routing_flips.data, x.routing_flips.data);
+    EXPECT_EQ(y.token_diff.size(), x.token_diff.size());
+  }
+  EXPECT_EQ(summary_text(b), summary_text(r));
+  std::filesystem::remove(path);
+}
+
+TEST(ExperimentFile, H5pyReadsTheDocumentedLayout) {
+  const std::string path = temp_path("h5py");
+  ASSERT_TRUE(io::write_experiment(path, emulated_run()).ok());
+  const std::string script = R"(
+import h5py, json, sys
+f = h5py.File(sys.argv[1], "r")
+assert f.attrs["format"] == "batchlens-experiment", f.attrs["format"]
+assert int(f.attrs["schema_major"]) == 1
+assert f["provenance"].attrs["device"] == "cpu"
+assert int(f["provenance"].attrs["emulated"]) == 1
+taps = json.loads(f["spec"].attrs["taps_json"])
+layers = int(f["spec"].attrs["layers"])
+c = f["comparisons/ref__b2"]
+assert c["frac_differ"].shape[1:] == (layers + 1, len(taps)), c["frac_differ"].shape
+assert c["pos_frac_differ"].compression == "gzip"
+assert c.attrs["first_tap"] == "attn.q"
+assert f["runs/ref/canvas_in"].shape[1] == int(f["spec"].attrs["canvas_length"])
+assert len(f["runs/ref/tokens"]) > 0
+print("ok")
+)";
+  const std::string cmd = "/usr/bin/python3 -c '" + script + "' " + path + " 2>&1";
+  FILE* p = ::popen(cmd.c_str(), "r");
+  ASSERT_NE(p, nullptr);
+  std::string out;
+  char buf[512];
+  while (std::fgets(buf, sizeof(buf), p) != nullptr) {
+    out += buf;
+  }
+  EXPECT_EQ(::pclose(p), 0) << out;
+  EXPECT_EQ(out, "ok\n");
+  std::filesystem::remove(path);
+}
+
+TEST(ExperimentFile, DamagedTruncatedAndForeignFilesGiveClearErrors) {
+  const std::string good = temp_path("good");
+  ASSERT_TRUE(io::write_experiment(good, default_run()).ok());
+  const auto size = std::filesystem::file_size(good);
+  std::string bytes(size, '\0');
+  std::ifstream(good, std::ios::binary).read(bytes.data(), static_cast<std::streamsize>(size));
+
+  const std::string truncated = temp_path("truncated");
+  std::ofstream(truncated, std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(size / 2));
+  auto r = io::read_experiment(truncated);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, base::ErrorCode::FileCorrupted) << r.error().message;
+
+  const std::string damaged = temp_path("damaged");
+  std::string broken = bytes;
+  for (std::size_t i = 512; i < broken.size(); i += 97) {
+    broken[i] = static_cast<char>(broken[i] ^ 0x5A);
+  }
+  std::ofstream(damaged, std::ios::binary).write(broken.data(), static_cast<std::streamsize>(size));
+  r = io::read_experiment(damaged);
+  EXPECT_FALSE(r.ok());  // whatever HDF5 makes of it: an error, never a crash
+
+  const std::string text = temp_path("text");
+  std::ofstream(text) << "not an experiment\n";
+  r = io::read_experiment(text);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, base::ErrorCode::FileUnrecognised);
+
+  const std::string foreign = temp_path("foreign");
+  const std::string newer = temp_path("newer");
+  std::filesystem::copy_file(good, newer);
+  const std::string py =
+      "/usr/bin/python3 -c 'import h5py,sys; h5py.File(sys.argv[1],\"w\").create_dataset(\"x\", "
+      "data=[1]); "
+      "f=h5py.File(sys.argv[2],\"r+\"); f.attrs[\"schema_major\"]=2' " +
+      foreign + " " + newer;
+  ASSERT_EQ(std::system(py.c_str()), 0);
+  r = io::read_experiment(foreign);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, base::ErrorCode::FileUnrecognised) << r.error().message;
+  r = io::read_experiment(newer);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, base::ErrorCode::FileIncompatibleVersion) << r.error().message;
+  EXPECT_EQ(io::read_experiment("/nonexistent.h5").error().code, base::ErrorCode::FileNotFound);
+
+  // A failed write leaves nothing behind.
+  EXPECT_FALSE(io::write_experiment("/nonexistent-dir/x.h5", default_run()).ok());
+  for (const auto& p : {good, truncated, damaged, text, foreign, newer}) {
+    std::filesystem::remove(p);
+  }
+}
+
+}  // namespace
+}  // namespace batchlens::experiment
