@@ -58,7 +58,8 @@ void register_run(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--workaround", sp.workaround,
                   "Also run everything with this row-wise policy added, e.g. issue_workaround");
-  cmd->add_option("--taps", opts->taps, "Comma-separated tap names to compare [all]");
+  cmd->add_option("--taps", opts->taps,
+                  "Comma-separated tap names to compare, or none (tokens and sampler only) [all]");
   cmd->add_option("--out", opts->out, "Experiment file to write (.h5)")->required();
   cmd->callback([opts, &exit_code] {
     auto& mo = opts->model;

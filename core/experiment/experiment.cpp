@@ -60,8 +60,9 @@ base::Result<void> validate(const ExperimentSpec& s) {
   if (s.prompt_ids.empty() && s.prompt.empty()) {
     return bad("the prompt is empty");
   }
+  const bool none = s.taps.size() == 1 && s.taps[0] == "none";
   for (const auto& name : s.taps) {
-    if (!probe::tap_from_name(name)) {
+    if (!none && !probe::tap_from_name(name)) {
       return bad("unknown tap '" + name + "'");
     }
   }
@@ -267,6 +268,9 @@ std::string summary_text(const ExperimentResult& r) {
     << r.provenance.dtype << "\n";
   if (r.provenance.emulated) {
     o << "NOTE: EMULATED split-K kernels (a CPU emulation of GPU batch-shape divergence)\n";
+  } else if (r.provenance.device == "cpu" && r.provenance.dtype == "fp32") {
+    o << "NOTE: real CPU kernels in fp32 (not emulated): LibTorch's fp32 GEMMs here reduce in an "
+         "order that depends on the row count\n";
   }
   o << "mode " << r.spec.mode << ", rng " << r.spec.rng << ", prefill " << r.spec.prefill
     << ", seed " << r.spec.seed << ", " << r.layers << " layers, taps " << r.taps.size() << "\n\n";

@@ -141,6 +141,8 @@ struct ComparisonResult {
   NdArray<float> max_abs;               ///< [S, L+1, T]
   NdArray<float> max_ulp;               ///< [S, L+1, T]
   NdArray<float> pos_frac_differ;       ///< [S, L+1, T, C] (row0 only)
+  NdArray<float> pos_max_abs;           ///< [S, L+1, T, C] (row0 only)
+  NdArray<float> pos_max_ulp;           ///< [S, L+1, T, C] (row0 only)
   NdArray<std::uint8_t> routing_flips;  ///< [S, L, C] expert sets differ (row0 only)
   NdArray<float> router_margin;         ///< [S, L, C] the reference's k-th minus (k+1)-th score
   NdArray<std::uint8_t> sampler_diff;   ///< [S, C] SamplerBits (row0 only)

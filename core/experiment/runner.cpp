@@ -76,7 +76,7 @@ struct Acc {
   ComparisonResult r;
   Engine* ref = nullptr;
   Engine* run = nullptr;
-  std::vector<float> frac, abs, ulp, pos, margin;
+  std::vector<float> frac, abs, ulp, pos, pos_abs, pos_ulp, margin;
   std::vector<std::uint8_t> flips, sampler;
 };
 
@@ -107,6 +107,8 @@ void compare_row0(Acc& a, const Layout& lay, bool both) {
   const std::size_t base = grow_aggregates(a, lay);
   const std::size_t pbase = a.pos.size();
   a.pos.resize(pbase + static_cast<std::size_t>(slots * ntap * lay.c), kNaN);
+  a.pos_abs.resize(a.pos.size(), kNaN);
+  a.pos_ulp.resize(a.pos.size(), kNaN);
   const std::size_t lbase = a.flips.size();
   a.flips.resize(lbase + static_cast<std::size_t>(lay.layers * lay.c), 0);
   a.margin.resize(a.flips.size(), kNaN);
@@ -165,11 +167,15 @@ void compare_row0(Acc& a, const Layout& lay, bool both) {
       float mabs = 0;
       float mulp = 0;
       for (std::int64_t p = 0; p < lay.c; ++p) {
-        const float f = acc[static_cast<std::int64_t>(i)][0][p];
+        const auto row = static_cast<std::int64_t>(i);
+        const float f = acc[row][0][p];
         frac += f;
-        mabs = std::max(mabs, acc[static_cast<std::int64_t>(i)][1][p]);
-        mulp = std::max(mulp, acc[static_cast<std::int64_t>(i)][2][p]);
-        a.pos[pbase + static_cast<std::size_t>((slot * ntap + t) * lay.c + p)] = f;
+        mabs = std::max(mabs, acc[row][1][p]);
+        mulp = std::max(mulp, acc[row][2][p]);
+        const auto at = pbase + static_cast<std::size_t>((slot * ntap + t) * lay.c + p);
+        a.pos[at] = f;
+        a.pos_abs[at] = acc[row][1][p];
+        a.pos_ulp[at] = acc[row][2][p];
       }
       a.frac[cell] = frac / static_cast<float>(lay.c);
       a.abs[cell] = mabs;
@@ -396,7 +402,7 @@ base::Result<ExperimentResult> run_experiment(const ExperimentSpec& spec,
       for (Tap t : probe::all_taps()) {
         lay.taps.push_back(t);
       }
-    } else {
+    } else if (!(spec.taps.size() == 1 && spec.taps[0] == "none")) {
       for (const auto& n : spec.taps) {
         lay.taps.push_back(*probe::tap_from_name(n));
       }
@@ -632,6 +638,8 @@ base::Result<ExperimentResult> run_experiment(const ExperimentSpec& spec,
         c.max_ulp = shaped(std::move(a.ulp), {s, slots, ntap});
         if (c.kind == "row0") {
           c.pos_frac_differ = shaped(std::move(a.pos), {s, slots, ntap, lay.c});
+          c.pos_max_abs = shaped(std::move(a.pos_abs), {s, slots, ntap, lay.c});
+          c.pos_max_ulp = shaped(std::move(a.pos_ulp), {s, slots, ntap, lay.c});
           c.routing_flips = shaped(std::move(a.flips), {s, lay.layers, lay.c});
           c.router_margin = shaped(std::move(a.margin), {s, lay.layers, lay.c});
           c.sampler_diff = shaped(std::move(a.sampler), {s, lay.c});

@@ -162,6 +162,8 @@ void write_comparison(H5::Group& comps, const ComparisonResult& c) {
   write_vec(g, "compared", c.compared);
   if (c.kind == "row0") {
     write_nd(g, "pos_frac_differ", c.pos_frac_differ);
+    write_nd(g, "pos_max_abs", c.pos_max_abs);
+    write_nd(g, "pos_max_ulp", c.pos_max_ulp);
     write_nd(g, "routing_flips", c.routing_flips);
     write_nd(g, "router_margin", c.router_margin);
     write_nd(g, "sampler_diff", c.sampler_diff);
@@ -347,6 +349,8 @@ ComparisonResult read_comparison(const Reader& rd, const H5::Group& comps, const
   c.compared = rd.vec<std::uint8_t>(g, where, "compared", s);
   if (c.kind == "row0") {
     c.pos_frac_differ = rd.nd<float>(g, where, "pos_frac_differ", {s, slots, t, res.canvas_length});
+    c.pos_max_abs = rd.nd<float>(g, where, "pos_max_abs", {s, slots, t, res.canvas_length});
+    c.pos_max_ulp = rd.nd<float>(g, where, "pos_max_ulp", {s, slots, t, res.canvas_length});
     c.routing_flips =
         rd.nd<std::uint8_t>(g, where, "routing_flips", {s, res.layers, res.canvas_length});
     c.router_margin = rd.nd<float>(g, where, "router_margin", {s, res.layers, res.canvas_length});

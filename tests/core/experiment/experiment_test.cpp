@@ -163,6 +163,24 @@ TEST(Experiment, LockstepForcesTheReferenceCanvasAndComparesRowsWithinABatch) {
   EXPECT_FALSE(rows->first.found());
 }
 
+TEST(Experiment, CpuFp32IsARealSourceOfBatchDivergence) {
+  // Measured: LibTorch 1.13's fp32 GEMM on CPU gives row 0 different bits at M=32 and M=64
+  // (bf16 through oneDNN does not). No emulation involved.
+  auto s = demo_spec("default");
+  s.load.dtype = "fp32";
+  s.batch_sizes = {2};
+  s.repeats = 1;
+  s.overrides.max_denoising_steps = 2;
+  s.overrides.max_new_tokens = 32;
+  const ExperimentResult& r = run_cached("fp32", s);
+  EXPECT_FALSE(r.provenance.emulated);
+  EXPECT_FALSE(r.comparison("ref__repeat1")->first.found());
+  const ComparisonResult* c = r.comparison("ref__b2");
+  ASSERT_TRUE(c->first.found());
+  EXPECT_EQ(c->first.tap, "attn.q");
+  EXPECT_NE(summary_text(r).find("real CPU kernels in fp32"), std::string::npos);
+}
+
 TEST(Experiment, InvalidSpecsAreRefused) {
   auto s = demo_spec("default");
   s.batch_sizes = {1};
@@ -214,6 +232,8 @@ TEST(ExperimentFile, RoundTripKeepsEverything) {
     EXPECT_EQ(std::memcmp(y.pos_frac_differ.data.data(), x.pos_frac_differ.data.data(),
                           x.pos_frac_differ.data.size() * sizeof(float)),
               0);
+    EXPECT_EQ(y.pos_max_ulp.shape, x.pos_max_ulp.shape);
+    EXPECT_EQ(y.pos_max_abs.data.size(), x.pos_max_abs.data.size());
     EXPECT_EQ(y.routing_flips.data, x.routing_flips.data);
     EXPECT_EQ(y.token_diff.size(), x.token_diff.size());
   }
