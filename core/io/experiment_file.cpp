@@ -349,8 +349,10 @@ ComparisonResult read_comparison(const Reader& rd, const H5::Group& comps, const
   c.compared = rd.vec<std::uint8_t>(g, where, "compared", s);
   if (c.kind == "row0") {
     c.pos_frac_differ = rd.nd<float>(g, where, "pos_frac_differ", {s, slots, t, res.canvas_length});
-    c.pos_max_abs = rd.nd<float>(g, where, "pos_max_abs", {s, slots, t, res.canvas_length});
-    c.pos_max_ulp = rd.nd<float>(g, where, "pos_max_ulp", {s, slots, t, res.canvas_length});
+    if (exists(g, "pos_max_abs")) {  // schema 1.1
+      c.pos_max_abs = rd.nd<float>(g, where, "pos_max_abs", {s, slots, t, res.canvas_length});
+      c.pos_max_ulp = rd.nd<float>(g, where, "pos_max_ulp", {s, slots, t, res.canvas_length});
+    }
     c.routing_flips =
         rd.nd<std::uint8_t>(g, where, "routing_flips", {s, res.layers, res.canvas_length});
     c.router_margin = rd.nd<float>(g, where, "router_margin", {s, res.layers, res.canvas_length});

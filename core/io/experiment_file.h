@@ -11,7 +11,7 @@ namespace batchlens::io {
 
 inline constexpr const char* kFormat = "batchlens-experiment";
 inline constexpr int kSchemaMajor = 1;  ///< readers refuse other majors
-inline constexpr int kSchemaMinor = 0;  ///< additions that old readers may ignore
+inline constexpr int kSchemaMinor = 1;  ///< additions that old readers may ignore
 
 /// Writes `result` to `path` through a temporary file beside it, renamed into place when
 /// complete: a crash or an error never leaves a partial file at `path`. Large arrays are
