@@ -99,25 +99,29 @@ base::Result<GenerateReport> run_generation(const model::ModelSource& source,
     base::ProgressClock clock(canvases * steps);
     std::int64_t done = 0;
     std::vector<std::pair<std::string, at::Tensor>> record;
-    o.on_step = [&](const StepRecord& r) {
-      if (!request.record_path.empty()) {
-        const std::string key =
-            "c" + std::to_string(r.canvas) + ".s" + std::to_string(r.step) + ".";
-        record.emplace_back(key + "canvas_in", r.canvas_in);
-        record.emplace_back(key + "sampled", r.sampled);
-        record.emplace_back(key + "argmax", r.argmax);
-        record.emplace_back(key + "accepted", r.accepted.to(at::kByte));
-        record.emplace_back(key + "entropy", r.entropy);
-        record.emplace_back(key + "finished", r.finished.to(at::kByte));
-        record.emplace_back(key + "temperature", at::full({1}, r.temperature, at::kFloat));
-      }
-      if (request.progress) {
-        // A canvas can stop early; its skipped steps count as done.
-        done = static_cast<std::int64_t>(r.canvas) * steps + r.step;
-        request.progress(clock.at(done, "canvas " + std::to_string(r.canvas + 1) + " step " +
-                                            std::to_string(r.step) + "/" + std::to_string(steps)));
-      }
-    };
+    // Only when someone listens: each record copies the step's tensors to the host.
+    if (!request.record_path.empty() || request.progress) {
+      o.on_step = [&](const StepRecord& r) {
+        if (!request.record_path.empty()) {
+          const std::string key =
+              "c" + std::to_string(r.canvas) + ".s" + std::to_string(r.step) + ".";
+          record.emplace_back(key + "canvas_in", r.canvas_in);
+          record.emplace_back(key + "sampled", r.sampled);
+          record.emplace_back(key + "argmax", r.argmax);
+          record.emplace_back(key + "accepted", r.accepted.to(at::kByte));
+          record.emplace_back(key + "entropy", r.entropy);
+          record.emplace_back(key + "finished", r.finished.to(at::kByte));
+          record.emplace_back(key + "temperature", at::full({1}, r.temperature, at::kFloat));
+        }
+        if (request.progress) {
+          // A canvas can stop early; its skipped steps count as done.
+          done = static_cast<std::int64_t>(r.canvas) * steps + r.step;
+          request.progress(clock.at(done, "canvas " + std::to_string(r.canvas + 1) + " step " +
+                                              std::to_string(r.step) + "/" +
+                                              std::to_string(steps)));
+        }
+      };
+    }
     const at::Tensor prompt =
         at::tensor(report.prompt_ids, at::TensorOptions().dtype(at::kLong)).view({1, -1});
     const GenerationResult res = generate(m, prompt, o);
