@@ -52,6 +52,10 @@ class TokenizerBuilder {
   mutable std::int64_t free_hint_ = 0;
 };
 
+/// Gemma's special tokens at Gemma's ids (spec §8): <pad> 0, <eos> 1, <bos> 2, <unk> 3,
+/// <mask> 4, tool tokens 46-52, <|think|> 98, channel 100/101, turn 105/106.
+const std::vector<std::pair<std::int64_t, const char*>>& gemma_special_tokens();
+
 /// The tokenizer.json of a preset model with `vocab_size` ids (>= 108): Gemma's special
 /// tokens at Gemma's ids (<pad> 0, <eos> 1, <bos> 2, <|turn> 105, <turn|> 106, "\n" 107, ...),
 /// byte fallback when the vocabulary has room, letters, digits and punctuation, the chat

@@ -11,21 +11,7 @@ namespace batchlens::testing {
 
 std::string gemma_fixture_tokenizer_json() {
   text::TokenizerBuilder b;
-  const std::vector<std::pair<std::int64_t, const char*>> specials = {{0, "<pad>"},
-                                                                      {1, "<eos>"},
-                                                                      {2, "<bos>"},
-                                                                      {3, "<unk>"},
-                                                                      {46, "<|tool>"},
-                                                                      {47, "<tool|>"},
-                                                                      {48, "<|tool_call>"},
-                                                                      {49, "<tool_call|>"},
-                                                                      {50, "<|tool_response>"},
-                                                                      {51, "<tool_response|>"},
-                                                                      {98, "<|think|>"},
-                                                                      {100, "<|channel>"},
-                                                                      {101, "<channel|>"},
-                                                                      {105, "<|turn>"},
-                                                                      {106, "<turn|>"}};
+  const auto& specials = text::gemma_special_tokens();
   for (const auto& [id, content] : specials) {
     b.add_special(id, content);
   }
