@@ -179,25 +179,24 @@ std::string TokenizerBuilder::to_json() const {
 }
 
 const std::vector<std::pair<std::int64_t, const char*>>& gemma_special_tokens() {
-  static const std::vector<std::pair<std::int64_t, const char*>> kTokens = {
-      {0, "<pad>"},
-      {1, "<eos>"},
-      {2, "<bos>"},
-      {3, "<unk>"},
-      {4, "<mask>"},
-      {46, "<|tool>"},
-      {47, "<tool|>"},
-      {48, "<|tool_call>"},
-      {49, "<tool_call|>"},
-      {50, "<|tool_response>"},
-      {51, "<tool_response|>"},
-      {52, "<|\"|>"},
-      {98, "<|think|>"},
-      {100, "<|channel>"},
-      {101, "<channel|>"},
-      {105, "<|turn>"},
-      {106, "<turn|>"}};
-  return kTokens;
+  static const std::vector<std::pair<std::int64_t, const char*>> tokens = {{0, "<pad>"},
+                                                                           {1, "<eos>"},
+                                                                           {2, "<bos>"},
+                                                                           {3, "<unk>"},
+                                                                           {4, "<mask>"},
+                                                                           {46, "<|tool>"},
+                                                                           {47, "<tool|>"},
+                                                                           {48, "<|tool_call>"},
+                                                                           {49, "<tool_call|>"},
+                                                                           {50, "<|tool_response>"},
+                                                                           {51, "<tool_response|>"},
+                                                                           {52, "<|\"|>"},
+                                                                           {98, "<|think|>"},
+                                                                           {100, "<|channel>"},
+                                                                           {101, "<channel|>"},
+                                                                           {105, "<|turn>"},
+                                                                           {106, "<turn|>"}};
+  return tokens;
 }
 
 base::Result<std::string> preset_tokenizer_json(std::int64_t vocab_size) {
@@ -209,7 +208,7 @@ base::Result<std::string> preset_tokenizer_json(std::int64_t vocab_size) {
                       std::to_string(vocab_size));
     }
     TokenizerBuilder b;
-    const auto gemma = gemma_special_tokens();
+    const auto& gemma = gemma_special_tokens();
     for (const auto& [id, content] : gemma) {
       b.add_special(id, content);
     }
