@@ -3,10 +3,20 @@
 # Run ON the GPU server (Ubuntu 24.04, PyTorch 2.x with CUDA, HDF5 serial, no Qt, no network):
 # builds core + CLI + core tests against the pip wheel's LibTorch and runs every test, the gpu
 # label included. Needs .deps/ from scripts/gpu-prepare-deps.sh (header-only libraries and
-# GoogleTest sources). Usage: scripts/gpu-build.sh [BUILD_DIR]   (default /tmp/batchlens-gpu)
+# GoogleTest sources).
+# Usage: scripts/gpu-build.sh [--cli] [BUILD_DIR]   (default /tmp/batchlens-gpu)
+#   --cli   build only core + batchlens-cli (no tests, no ctest): what the experiment and
+#           benchmark scripts need, in about half the time.
+# Warnings are not errors here (BATCHLENS_WERROR=ON to make them so): a newer LibTorch or
+# compiler on the server must not stop an experiment; CI builds with -Werror.
 # Logs go to $OUT when set (the device tool), else to BUILD_DIR.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+cli_only=0
+if [ "${1:-}" = "--cli" ]; then
+  cli_only=1
+  shift
+fi
 build=${1:-/tmp/batchlens-gpu}
 logs=${OUT:-$build}
 mkdir -p "$build" "$logs"
@@ -16,15 +26,27 @@ torch_prefix=$(python3 -c 'import torch; print(torch.utils.cmake_prefix_path)')
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-9.0}
 generator=()
 command -v ninja >/dev/null && generator=(-G Ninja)
+tests=ON
+targets=()
+if [ "$cli_only" = 1 ]; then
+  tests=OFF
+  targets=(--target batchlens-cli)
+fi
 
 start=$(date +%s)
 cmake -S . -B "$build" "${generator[@]}" \
   -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_PREFIX_PATH="$torch_prefix;$PWD/.deps/usr" \
   -DBATCHLENS_BUILD_GUI=OFF \
-  -DBATCHLENS_GTEST_SOURCE_DIR="$PWD/.deps/usr/src/googletest" 2>&1 | tee "$logs/configure.log"
-cmake --build "$build" -j "$(nproc)" 2>&1 | tee "$logs/build.log" | tail -5
+  -DBATCHLENS_BUILD_TESTS="$tests" \
+  -DBATCHLENS_WERROR="${BATCHLENS_WERROR:-OFF}" \
+  -DBATCHLENS_GTEST_SOURCE_DIR="$PWD/.deps/usr/src/googletest" >"$logs/configure.log" 2>&1 ||
+  { tail -30 "$logs/configure.log"; exit 1; }
+cmake --build "$build" -j "$(nproc)" "${targets[@]}" >"$logs/build.log" 2>&1 ||
+  { grep -B2 -A12 -m3 'error' "$logs/build.log" || tail -40 "$logs/build.log"; exit 1; }
 echo "gpu-build: configure + build took $(( $(date +%s) - start )) s"
 
 "$build/app/batchlens-cli" --version | tee "$logs/version.txt"
-ctest --test-dir "$build" --output-on-failure -j 4 2>&1 | tee "$logs/ctest.log"
+if [ "$cli_only" = 0 ]; then
+  ctest --test-dir "$build" --output-on-failure -j 4 2>&1 | tee "$logs/ctest.log"
+fi
