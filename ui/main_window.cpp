@@ -1,16 +1,35 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "ui/main_window.h"
 
+#include <algorithm>
+
 #include <QAction>
 #include <QApplication>
+#include <QCloseEvent>
+#include <QComboBox>
+#include <QDockWidget>
+#include <QDragEnterEvent>
+#include <QDropEvent>
+#include <QFileDialog>
+#include <QFileInfo>
+#include <QHBoxLayout>
 #include <QKeySequence>
 #include <QLabel>
 #include <QMenuBar>
 #include <QMessageBox>
+#include <QMimeData>
+#include <QScrollArea>
+#include <QSettings>
 #include <QStatusBar>
-#include <QTextBrowser>
+#include <QTabWidget>
+#include <QUrl>
+#include <QVBoxLayout>
 
 #include "core/base/version.h"
+#include "ui/controllers.h"
+#include "ui/report_export.h"
+#include "ui/run_panel.h"
+#include "ui/views.h"
 
 namespace batchlens::ui {
 
@@ -93,23 +112,63 @@ QString environmentHtml(const base::SystemInfo& system) {
   return html;
 }
 
+namespace {
+
+constexpr int kMaxRecentFiles = 10;
+constexpr const char* kRecentKey = "recentFiles";
+
+bool isExperimentFile(const QUrl& url) {
+  return url.isLocalFile() &&
+         QFileInfo(url.toLocalFile()).suffix().compare(QStringLiteral("h5"), Qt::CaseInsensitive) ==
+             0;
+}
+
+}  // namespace
+
 MainWindow::MainWindow(base::SystemInfo system, QWidget* parent)
     : QMainWindow(parent), system_(std::move(system)) {
   setWindowTitle(tr("BatchLens"));
   setObjectName(QStringLiteral("MainWindow"));
-  resize(1200, 800);
+  setAcceptDrops(true);
+  resize(1500, 950);
 
-  start_page_ = new QTextBrowser(this);
-  start_page_->setObjectName(QStringLiteral("StartPage"));
-  start_page_->setOpenExternalLinks(false);
-  start_page_->setHtml(environmentHtml(system_));
-  setCentralWidget(start_page_);
+  state_ = new ExplorerState(this);
+  runs_ = new RunController(this);
+  files_ = new FileController(this);
+
+  run_panel_ = new RunPanel(system_, this);
+  auto* scroll = new QScrollArea(this);
+  scroll->setWidget(run_panel_);
+  scroll->setWidgetResizable(true);
+  scroll->setMinimumWidth(360);
+  auto* dock = new QDockWidget(tr("Run"), this);
+  dock->setObjectName(QStringLiteral("RunDock"));
+  dock->setWidget(scroll);
+  dock->setFeatures(QDockWidget::DockWidgetMovable | QDockWidget::DockWidgetFloatable);
+  addDockWidget(Qt::LeftDockWidgetArea, dock);
+
+  buildCentre();
 
   environment_label_ = new QLabel(environmentSummary(), this);
   environment_label_->setObjectName(QStringLiteral("EnvironmentLabel"));
+  document_label_ = new QLabel(tr("No experiment"), this);
+  document_label_->setObjectName(QStringLiteral("DocumentLabel"));
+  statusBar()->addWidget(document_label_, 1);
   statusBar()->addPermanentWidget(environment_label_);
 
   buildMenus();
+  connectControllers();
+
+  QSettings settings;
+  restoreGeometry(settings.value(QStringLiteral("window/geometry")).toByteArray());
+  restoreState(settings.value(QStringLiteral("window/state")).toByteArray());
+  run_panel_->restoreSettings(settings);
+  tabs_->setCurrentIndex(settings.value(QStringLiteral("window/tab"), 0).toInt());
+}
+
+MainWindow::~MainWindow() {
+  // Stop a run before the controllers (children) are destroyed; their destructors join.
+  runs_->cancel();
 }
 
 QString MainWindow::environmentSummary() const {
@@ -119,12 +178,76 @@ QString MainWindow::environmentSummary() const {
       .arg(cudaSummary(system_));
 }
 
+void MainWindow::buildCentre() {
+  picker_ = new QComboBox(this);
+  picker_->setObjectName(QStringLiteral("ComparisonPicker"));
+  picker_->setToolTip(
+      tr("Which comparison the views show: the B=1 reference against row 0 of "
+         "each batch size, the B=1 repeat (noise floor), the workaround runs"));
+  picker_->setSizeAdjustPolicy(QComboBox::AdjustToContents);
+  tabs_ = new QTabWidget(this);
+  tabs_->setObjectName(QStringLiteral("ExplorerTabs"));
+  overview_ = new OverviewView(state_, this);
+  layer_step_ = new LayerStepView(state_, this);
+  spread_ = new SpreadView(state_, this);
+  text_diff_ = new TextDiffView(state_, this);
+  routing_ = new RoutingView(state_, this);
+  tabs_->addTab(overview_, tr("Overview"));
+  tabs_->addTab(layer_step_, tr("Layer × Step"));
+  tabs_->addTab(spread_, tr("Canvas spread"));
+  tabs_->addTab(text_diff_, tr("Text diff"));
+  tabs_->addTab(routing_, tr("Routing"));
+
+  auto* top = new QHBoxLayout;
+  top->addWidget(new QLabel(tr("Comparison:"), this));
+  top->addWidget(picker_);
+  top->addStretch(1);
+  auto* centre = new QWidget(this);
+  auto* layout = new QVBoxLayout(centre);
+  layout->addLayout(top);
+  layout->addWidget(tabs_, 1);
+  setCentralWidget(centre);
+
+  connect(picker_, &QComboBox::currentIndexChanged, this, [this](int i) {
+    if (i >= 0) {
+      state_->setComparison(picker_->itemData(i).toString());
+    }
+  });
+  connect(state_, &ExplorerState::comparisonChanged, this, [this] {
+    const int i = picker_->findData(state_->comparisonId());
+    if (i >= 0 && i != picker_->currentIndex()) {
+      const QSignalBlocker block(picker_);
+      picker_->setCurrentIndex(i);
+    }
+  });
+}
+
 void MainWindow::buildMenus() {
   QMenu* file = menuBar()->addMenu(tr("&File"));
+  QAction* open = file->addAction(tr("&Open…"), this, &MainWindow::chooseOpen);
+  open->setShortcut(QKeySequence::Open);
+  file->addAction(tr("Open &embedded sample"), this, &MainWindow::openEmbeddedSample);
+  recent_menu_ = file->addMenu(tr("Open &recent"));
+  rebuildRecentMenu();
+  file->addSeparator();
+  QAction* save = file->addAction(tr("&Save as…"), this, &MainWindow::chooseSaveAs);
+  save->setShortcut(QKeySequence::SaveAs);
+  QAction* report = file->addAction(tr("&Export report…"), this, &MainWindow::chooseExport);
+  report->setShortcut(QKeySequence(QStringLiteral("Ctrl+E")));
+  file->addSeparator();
   QAction* quit = file->addAction(tr("&Quit"));
   quit->setShortcut(QKeySequence::Quit);
   quit->setMenuRole(QAction::QuitRole);
   connect(quit, &QAction::triggered, this, &QWidget::close);
+
+  QMenu* run = menuBar()->addMenu(tr("&Run"));
+  run->addAction(tr("&Run experiment"), this, &MainWindow::runFromPanel);
+  run->addAction(tr("&Cancel run"), runs_, &RunController::cancel);
+  run->addAction(tr("&Use this experiment's settings"), this, [this] {
+    if (state_->result() != nullptr) {
+      run_panel_->setSpec(state_->result()->spec);
+    }
+  });
 
   QMenu* help = menuBar()->addMenu(tr("&Help"));
   QAction* about = help->addAction(tr("&About BatchLens"));
@@ -132,6 +255,273 @@ void MainWindow::buildMenus() {
   connect(about, &QAction::triggered, this, &MainWindow::showAbout);
   QAction* about_qt = help->addAction(tr("About &Qt"));
   connect(about_qt, &QAction::triggered, qApp, &QApplication::aboutQt);
+}
+
+void MainWindow::connectControllers() {
+  connect(run_panel_, &RunPanel::runRequested, this, &MainWindow::startRun);
+  connect(run_panel_, &RunPanel::cancelRequested, runs_, &RunController::cancel);
+  connect(run_panel_, &RunPanel::workaroundToggled, this, &MainWindow::onWorkaroundToggled);
+  connect(runs_, &RunController::started, this, [this] { run_panel_->setRunning(true); });
+  connect(runs_, &RunController::progressChanged, run_panel_, &RunPanel::showProgress);
+  connect(runs_, &RunController::finished, this, [this](const ExperimentDocument& doc) {
+    run_panel_->setRunning(false);
+    run_panel_->showMessage(tr("Finished: %1").arg(doc.origin));
+    showDocument(doc);
+  });
+  connect(runs_, &RunController::cancelled, this, [this] {
+    run_panel_->setRunning(false);
+    run_panel_->showMessage(tr("Cancelled. The experiment shown is unchanged."));
+  });
+  connect(runs_, &RunController::failed, this, [this](const QString& message) {
+    run_panel_->setRunning(false);
+    run_panel_->showMessage(tr("Failed: %1").arg(message));
+    showError(tr("The experiment could not run"), message);
+  });
+  connect(files_, &FileController::opened, this, [this](const ExperimentDocument& doc) {
+    if (!doc.path.isEmpty()) {
+      addRecentFile(doc.path);
+    }
+    showDocument(doc);
+  });
+  connect(files_, &FileController::openFailed, this,
+          [this](const QString& path, const QString& message) {
+            showError(tr("Could not open %1").arg(QFileInfo(path).fileName()),
+                      tr("%1\n\n%2").arg(path, message));
+          });
+  connect(files_, &FileController::saved, this, [this](const QString& path) {
+    state_->setPath(path);
+    state_->setModified(false);
+    addRecentFile(path);
+    updateTitle();
+    statusBar()->showMessage(tr("Saved %1").arg(path), 5000);
+  });
+  connect(files_, &FileController::saveFailed, this,
+          [this](const QString& path, const QString& message) {
+            showError(tr("Could not save %1").arg(QFileInfo(path).fileName()), message);
+          });
+}
+
+void MainWindow::openFile(const QString& path) {
+  document_label_->setText(tr("Opening %1…").arg(path));
+  files_->open(path);
+}
+
+void MainWindow::openEmbeddedSample() {
+  document_label_->setText(tr("Opening the embedded sample…"));
+  files_->openEmbeddedSample();
+}
+
+void MainWindow::saveTo(const QString& path) {
+  if (state_->result() == nullptr) {
+    showError(tr("Nothing to save"), tr("Open or run an experiment first."));
+    return;
+  }
+  files_->save(path, state_->document().result);
+}
+
+base::Result<QStringList> MainWindow::exportReportTo(const QString& dir) {
+  return exportReport(dir, *state_,
+                      {{QStringLiteral("overview"), overview_},
+                       {QStringLiteral("layer_step"), layer_step_},
+                       {QStringLiteral("canvas_spread"), spread_},
+                       {QStringLiteral("text_diff"), text_diff_},
+                       {QStringLiteral("routing"), routing_}});
+}
+
+void MainWindow::runFromPanel() {
+  auto spec = run_panel_->spec();
+  if (!spec.ok()) {
+    run_panel_->showMessage(tr("Cannot run: %1").arg(q(spec.error().message)));
+    return;
+  }
+  startRun(spec.value());
+}
+
+void MainWindow::startRun(const experiment::ExperimentSpec& spec) {
+  if (runs_->isRunning()) {
+    run_panel_->showMessage(tr("A run is in progress: cancel it first."));
+    return;
+  }
+  run_panel_->showMessage(tr("Running %1…").arg(q(spec.model.describe())));
+  if (!runs_->start(spec)) {
+    run_panel_->showMessage(tr("A run is in progress: cancel it first."));
+  }
+}
+
+void MainWindow::onWorkaroundToggled(bool on) {
+  state_->setShowWorkaround(on);
+  if (!on) {
+    return;
+  }
+  const auto* r = state_->result();
+  // The shown experiment already ran this workaround: show it beside, nothing to run.
+  if (r != nullptr && !r->spec.workaround.empty() &&
+      q(r->spec.workaround) == run_panel_->workaroundPolicy()) {
+    return;
+  }
+  if (runs_->isRunning()) {
+    run_panel_->showMessage(tr("The workaround applies to the next run."));
+    return;
+  }
+  runFromPanel();
+}
+
+void MainWindow::showDocument(const ExperimentDocument& document) {
+  state_->setDocument(document);
+  const auto* r = state_->result();
+  run_panel_->setWorkaroundEnabled(r != nullptr && !r->spec.workaround.empty());
+  state_->setShowWorkaround(run_panel_->workaroundEnabled());
+  refreshPicker();
+  updateTitle();
+  Q_EMIT documentShown();
+}
+
+void MainWindow::refreshPicker() {
+  const QSignalBlocker block(picker_);
+  picker_->clear();
+  if (const auto* r = state_->result()) {
+    for (const auto& c : r->comparisons) {
+      picker_->addItem(comparisonLabel(*r, c), q(c.id));
+    }
+  }
+  picker_->setCurrentIndex(picker_->findData(state_->comparisonId()));
+}
+
+void MainWindow::updateTitle() {
+  const auto& doc = state_->document();
+  const QString name = doc.path.isEmpty() ? doc.origin : QFileInfo(doc.path).fileName();
+  setWindowTitle(tr("%1[*] — BatchLens").arg(name));
+  setWindowModified(doc.modified);
+  if (const auto* r = state_->result()) {
+    document_label_->setText(
+        tr("%1 · %2 on %3%4")
+            .arg(doc.path.isEmpty() ? doc.origin : doc.path, q(r->spec.model.describe()),
+                 q(r->provenance.device_name),
+                 r->provenance.emulated ? tr(" · EMULATED split-K") : QString()));
+  }
+}
+
+void MainWindow::showError(const QString& title, const QString& message) {
+  last_error_ = message;
+  // Non-modal: the window keeps working (and tests keep running) while it is shown.
+  auto* box = new QMessageBox(QMessageBox::Critical, title, message, QMessageBox::Ok, this);
+  box->setObjectName(QStringLiteral("ErrorDialog"));
+  box->setAttribute(Qt::WA_DeleteOnClose);
+  box->setModal(false);
+  box->show();
+  statusBar()->showMessage(title, 8000);
+  Q_EMIT errorShown(message);
+}
+
+QStringList MainWindow::recentFiles() {
+  return QSettings().value(QLatin1String(kRecentKey)).toStringList();
+}
+
+void MainWindow::addRecentFile(const QString& path) {
+  QStringList files = recentFiles();
+  files.removeAll(path);
+  files.prepend(path);
+  while (files.size() > kMaxRecentFiles) {
+    files.removeLast();
+  }
+  QSettings().setValue(QLatin1String(kRecentKey), files);
+  rebuildRecentMenu();
+}
+
+void MainWindow::rebuildRecentMenu() {
+  recent_menu_->clear();
+  const QStringList files = recentFiles();
+  for (const QString& path : files) {
+    recent_menu_->addAction(path, this, [this, path] { openFile(path); });
+  }
+  recent_menu_->setEnabled(!files.isEmpty());
+  if (!files.isEmpty()) {
+    recent_menu_->addSeparator();
+    recent_menu_->addAction(tr("Clear list"), this, [this] {
+      QSettings().remove(QLatin1String(kRecentKey));
+      rebuildRecentMenu();
+    });
+  }
+}
+
+void MainWindow::chooseOpen() {
+  QSettings settings;
+  const QString path = QFileDialog::getOpenFileName(
+      this, tr("Open experiment"), settings.value(QStringLiteral("lastDir")).toString(),
+      tr("BatchLens experiments (*.h5);;All files (*)"));
+  if (!path.isEmpty()) {
+    settings.setValue(QStringLiteral("lastDir"), QFileInfo(path).absolutePath());
+    openFile(path);
+  }
+}
+
+void MainWindow::chooseSaveAs() {
+  if (state_->result() == nullptr) {
+    showError(tr("Nothing to save"), tr("Open or run an experiment first."));
+    return;
+  }
+  QSettings settings;
+  QString path = QFileDialog::getSaveFileName(
+      this, tr("Save experiment as"),
+      settings.value(QStringLiteral("lastDir")).toString() + QStringLiteral("/experiment.h5"),
+      tr("BatchLens experiments (*.h5)"));
+  if (path.isEmpty()) {
+    return;
+  }
+  if (!path.endsWith(QStringLiteral(".h5"))) {
+    path += QStringLiteral(".h5");
+  }
+  settings.setValue(QStringLiteral("lastDir"), QFileInfo(path).absolutePath());
+  saveTo(path);
+}
+
+void MainWindow::chooseExport() {
+  if (state_->result() == nullptr) {
+    showError(tr("Nothing to export"), tr("Open or run an experiment first."));
+    return;
+  }
+  QSettings settings;
+  const QString dir = QFileDialog::getExistingDirectory(
+      this, tr("Export report into folder"), settings.value(QStringLiteral("lastDir")).toString());
+  if (dir.isEmpty()) {
+    return;
+  }
+  QApplication::setOverrideCursor(Qt::WaitCursor);
+  auto written = exportReportTo(dir);
+  QApplication::restoreOverrideCursor();
+  if (!written.ok()) {
+    showError(tr("Could not export the report"), q(written.error().message));
+    return;
+  }
+  statusBar()->showMessage(
+      tr("Report written: %1 files in %2").arg(written.value().size()).arg(dir), 8000);
+}
+
+void MainWindow::dragEnterEvent(QDragEnterEvent* event) {
+  const auto urls = event->mimeData()->urls();
+  if (std::any_of(urls.begin(), urls.end(), isExperimentFile)) {
+    event->acceptProposedAction();
+  }
+}
+
+void MainWindow::dropEvent(QDropEvent* event) {
+  for (const QUrl& url : event->mimeData()->urls()) {
+    if (isExperimentFile(url)) {
+      openFile(url.toLocalFile());
+      event->acceptProposedAction();
+      return;  // one document at a time: the first experiment file dropped
+    }
+  }
+}
+
+void MainWindow::closeEvent(QCloseEvent* event) {
+  runs_->cancel();
+  QSettings settings;
+  settings.setValue(QStringLiteral("window/geometry"), saveGeometry());
+  settings.setValue(QStringLiteral("window/state"), saveState());
+  settings.setValue(QStringLiteral("window/tab"), tabs_->currentIndex());
+  run_panel_->saveSettings(settings);
+  event->accept();
 }
 
 void MainWindow::showAbout() {

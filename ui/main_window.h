@@ -2,37 +2,118 @@
 #pragma once
 
 #include <QMainWindow>
+#include <QStringList>
 
+#include "core/base/error.h"
 #include "core/base/system_info.h"
+#include "ui/explorer_state.h"
 
+class QComboBox;
 class QLabel;
-class QTextBrowser;
+class QMenu;
+class QTabWidget;
 
 namespace batchlens::ui {
 
-/// The BatchLens main window. Lives on the GUI thread; composes the panels and menus and owns
-/// nothing else. The explorer views are added by their own panels.
+class RunPanel;
+class RunController;
+class FileController;
+class OverviewView;
+class LayerStepView;
+class SpreadView;
+class TextDiffView;
+class RoutingView;
+
+/// The BatchLens main window. Lives on the GUI thread and only composes: the run panel (dock),
+/// the comparison picker, the explorer tabs, the menus and the status bar. Long work goes to
+/// RunController and FileController; errors are shown in a non-modal dialog and never end the
+/// program.
 class MainWindow : public QMainWindow {
   Q_OBJECT
+  Q_DISABLE_COPY_MOVE(MainWindow)
 
  public:
-  /// `system` is shown in the status bar, the start page and Help > About.
+  /// `system` is shown in the status bar and Help > About, and fills the device list.
   explicit MainWindow(base::SystemInfo system, QWidget* parent = nullptr);
+  ~MainWindow() override;
 
   /// The one-line environment summary shown in the status bar, e.g.
   /// "LibTorch 1.13.0 · CPU 2 threads · CUDA: not in this build".
   QString environmentSummary() const;
 
+  /// Opens an experiment file in the background; the views follow when it is read.
+  void openFile(const QString& path);
+  /// Opens the sample experiment bundled in the binary.
+  void openEmbeddedSample();
+  /// Saves the shown experiment to `path` in the background.
+  void saveTo(const QString& path);
+  /// Writes the report of the current comparison into `dir` (GUI thread, synchronous).
+  base::Result<QStringList> exportReportTo(const QString& dir);
+  /// Starts a run of the run panel's spec (a message in the panel if it is not valid).
+  void runFromPanel();
+
+  ExplorerState* state() const { return state_; }
+  RunPanel* runPanel() const { return run_panel_; }
+  RunController* runController() const { return runs_; }
+  FileController* fileController() const { return files_; }
+  QTabWidget* tabs() const { return tabs_; }
+  QComboBox* comparisonPicker() const { return picker_; }
+  OverviewView* overview() const { return overview_; }
+  LayerStepView* layerStep() const { return layer_step_; }
+  SpreadView* spread() const { return spread_; }
+  TextDiffView* textDiff() const { return text_diff_; }
+  RoutingView* routing() const { return routing_; }
+  /// The text of the last error shown (tests, logs).
+  QString lastError() const { return last_error_; }
+  static QStringList recentFiles();
+
+ Q_SIGNALS:
+  /// A document (file, sample or run) is now shown.
+  void documentShown();
+  /// An error dialog was shown with this text.
+  void errorShown(const QString& message);
+
+ protected:
+  void dragEnterEvent(QDragEnterEvent* event) override;
+  void dropEvent(QDropEvent* event) override;
+  void closeEvent(QCloseEvent* event) override;
+
  private:
   void buildMenus();
+  void buildCentre();
+  void connectControllers();
+  void showDocument(const ExperimentDocument& document);
+  void showError(const QString& title, const QString& message);
+  void addRecentFile(const QString& path);
+  void rebuildRecentMenu();
+  void refreshPicker();
+  void updateTitle();
+  void onWorkaroundToggled(bool on);
+  void startRun(const experiment::ExperimentSpec& spec);
+  void chooseOpen();
+  void chooseSaveAs();
+  void chooseExport();
   void showAbout();
 
   base::SystemInfo system_;
-  QTextBrowser* start_page_ = nullptr;
+  ExplorerState* state_ = nullptr;
+  RunPanel* run_panel_ = nullptr;
+  RunController* runs_ = nullptr;
+  FileController* files_ = nullptr;
+  QComboBox* picker_ = nullptr;
+  QTabWidget* tabs_ = nullptr;
+  OverviewView* overview_ = nullptr;
+  LayerStepView* layer_step_ = nullptr;
+  SpreadView* spread_ = nullptr;
+  TextDiffView* text_diff_ = nullptr;
+  RoutingView* routing_ = nullptr;
+  QMenu* recent_menu_ = nullptr;
   QLabel* environment_label_ = nullptr;
+  QLabel* document_label_ = nullptr;
+  QString last_error_;
 };
 
-/// The start page's HTML for a system: the build, LibTorch and the devices.
+/// The About box's HTML for a system: the build, LibTorch and the devices.
 QString environmentHtml(const base::SystemInfo& system);
 
 }  // namespace batchlens::ui

@@ -4,9 +4,9 @@
 // `slots` and `foreach`; define them for its header only.
 #pragma once
 
-#define signals Q_SIGNALS
-#define slots Q_SLOTS
-#define foreach Q_FOREACH
+#define signals Q_SIGNALS  // NOLINT(readability-identifier-naming): Qt's own keyword
+#define slots Q_SLOTS      // NOLINT(readability-identifier-naming)
+#define foreach Q_FOREACH  // NOLINT(readability-identifier-naming)
 #include <qcustomplot.h>
 #undef signals
 #undef slots

@@ -4,6 +4,7 @@
 #include <QCommandLineParser>
 #include <QIcon>
 #include <QMessageBox>
+#include <QTabWidget>
 #include <QTimer>
 
 #include "core/base/system_info.h"
@@ -21,14 +22,28 @@ int main(int argc, char** argv) {
 
   QCommandLineParser parser;
   parser.setApplicationDescription(QStringLiteral(
-      "Explains why DiffusionGemma generates different text when only the batch size changes."));
+      "Explains why DiffusionGemma generates different text when only the batch size changes.\n"
+      "Without FILE it opens the embedded sample experiment (DiffusionGemma mid, recorded on "
+      "an H200)."));
   parser.addHelpOption();
   parser.addVersionOption();
+  parser.addPositionalArgument(QStringLiteral("FILE"),
+                               QStringLiteral("An experiment file (.h5) to open."));
   const QCommandLineOption screenshot(
       QStringList{QStringLiteral("screenshot")},
-      QStringLiteral("Render the main window to PNG <file> and exit (documentation, checks)."),
+      QStringLiteral("Once the experiment is shown, render the main window to PNG <file> and exit "
+                     "(documentation, checks)."),
       QStringLiteral("file"));
+  const QCommandLineOption tab(QStringList{QStringLiteral("tab")},
+                               QStringLiteral("Start on explorer tab <index> (0 = Overview)."),
+                               QStringLiteral("index"));
+  const QCommandLineOption comparison(
+      QStringList{QStringLiteral("comparison")},
+      QStringLiteral("Show comparison <id> (e.g. ref__b4) instead of the first that diverges."),
+      QStringLiteral("id"));
   parser.addOption(screenshot);
+  parser.addOption(tab);
+  parser.addOption(comparison);
   parser.process(app);
 
   base::configure_threads(0);
@@ -43,12 +58,31 @@ int main(int argc, char** argv) {
   ui::MainWindow window(std::move(system).value());
   window.show();
 
+  QObject::connect(&window, &ui::MainWindow::documentShown, &window, [&] {
+    if (parser.isSet(comparison)) {
+      window.state()->setComparison(parser.value(comparison));
+    }
+    if (parser.isSet(tab)) {
+      window.tabs()->setCurrentIndex(parser.value(tab).toInt());
+    }
+  });
   if (parser.isSet(screenshot)) {
     const QString path = parser.value(screenshot);
-    QTimer::singleShot(300, &window, [&window, path] {
+    const auto shoot = [&window, path] {
       const bool saved = window.grab().save(path, "PNG");
       QApplication::exit(saved ? 0 : 1);
-    });
+    };
+    // After the document is shown and the views have redrawn; an error dialog counts too.
+    QObject::connect(&window, &ui::MainWindow::documentShown, &window,
+                     [&window, shoot] { QTimer::singleShot(800, &window, shoot); });
+    QObject::connect(&window, &ui::MainWindow::errorShown, &window,
+                     [&window, shoot] { QTimer::singleShot(300, &window, shoot); });
+  }
+  const QStringList files = parser.positionalArguments();
+  if (files.isEmpty()) {
+    window.openEmbeddedSample();
+  } else {
+    window.openFile(files.front());
   }
   return QApplication::exec();
 }

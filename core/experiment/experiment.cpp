@@ -170,9 +170,7 @@ const ComparisonResult* ExperimentResult::comparison(const std::string& id) cons
   return nullptr;
 }
 
-namespace {
-
-std::string where(const Divergence& d) {
+std::string describe(const Divergence& d) {
   if (!d.found()) {
     return "none (bitwise identical at every compared step)";
   }
@@ -183,9 +181,7 @@ std::string where(const Divergence& d) {
   return o.str();
 }
 
-// Share of positions whose last compared step's logits differ, and of logit elements.
-std::pair<double, double> last_step_logit_diff(const ExperimentResult& r,
-                                               const ComparisonResult& c) {
+LastStepDiff last_step_logit_diff(const ExperimentResult& r, const ComparisonResult& c) {
   const auto& f = c.frac_differ;
   if (f.empty() || c.pos_frac_differ.empty()) {
     return {0.0, 0.0};
@@ -209,8 +205,6 @@ std::pair<double, double> last_step_logit_diff(const ExperimentResult& r,
   }
   return {0.0, 0.0};
 }
-
-}  // namespace
 
 nlohmann::json summary_json(const ExperimentResult& r) {
   nlohmann::json runs = nlohmann::json::array();
@@ -286,7 +280,7 @@ std::string summary_text(const ExperimentResult& r) {
   o << "\ncomparisons (row 0 unless noted):\n";
   for (const auto& c : r.comparisons) {
     o << "  " << c.id << (c.kind == "rows" ? " (rows 1.. vs row 0)" : "") << ":\n";
-    o << "    first divergence: " << where(c.first) << "\n";
+    o << "    first divergence: " << describe(c.first) << "\n";
     if (c.kind == "row0") {
       const auto [positions, scores] = last_step_logit_diff(r, c);
       o << "    text " << (c.tokens_identical ? "identical" : "DIFFERS") << " (" << c.tokens_changed

@@ -188,6 +188,18 @@ struct RunControl {
 base::Result<ExperimentResult> run_experiment(const ExperimentSpec& spec,
                                               const RunControl& control = {});
 
+/// "canvas 0 step 2, layer 3 attn.q, position 17", or "none (bitwise identical ...)".
+std::string describe(const Divergence& divergence);
+
+/// At the last compared step: the share of canvas positions whose token scores (logits) differ
+/// at all, and the share of token-score elements that differ. Zero when logits were not tapped.
+struct LastStepDiff {
+  double positions = 0;
+  double scores = 0;
+};
+LastStepDiff last_step_logit_diff(const ExperimentResult& result,
+                                  const ComparisonResult& comparison);
+
 /// Human summary (what `batchlens-cli summary` prints) and its JSON form.
 std::string summary_text(const ExperimentResult& result);
 nlohmann::json summary_json(const ExperimentResult& result);

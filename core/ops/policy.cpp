@@ -222,6 +222,14 @@ base::Result<OpPolicy> policy_by_name(const std::string& name_or_file) {
   if (name_or_file == "row_wise_all") {
     return OpPolicy::row_wise_all();
   }
+  if (!name_or_file.empty() && name_or_file.front() == '{') {
+    // Inline policy JSON (the GUI's per-family, per-layer-range workaround editor).
+    const auto doc = nlohmann::json::parse(name_or_file, nullptr, /*allow_exceptions=*/false);
+    if (doc.is_discarded()) {
+      return base::Error{base::ErrorCode::InvalidArgument, "inline policy is not valid JSON"};
+    }
+    return policy_from_json(doc);
+  }
   std::ifstream in(name_or_file);
   if (!in) {
     return base::Error{base::ErrorCode::InvalidArgument,

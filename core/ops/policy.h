@@ -80,9 +80,9 @@ nlohmann::json to_json(const OpPolicy& policy);
 /// Inverse of to_json; InvalidArgument on malformed input. Never throws.
 base::Result<OpPolicy> policy_from_json(const nlohmann::json& doc);
 /// A named policy ("default", "issue_workaround", "row_wise_all", "emulated_split_k"), names
-/// joined with "+" (combined left to right, e.g. "emulated_split_k+issue_workaround") or a
-/// policy JSON file (to_json's format). InvalidArgument for anything else or a malformed file.
-/// Never throws.
+/// joined with "+" (combined left to right, e.g. "emulated_split_k+issue_workaround"), inline
+/// policy JSON (text starting with '{') or a policy JSON file (to_json's format). InvalidArgument
+/// for anything else or a malformed file. Never throws.
 base::Result<OpPolicy> policy_by_name(const std::string& name_or_file);
 
 /// A one-line description, e.g. "issue_workaround: row_wise {router_proj, selfcond_matmul}".

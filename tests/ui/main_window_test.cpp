@@ -4,7 +4,6 @@
 #include <QAction>
 #include <QLabel>
 #include <QMenuBar>
-#include <QTextBrowser>
 #include <gtest/gtest.h>
 
 namespace batchlens::ui {
@@ -42,12 +41,10 @@ TEST(MainWindow, ShowsTheEnvironmentItWasGiven) {
   ASSERT_NE(label, nullptr);
   EXPECT_EQ(label->text(), summary);
 
-  auto* start = window.findChild<QTextBrowser*>(QStringLiteral("StartPage"));
-  ASSERT_NE(start, nullptr);
-  const QString text = start->toPlainText();
-  EXPECT_TRUE(text.contains(QStringLiteral("NVIDIA H200"))) << text.toStdString();
-  EXPECT_TRUE(text.contains(QStringLiteral("16 hardware threads"))) << text.toStdString();
-  EXPECT_TRUE(text.contains(QStringLiteral("runtime 13.0"))) << text.toStdString();
+  const QString about = environmentHtml(gpuMachine());
+  EXPECT_TRUE(about.contains(QStringLiteral("NVIDIA H200"))) << about.toStdString();
+  EXPECT_TRUE(about.contains(QStringLiteral("16 hardware threads"))) << about.toStdString();
+  EXPECT_TRUE(about.contains(QStringLiteral("runtime 13.0"))) << about.toStdString();
 }
 
 TEST(MainWindow, CpuOnlyBuildSaysSo) {
@@ -65,6 +62,7 @@ TEST(MainWindow, HasFileAndHelpMenus) {
     titles << a->text();
   }
   EXPECT_TRUE(titles.contains(QStringLiteral("&File"))) << titles.join(',').toStdString();
+  EXPECT_TRUE(titles.contains(QStringLiteral("&Run"))) << titles.join(',').toStdString();
   EXPECT_TRUE(titles.contains(QStringLiteral("&Help"))) << titles.join(',').toStdString();
 }
 

@@ -110,5 +110,23 @@ TEST(OpPolicy, ByNameOrJsonFile) {
   std::remove(path.c_str());
 }
 
+TEST(OpPolicy, InlineJson) {
+  const auto inline_policy = policy_by_name(
+      R"({"name": "custom", "rules": [{"families": ["router_proj"], "first_layer": 2,)"
+      R"( "last_layer": 3, "strategy": "row_wise"}]})");
+  ASSERT_TRUE(inline_policy.ok()) << inline_policy.error().message;
+  EXPECT_EQ(inline_policy.value().name, "custom");
+  EXPECT_EQ(inline_policy.value().resolve(OpFamily::RouterProj, 2), Strategy::RowWise);
+  EXPECT_EQ(inline_policy.value().resolve(OpFamily::RouterProj, 4), Strategy::Batched);
+  const auto combined =
+      policy_by_name(R"(emulated_split_k+{"name": "c", "rules": [{"families": ["lm_head"]}]})");
+  ASSERT_TRUE(combined.ok()) << combined.error().message;
+  EXPECT_TRUE(combined.value().emulates(OpFamily::QProj));
+  EXPECT_EQ(combined.value().resolve(OpFamily::LmHead, -1), Strategy::RowWise);
+  const auto bad = policy_by_name("{ not json");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("inline policy"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace batchlens::ops

@@ -1,0 +1,491 @@
+// SPDX-License-Identifier: Apache-2.0
+// The explorer window end to end on the offscreen platform: real experiment files (made by the
+// project's own runner), real runs, real exports.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <set>
+
+#include <QCheckBox>
+#include <QComboBox>
+#include <QCoreApplication>
+#include <QDir>
+#include <QFile>
+#include <QImage>
+#include <QJsonDocument>
+#include <QJsonObject>
+#include <QLabel>
+#include <QLineEdit>
+#include <QMessageBox>
+#include <QPushButton>
+#include <QSettings>
+#include <QSignalSpy>
+#include <QSlider>
+#include <QSpinBox>
+#include <QStandardPaths>
+#include <QTabWidget>
+#include <QTableView>
+#include <QTemporaryDir>
+#include <QTest>
+#include <QTextBrowser>
+#include <gtest/gtest.h>
+
+#include "core/io/experiment_file.h"
+#include "ui/controllers.h"
+#include "ui/heatmap_plot.h"
+#include "ui/main_window.h"
+#include "ui/report_render.h"
+#include "ui/run_panel.h"
+#include "ui/views.h"
+
+#include <unistd.h>
+
+namespace batchlens::ui {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int kWaitMs = 120000;
+
+base::SystemInfo cpuMachine() {
+  base::SystemInfo s;
+  s.libtorch_version = "test";
+  s.torch_threads = 2;
+  return s;
+}
+
+experiment::ExperimentSpec demoSpec(const std::string& workaround) {
+  experiment::ExperimentSpec s;
+  s.model.preset = "demo";
+  s.seed = 11;
+  s.overrides.max_denoising_steps = 6;
+  s.overrides.max_new_tokens = 64;
+  s.batch_sizes = {2, 4};
+  s.policy = "emulated_split_k";
+  s.workaround = workaround;
+  return s;
+}
+
+// Experiment files made once per process: with and without the workaround group.
+const std::string& fixtureFile(const std::string& workaround) {
+  static std::map<std::string, std::string> files;
+  auto it = files.find(workaround);
+  if (it == files.end()) {
+    const std::string path = (fs::path(::testing::TempDir()) /
+                              ("bl_ui_" + (workaround.empty() ? std::string("plain") : workaround) +
+                               "_" + std::to_string(::getpid()) + ".h5"))
+                                 .string();
+    auto r = experiment::run_experiment(demoSpec(workaround));
+    EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
+    if (r.ok()) {
+      EXPECT_TRUE(io::write_experiment(path, r.value()).ok());
+    }
+    it = files.emplace(workaround, path).first;
+  }
+  return it->second;
+}
+
+experiment::ExperimentResult readBack(const std::string& path) {
+  auto r = io::read_experiment(path);
+  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
+  return r.ok() ? r.value() : experiment::ExperimentResult{};
+}
+
+class ExplorerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    // Settings of the tests stay in a private directory.
+    qputenv("XDG_CONFIG_HOME", QDir(QString::fromStdString(::testing::TempDir()))
+                                   .filePath(QStringLiteral("bl-config-%1").arg(::getpid()))
+                                   .toUtf8());
+    QCoreApplication::setOrganizationName(QStringLiteral("BatchLensTests"));
+    QCoreApplication::setApplicationName(QStringLiteral("explorer_test"));
+    QSettings().clear();
+    window_ = std::make_unique<MainWindow>(cpuMachine());
+    window_->resize(1400, 900);
+    window_->show();
+  }
+  void TearDown() override { window_.reset(); }
+
+  // Opens `path` and waits until it is shown.
+  void open(const std::string& path) {
+    QSignalSpy shown(window_.get(), &MainWindow::documentShown);
+    window_->openFile(QString::fromStdString(path));
+    ASSERT_TRUE(shown.wait(kWaitMs))
+        << "the file was not shown: " << window_->lastError().toStdString();
+    flushViews();
+  }
+
+  void flushViews() {
+    QCoreApplication::processEvents();
+    window_->overview()->flush();
+    window_->layerStep()->flush();
+    window_->spread()->flush();
+    window_->textDiff()->flush();
+    window_->routing()->flush();
+  }
+
+  // Clicks the centre of a heatmap cell like a user.
+  static void clickCell(HeatmapPlot* plot, int column, int row) {
+    plot->replot();
+    const QPoint at(static_cast<int>(plot->xAxis->coordToPixel(column)),
+                    static_cast<int>(plot->yAxis->coordToPixel(row)));
+    QTest::mouseClick(plot, Qt::LeftButton, Qt::NoModifier, at);
+  }
+
+  std::unique_ptr<MainWindow> window_;
+};
+
+TEST_F(ExplorerTest, OpeningAFileFillsTheViewsWithItsNumbers) {
+  const std::string path = fixtureFile("issue_workaround");
+  const auto file = readBack(path);
+  open(path);
+  ExplorerState* state = window_->state();
+  ASSERT_NE(state->result(), nullptr);
+  EXPECT_EQ(state->result()->comparisons.size(), file.comparisons.size());
+
+  // The first diverging main comparison is selected, at its first divergence.
+  const auto* c = state->comparison(Side::Before);
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(c->reference, "ref");
+  ASSERT_TRUE(c->first.found());
+  EXPECT_EQ(state->tick(), c->first.tick);
+  const auto& fc = *file.comparison(c->id);
+
+  // Overview: one row per comparison, with the file's verdicts.
+  auto* table = window_->overview()->table();
+  ASSERT_EQ(table->model()->rowCount(), static_cast<int>(file.comparisons.size()));
+  for (int row = 0; row < table->model()->rowCount(); ++row) {
+    const auto& fcr = file.comparisons[static_cast<std::size_t>(row)];
+    if (fcr.kind != "row0") {
+      continue;
+    }
+    EXPECT_EQ(table->model()->index(row, 2).data().toLongLong(), fcr.tokens_changed);
+    EXPECT_EQ(table->model()->index(row, 5).data().toString().toStdString(),
+              experiment::describe(fcr.first));
+  }
+  EXPECT_TRUE(window_->overview()->detailsHtml().contains(QStringLiteral("EMULATED")));
+
+  // Layer × step: a few cells equal the file's frac_differ, in every layer and several ticks.
+  HeatmapPlot* heat = window_->layerStep()->plot(Side::Before);
+  const int tap = state->tap();
+  ASSERT_TRUE(state->tapIsPerLayer(tap));
+  ASSERT_EQ(heat->columns(), static_cast<int>(fc.compared.size()));
+  ASSERT_EQ(heat->rows(), file.layers);
+  int checked = 0;
+  for (int t = 0; t < heat->columns(); t += 3) {
+    for (int l = 0; l < file.layers; ++l) {
+      if (fc.compared[static_cast<std::size_t>(t)] == 0) {
+        EXPECT_TRUE(std::isnan(heat->value(t, l)));
+        continue;
+      }
+      EXPECT_FLOAT_EQ(static_cast<float>(heat->value(t, l)), fc.frac_differ.at({t, l, tap}));
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 4);
+  // The metric switch shows max ULP from the file.
+  window_->layerStep()->metricCombo()->setCurrentIndex(2);
+  flushViews();
+  EXPECT_FLOAT_EQ(static_cast<float>(heat->value(c->first.tick, c->first.layer)),
+                  fc.max_ulp.at({c->first.tick, c->first.layer, tap}));
+  EXPECT_GT(heat->value(c->first.tick, c->first.layer), 0);
+  const QString tip = heat->tooltipFor(c->first.tick, c->first.layer);
+  EXPECT_TRUE(tip.contains(QStringLiteral("max ULP"))) << tip.toStdString();
+
+  // The workaround's side is shown beside, from the wa.* comparison.
+  ASSERT_TRUE(state->hasAfter());
+  const auto& fa =
+      *file.comparison(ExplorerState::counterpartId(QString::fromStdString(c->id)).toStdString());
+  HeatmapPlot* after = window_->layerStep()->plot(Side::After);
+  EXPECT_FLOAT_EQ(static_cast<float>(after->value(c->first.tick, c->first.layer)),
+                  fa.max_ulp.at({c->first.tick, c->first.layer, tap}));
+
+  // Spread: positions of the selected layer equal the file's per-position share.
+  window_->layerStep()->metricCombo()->setCurrentIndex(0);
+  flushViews();
+  HeatmapPlot* spread = window_->spread()->plot(Side::Before);
+  ASSERT_EQ(spread->rows(), static_cast<int>(file.canvas_length));
+  const int slot = state->layerSlot();
+  for (int p = 0; p < spread->rows(); p += 5) {
+    EXPECT_FLOAT_EQ(static_cast<float>(spread->value(state->tick(), p)),
+                    fc.pos_frac_differ.at({state->tick(), slot, tap, p}));
+  }
+
+  // Routing: flips per layer × step are the file's counts.
+  HeatmapPlot* routing = window_->routing()->plot(Side::Before);
+  for (int t = 0; t < routing->columns(); t += 2) {
+    if (fc.compared[static_cast<std::size_t>(t)] == 0) {
+      continue;
+    }
+    for (int l = 0; l < file.layers; ++l) {
+      int flips = 0;
+      for (std::int64_t p = 0; p < file.canvas_length; ++p) {
+        flips += fc.routing_flips.at({t, l, p}) != 0 ? 1 : 0;
+      }
+      EXPECT_EQ(routing->value(t, l), flips);
+    }
+  }
+
+  // Text diff: the run's text and the verdict are there.
+  const QString html = window_->textDiff()->html(Side::Before);
+  EXPECT_TRUE(
+      html.contains(fc.tokens_identical ? QStringLiteral("identical") : QStringLiteral("DIFFERS")));
+  // The picker lists every comparison and follows the selection.
+  EXPECT_EQ(window_->comparisonPicker()->count(), static_cast<int>(file.comparisons.size()));
+  EXPECT_EQ(window_->comparisonPicker()->currentData().toString().toStdString(), c->id);
+  EXPECT_TRUE(
+      window_->recentFiles().contains(QFileInfo(QString::fromStdString(path)).absoluteFilePath()));
+}
+
+TEST_F(ExplorerTest, ClickingAHeatmapCellDrivesSpreadAndText) {
+  open(fixtureFile("issue_workaround"));
+  ExplorerState* state = window_->state();
+  window_->tabs()->setCurrentIndex(1);
+  HeatmapPlot* heat = window_->layerStep()->plot(Side::Before);
+  const int target_tick = 2;
+  const int target_layer = 1;
+  ASSERT_TRUE(target_tick != state->tick() || target_layer != state->layerSlot());
+  const QString html_before = window_->textDiff()->html(Side::Before);
+  clickCell(heat, target_tick, target_layer);
+  EXPECT_EQ(state->tick(), target_tick);
+  EXPECT_EQ(state->layerSlot(), target_layer);
+  flushViews();
+  // The spread marks the chosen step and shows the chosen layer's positions.
+  const auto* c = state->comparison(Side::Before);
+  HeatmapPlot* spread = window_->spread()->plot(Side::Before);
+  for (int p = 0; p < spread->rows(); p += 7) {
+    const double expected =
+        positionValue(*c, Metric::FracDiffer, target_tick, target_layer, state->tap(), p);
+    if (std::isnan(expected)) {
+      EXPECT_TRUE(std::isnan(spread->value(target_tick, p)));
+    } else {
+      EXPECT_DOUBLE_EQ(spread->value(target_tick, p), expected);
+    }
+  }
+  // The text diff replays the canvas at that step, and its slider sits there.
+  EXPECT_EQ(window_->textDiff()->stepSlider()->value(), target_tick);
+  const QString html_after = window_->textDiff()->html(Side::Before);
+  EXPECT_NE(html_before, html_after);
+  EXPECT_TRUE(html_after.contains(QStringLiteral("(tick %1)").arg(target_tick)))
+      << html_after.toStdString();
+
+  // Clicking a spread cell selects the position; the slider moves the step.
+  window_->tabs()->setCurrentIndex(2);
+  clickCell(spread, 4, 9);
+  EXPECT_EQ(state->position(), 9);
+  EXPECT_EQ(state->tick(), 4);
+  window_->textDiff()->stepSlider()->setValue(1);
+  EXPECT_EQ(state->tick(), 1);
+}
+
+TEST_F(ExplorerTest, WorkaroundToggleStartsARunWithTheWorkaroundOps) {
+  open(fixtureFile(""));
+  ASSERT_FALSE(window_->state()->hasAfter());
+  RunPanel* panel = window_->runPanel();
+  panel->setSpec(demoSpec(""));
+  panel->setWorkaroundFamily(QStringLiteral("lm_head"), true, 0, -1);
+  QSignalSpy finished(window_->runController(), &RunController::finished);
+  QSignalSpy shown(window_.get(), &MainWindow::documentShown);
+  panel->workaroundCheck()->click();
+  ASSERT_TRUE(window_->runController()->isRunning());
+  const auto& spec = window_->runController()->lastSpec();
+  ASSERT_FALSE(spec.workaround.empty());
+  // router_proj + selfcond_matmul (the preset) and the added lm_head, all row-wise.
+  auto policy = nlohmann::json::parse(spec.workaround);
+  std::set<std::string> families;
+  for (const auto& rule : policy["rules"]) {
+    EXPECT_EQ(rule["strategy"], "row_wise");
+    for (const auto& f : rule["families"]) {
+      families.insert(f.get<std::string>());
+    }
+  }
+  EXPECT_EQ(families, (std::set<std::string>{"router_proj", "selfcond_matmul", "lm_head"}));
+  EXPECT_FALSE(panel->runButton()->isEnabled());
+  EXPECT_TRUE(panel->cancelButton()->isEnabled());
+  ASSERT_TRUE(shown.wait(kWaitMs)) << window_->lastError().toStdString();
+  // The new result shows the workaround beside the comparison.
+  EXPECT_EQ(window_->state()->result()->spec.workaround, spec.workaround);
+  EXPECT_TRUE(window_->state()->hasAfter());
+  EXPECT_TRUE(panel->runButton()->isEnabled());
+  flushViews();
+  EXPECT_TRUE(window_->layerStep()->plot(Side::After)->isVisibleTo(window_->layerStep()));
+  // Switching the toggle off hides the after side without running.
+  panel->workaroundCheck()->click();
+  EXPECT_FALSE(window_->runController()->isRunning());
+  EXPECT_FALSE(window_->state()->hasAfter());
+}
+
+TEST_F(ExplorerTest, CancelStopsARunningDemoAndKeepsTheOldResult) {
+  open(fixtureFile(""));
+  const auto* before = window_->state()->result();
+  RunPanel* panel = window_->runPanel();
+  auto spec = demoSpec("");
+  spec.overrides.max_denoising_steps = 48;
+  spec.overrides.max_new_tokens = 256;
+  panel->setSpec(spec);
+  QSignalSpy progress(window_->runController(), &RunController::progressChanged);
+  QSignalSpy cancelled(window_->runController(), &RunController::cancelled);
+  panel->runButton()->click();
+  ASSERT_TRUE(window_->runController()->isRunning());
+  ASSERT_TRUE(progress.wait(kWaitMs));
+  // Wait for a denoising step to be reported, not only the weights loading.
+  for (int i = 0; i < 200 && window_->runPanel()->progressBar()->maximum() == 0; ++i) {
+    progress.wait(500);
+  }
+  panel->cancelButton()->click();
+  ASSERT_TRUE(cancelled.wait(kWaitMs));
+  EXPECT_FALSE(window_->runController()->isRunning());
+  EXPECT_EQ(window_->state()->result(), before);
+  EXPECT_TRUE(panel->runButton()->isEnabled());
+  EXPECT_FALSE(panel->cancelButton()->isEnabled());
+}
+
+TEST_F(ExplorerTest, ExportWritesPngsOfTheRightSizeAndASummaryOfTheFile) {
+  const std::string path = fixtureFile("issue_workaround");
+  const auto file = readBack(path);
+  open(path);
+  QTemporaryDir dir;
+  ASSERT_TRUE(dir.isValid());
+  const QString out = dir.filePath(QStringLiteral("report"));
+  auto written = window_->exportReportTo(out);
+  ASSERT_TRUE(written.ok()) << written.error().message;
+  for (const char* stem : {"overview", "layer_step", "canvas_spread", "text_diff", "routing"}) {
+    const QString png = QDir(out).filePath(QString::fromLatin1(stem) + QStringLiteral(".png"));
+    ASSERT_TRUE(written.value().contains(png)) << stem;
+    QImage image(png);
+    ASSERT_FALSE(image.isNull()) << stem;
+    EXPECT_EQ(image.size(), reportSize()) << stem;
+    // Not blank: a page has more than a handful of colours.
+    QSet<QRgb> colours;
+    for (int y = 0; y < image.height(); y += 7) {
+      for (int x = 0; x < image.width(); x += 7) {
+        colours.insert(image.pixel(x, y));
+      }
+    }
+    EXPECT_GT(colours.size(), 3) << stem;
+  }
+  QFile json_file(QDir(out).filePath(QStringLiteral("summary.json")));
+  ASSERT_TRUE(json_file.open(QIODevice::ReadOnly));
+  const auto summary = nlohmann::json::parse(json_file.readAll().toStdString());
+  ASSERT_EQ(summary["comparisons"].size(), file.comparisons.size());
+  for (std::size_t i = 0; i < file.comparisons.size(); ++i) {
+    const auto& c = file.comparisons[i];
+    EXPECT_EQ(summary["comparisons"][i]["id"], c.id);
+    EXPECT_EQ(summary["comparisons"][i]["tokens_changed"], c.tokens_changed);
+    EXPECT_EQ(summary["comparisons"][i]["first_divergence"].is_null(), !c.first.found());
+  }
+  EXPECT_EQ(summary["selected_comparison"], window_->state()->comparisonId().toStdString());
+  EXPECT_EQ(summary["emulated"], true);
+  QFile md_file(QDir(out).filePath(QStringLiteral("summary.md")));
+  ASSERT_TRUE(md_file.open(QIODevice::ReadOnly));
+  const QString md = QString::fromUtf8(md_file.readAll());
+  EXPECT_TRUE(md.contains(QStringLiteral("EMULATED")));
+  for (const auto& c : file.comparisons) {
+    EXPECT_TRUE(md.contains(QString::fromStdString("`" + c.id + "`"))) << c.id;
+  }
+  EXPECT_TRUE(md.contains(QStringLiteral("![layer_step](layer_step.png)")));
+  // No temporary files are left beside the report.
+  EXPECT_EQ(QDir(out).entryList(QDir::Files).size(), 7);
+}
+
+TEST_F(ExplorerTest, DamagedFileShowsAnErrorAndTheWindowSurvives) {
+  const std::string good = fixtureFile("");
+  open(good);
+  const auto* shown_before = window_->state()->result();
+  // A copy with its second half overwritten, and a text file.
+  const std::string damaged = ::testing::TempDir() + "/bl_ui_damaged.h5";
+  {
+    std::ifstream in(good, std::ios::binary);
+    std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    for (std::size_t i = bytes.size() / 2; i < bytes.size(); ++i) {
+      bytes[i] = static_cast<char>(0x5a);
+    }
+    std::ofstream(damaged, std::ios::binary) << bytes;
+  }
+  const std::string text = ::testing::TempDir() + "/bl_ui_text.h5";
+  std::ofstream(text) << "not an experiment\n";
+  for (const std::string& bad : {damaged, text, std::string("/nonexistent/x.h5")}) {
+    QSignalSpy error(window_.get(), &MainWindow::errorShown);
+    window_->openFile(QString::fromStdString(bad));
+    ASSERT_TRUE(error.wait(kWaitMs)) << bad;
+    EXPECT_FALSE(window_->lastError().isEmpty());
+    auto* box = window_->findChild<QMessageBox*>(QStringLiteral("ErrorDialog"));
+    ASSERT_NE(box, nullptr);
+    EXPECT_TRUE(box->isVisible());
+    box->close();
+    QCoreApplication::sendPostedEvents(nullptr, QEvent::DeferredDelete);
+    // The shown experiment is untouched and the window still works.
+    EXPECT_EQ(window_->state()->result(), shown_before);
+    EXPECT_TRUE(window_->isVisible());
+  }
+  open(good);
+  EXPECT_NE(window_->state()->result(), nullptr);
+}
+
+TEST_F(ExplorerTest, EmbeddedSampleOpensWithGpuProvenance) {
+  QSignalSpy shown(window_.get(), &MainWindow::documentShown);
+  window_->openEmbeddedSample();
+  ASSERT_TRUE(shown.wait(kWaitMs)) << window_->lastError().toStdString();
+  flushViews();
+  const auto* r = window_->state()->result();
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->spec.model.preset, "mid");
+  EXPECT_FALSE(r->provenance.emulated);
+  EXPECT_EQ(r->provenance.device.rfind("cuda", 0), 0U) << r->provenance.device;
+  const QString details = window_->overview()->detailsHtml();
+  EXPECT_TRUE(details.contains(QString::fromStdString(r->provenance.device_name)));
+  EXPECT_TRUE(details.contains(QStringLiteral("Recorded on a GPU")));
+  EXPECT_TRUE(window_->windowTitle().contains(QStringLiteral("embedded sample")));
+}
+
+TEST_F(ExplorerTest, RunPanelBuildsTheSpecAndRefusesBadInput) {
+  RunPanel* panel = window_->runPanel();
+  auto spec = panel->spec();
+  ASSERT_TRUE(spec.ok()) << spec.error().message;
+  // One click from the demo preset on this machine, with the emulation labelled as policy.
+  EXPECT_EQ(spec.value().model.preset, "demo");
+  EXPECT_EQ(spec.value().load.device, "cpu");
+  EXPECT_EQ(spec.value().policy, "emulated_split_k");
+  EXPECT_TRUE(spec.value().workaround.empty());
+  panel->setWorkaroundEnabled(true);
+  EXPECT_EQ(panel->spec().value().workaround, "issue_workaround");
+  panel->findChild<QLineEdit*>(QStringLiteral("BatchSizesEdit"))->setText(QStringLiteral("2,x"));
+  auto bad = panel->spec();
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("'x'"), std::string::npos);
+  // Run with a bad spec: a message, no run.
+  panel->runButton()->click();
+  EXPECT_FALSE(window_->runController()->isRunning());
+  EXPECT_TRUE(panel->findChild<QLabel*>(QStringLiteral("RunStatus"))
+                  ->text()
+                  .contains(QStringLiteral("Cannot run")));
+}
+
+TEST_F(ExplorerTest, SettingsPersistAcrossWindows) {
+  RunPanel* panel = window_->runPanel();
+  panel->findChild<QLineEdit*>(QStringLiteral("BatchSizesEdit"))->setText(QStringLiteral("3,5"));
+  panel->findChild<QSpinBox*>(QStringLiteral("StepsSpin"))->setValue(17);
+  window_->close();
+  window_ = std::make_unique<MainWindow>(cpuMachine());
+  auto spec = window_->runPanel()->spec();
+  ASSERT_TRUE(spec.ok()) << spec.error().message;
+  EXPECT_EQ(spec.value().batch_sizes, (std::vector<std::int64_t>{3, 5}));
+  EXPECT_EQ(spec.value().overrides.max_denoising_steps, 17);
+}
+
+TEST(FormatDuration, MinutesAndHours) {
+  EXPECT_EQ(formatDuration(65).toStdString(), "1:05");
+  EXPECT_EQ(formatDuration(7380).toStdString(), "2:03:00");
+  EXPECT_EQ(formatDuration(-1).toStdString(), "?");
+}
+
+TEST(ExplorerState, CounterpartIds) {
+  EXPECT_EQ(ExplorerState::counterpartId(QStringLiteral("ref__b2")).toStdString(), "wa.ref__wa.b2");
+  EXPECT_TRUE(ExplorerState::counterpartId(QStringLiteral("wa.ref__wa.b2")).isEmpty());
+  EXPECT_TRUE(ExplorerState::counterpartId(QStringLiteral("b4.rows")).isEmpty());
+}
+
+}  // namespace
+}  // namespace batchlens::ui

@@ -1,0 +1,274 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "ui/controllers.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include <QCoreApplication>
+#include <QDateTime>
+#include <QDir>
+#include <QFile>
+#include <QFileInfo>
+#include <QStandardPaths>
+#include <QThread>
+
+#include "core/io/experiment_file.h"
+#include "core/text/model_text.h"
+
+// Q_INIT_RESOURCE must be called at global scope: the sample lives in batchlens_ui, a static
+// library, whose resources are registered only when something references them.
+static void initSampleResource() {
+  Q_INIT_RESOURCE(samples);
+}
+
+namespace batchlens::ui {
+
+namespace {
+
+QString q(const std::string& s) {
+  return QString::fromStdString(s);
+}
+
+// Runs `work` on a new thread of `threads`; `done(value)` then runs on `context`'s thread,
+// unless `context` is gone by then. `value` travels in a shared_ptr so it is never copied.
+template <class Work, class Done>
+void runInBackground(ThreadSet& threads, QObject* context, Work work, Done done) {
+  QThread* thread = QThread::create([context, work = std::move(work), done = std::move(done)] {
+    auto value = std::make_shared<decltype(work())>(work());
+    QMetaObject::invokeMethod(
+        context, [done, value] { done(std::move(*value)); }, Qt::QueuedConnection);
+  });
+  threads.start(thread);
+}
+
+ExperimentDocument makeDocument(experiment::ExperimentResult result, QString path, QString origin) {
+  ExperimentDocument doc;
+  doc.tokenizer = tokenizerFor(result.spec);
+  doc.result = std::make_shared<const experiment::ExperimentResult>(std::move(result));
+  doc.path = std::move(path);
+  doc.origin = std::move(origin);
+  return doc;
+}
+
+}  // namespace
+
+std::shared_ptr<const text::Tokenizer> tokenizerFor(const experiment::ExperimentSpec& spec) {
+  auto tokenizer = text::tokenizer_for(spec.model);
+  if (!tokenizer.ok()) {
+    return nullptr;
+  }
+  return std::make_shared<const text::Tokenizer>(std::move(tokenizer).value());
+}
+
+ThreadSet::~ThreadSet() {
+  joinAll();
+}
+
+void ThreadSet::start(QThread* thread) {
+  // Drop the threads that have finished and been deleted.
+  threads_.erase(std::remove_if(threads_.begin(), threads_.end(),
+                                [](const QPointer<QThread>& t) { return t.isNull(); }),
+                 threads_.end());
+  QObject::connect(thread, &QThread::finished, thread, &QObject::deleteLater);
+  threads_.emplace_back(thread);
+  thread->start();
+}
+
+void ThreadSet::joinAll() {
+  for (auto& t : threads_) {
+    if (!t.isNull()) {
+      t->wait();
+      delete t.data();
+    }
+  }
+  threads_.clear();
+}
+
+RunController::RunController(QObject* parent) : QObject(parent) {}
+
+RunController::~RunController() {
+  cancel();
+  threads_.joinAll();
+}
+
+bool RunController::start(const experiment::ExperimentSpec& spec) {
+  if (running_) {
+    return false;
+  }
+  spec_ = spec;
+  if (auto valid = experiment::validate(spec_); !valid.ok()) {
+    Q_EMIT failed(q(valid.error().message));
+    return true;
+  }
+  cancel_ = std::make_shared<base::CancelToken>();
+  running_ = true;
+  Q_EMIT started();
+
+  auto token = cancel_;
+  // The worker never outlives `this`: the destructor cancels and joins it first.
+  RunController* self = this;
+  runInBackground(
+      threads_, this,
+      [spec = spec_, token, self] {
+        using Clock = std::chrono::steady_clock;
+        auto last = Clock::now() - std::chrono::seconds(1);
+        experiment::RunControl control;
+        control.cancel = token.get();
+        // Coalesce to <= 20 Hz; the last report of a run always gets through below.
+        control.progress = [&last, self](const base::Progress& p) {
+          const auto now = Clock::now();
+          if (now - last < std::chrono::milliseconds(50) && p.done < p.total) {
+            return;
+          }
+          last = now;
+          QMetaObject::invokeMethod(
+              self, [self, p] { Q_EMIT self->progressChanged(p); }, Qt::QueuedConnection);
+        };
+        control.load_progress = [&last, self](const base::Progress& p) {
+          auto loading = p;
+          loading.stage = "loading weights: " + p.stage;
+          loading.done = 0;
+          loading.total = 0;
+          const auto now = Clock::now();
+          if (now - last < std::chrono::milliseconds(50)) {
+            return;
+          }
+          last = now;
+          QMetaObject::invokeMethod(
+              self, [self, loading] { Q_EMIT self->progressChanged(loading); },
+              Qt::QueuedConnection);
+        };
+        auto result = experiment::run_experiment(spec, control);
+        std::shared_ptr<const text::Tokenizer> tokenizer;
+        if (result.ok()) {
+          tokenizer = tokenizerFor(spec);
+        }
+        return std::make_pair(std::move(result), std::move(tokenizer));
+      },
+      [this](auto outcome) {
+        running_ = false;
+        auto& [result, tokenizer] = outcome;
+        if (!result.ok()) {
+          if (result.error().code == base::ErrorCode::Cancelled) {
+            Q_EMIT cancelled();
+          } else {
+            Q_EMIT failed(QStringLiteral("%1: %2").arg(
+                QString::fromLatin1(base::to_string(result.error().code)),
+                q(result.error().message)));
+          }
+          return;
+        }
+        ExperimentDocument doc;
+        doc.result =
+            std::make_shared<const experiment::ExperimentResult>(std::move(result).value());
+        doc.tokenizer = std::move(tokenizer);
+        doc.origin =
+            tr("run at %1")
+                .arg(QDateTime::currentDateTime().toString(QStringLiteral("yyyy-MM-dd HH:mm:ss")));
+        doc.modified = true;
+        Q_EMIT finished(doc);
+      });
+  return true;
+}
+
+void RunController::cancel() {
+  if (cancel_) {
+    cancel_->cancel();
+  }
+}
+
+FileController::FileController(QObject* parent) : QObject(parent) {
+  initSampleResource();
+}
+
+FileController::~FileController() {
+  threads_.joinAll();
+}
+
+QString FileController::embeddedSamplePath() {
+  return QStringLiteral(":/samples/mid-h200-free.h5");
+}
+
+void FileController::open(const QString& path, const QString& origin) {
+  ++busy_;
+  const QString label = origin.isEmpty() ? QFileInfo(path).fileName() : origin;
+  runInBackground(
+      threads_, this,
+      [path, label]() -> base::Result<ExperimentDocument> {
+        auto result = io::read_experiment(path.toStdString());
+        if (!result.ok()) {
+          return result.error();
+        }
+        return makeDocument(std::move(result).value(), QFileInfo(path).absoluteFilePath(), label);
+      },
+      [this, path](const base::Result<ExperimentDocument>& outcome) {
+        --busy_;
+        if (outcome.ok()) {
+          Q_EMIT opened(outcome.value());
+        } else {
+          Q_EMIT openFailed(path, q(outcome.error().message));
+        }
+      });
+}
+
+void FileController::openEmbeddedSample() {
+  ++busy_;
+  runInBackground(
+      threads_, this,
+      []() -> base::Result<ExperimentDocument> {
+        // HDF5 reads files, not memory: copy the resource to a private temporary file.
+        QFile resource(embeddedSamplePath());
+        if (!resource.open(QIODevice::ReadOnly)) {
+          return base::Error{base::ErrorCode::FileNotFound,
+                             "the embedded sample is missing from this build"};
+        }
+        const QString temp = QDir(QStandardPaths::writableLocation(QStandardPaths::TempLocation))
+                                 .filePath(QStringLiteral("batchlens-sample-%1.h5")
+                                               .arg(QCoreApplication::applicationPid()));
+        {
+          QFile out(temp);
+          if (!out.open(QIODevice::WriteOnly | QIODevice::Truncate) ||
+              out.write(resource.readAll()) != resource.size()) {
+            QFile::remove(temp);
+            return base::Error{base::ErrorCode::IoFailed,
+                               "could not copy the embedded sample to " + temp.toStdString()};
+          }
+        }
+        auto result = io::read_experiment(temp.toStdString());
+        QFile::remove(temp);
+        if (!result.ok()) {
+          return result.error();
+        }
+        return makeDocument(
+            std::move(result).value(), QString(),
+            QObject::tr("embedded sample (%1)").arg(QFileInfo(embeddedSamplePath()).fileName()));
+      },
+      [this](const base::Result<ExperimentDocument>& outcome) {
+        --busy_;
+        if (outcome.ok()) {
+          Q_EMIT opened(outcome.value());
+        } else {
+          Q_EMIT openFailed(embeddedSamplePath(), q(outcome.error().message));
+        }
+      });
+}
+
+void FileController::save(const QString& path,
+                          std::shared_ptr<const experiment::ExperimentResult> result) {
+  ++busy_;
+  runInBackground(
+      threads_, this,
+      [path, result = std::move(result)] {
+        return io::write_experiment(path.toStdString(), *result);
+      },
+      [this, path](const base::Result<void>& outcome) {
+        --busy_;
+        if (outcome.ok()) {
+          Q_EMIT saved(path);
+        } else {
+          Q_EMIT saveFailed(path, q(outcome.error().message));
+        }
+      });
+}
+
+}  // namespace batchlens::ui

@@ -1,0 +1,112 @@
+// SPDX-License-Identifier: Apache-2.0
+// Long work off the GUI thread: RunController runs experiments, FileController reads and writes
+// experiment files. Both live on the GUI thread; each job runs on its own QThread and reports
+// back through queued calls, so the window never freezes and no widget is touched elsewhere.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include <QObject>
+#include <QPointer>
+#include <QString>
+
+#include "core/base/cancel.h"
+#include "core/base/progress.h"
+#include "core/experiment/experiment.h"
+#include "ui/explorer_state.h"
+
+class QThread;
+
+namespace batchlens::ui {
+
+/// The tokenizer that decodes an experiment's ids, or null when there is none here (a
+/// checkpoint directory that is not on this machine). Blocking: call off the GUI thread.
+std::shared_ptr<const text::Tokenizer> tokenizerFor(const experiment::ExperimentSpec& spec);
+
+/// Owns the background threads of one controller: starts them and, on destruction, cancels
+/// and joins the ones still running.
+class ThreadSet {
+ public:
+  ThreadSet() = default;
+  ThreadSet(const ThreadSet&) = delete;
+  ThreadSet& operator=(const ThreadSet&) = delete;
+  ThreadSet(ThreadSet&&) = delete;
+  ThreadSet& operator=(ThreadSet&&) = delete;
+  ~ThreadSet();
+  /// Starts `thread` and forgets it once it has finished.
+  void start(QThread* thread);
+  /// Waits for every thread still running.
+  void joinAll();
+
+ private:
+  std::vector<QPointer<QThread>> threads_;
+};
+
+/// Runs one experiment at a time. GUI thread only; the experiment runs on a worker thread.
+class RunController : public QObject {
+  Q_OBJECT
+  Q_DISABLE_COPY_MOVE(RunController)
+
+ public:
+  explicit RunController(QObject* parent = nullptr);
+  ~RunController() override;
+
+  bool isRunning() const { return running_; }
+  /// Starts `spec` unless a run is in progress (then returns false and does nothing). The
+  /// spec is validated first; an invalid one fails at once through `failed`.
+  bool start(const experiment::ExperimentSpec& spec);
+  /// Asks the running experiment to stop at its next step; `cancelled` follows. No-op when idle.
+  void cancel();
+  /// The spec of the current or last run.
+  const experiment::ExperimentSpec& lastSpec() const { return spec_; }
+
+ Q_SIGNALS:
+  void started();
+  /// At most about 20 times a second.
+  void progressChanged(const batchlens::base::Progress& progress);
+  void finished(const batchlens::ui::ExperimentDocument& document);
+  void failed(const QString& message);
+  void cancelled();
+
+ private:
+  experiment::ExperimentSpec spec_;
+  std::shared_ptr<base::CancelToken> cancel_;
+  bool running_ = false;
+  ThreadSet threads_;
+};
+
+/// Opens and saves experiment files on worker threads. GUI thread only.
+class FileController : public QObject {
+  Q_OBJECT
+  Q_DISABLE_COPY_MOVE(FileController)
+
+ public:
+  explicit FileController(QObject* parent = nullptr);
+  ~FileController() override;
+
+  /// Reads `path` (and the experiment's tokenizer) in the background; `opened` or
+  /// `openFailed` follows. `origin` labels the document (default: the file name).
+  void open(const QString& path, const QString& origin = {});
+  /// Reads the sample bundled in the binary (":/samples/..."), copied to a temporary file first.
+  void openEmbeddedSample();
+  /// Writes `document` to `path` in the background (temporary file + rename); `saved` or
+  /// `saveFailed` follows.
+  void save(const QString& path, std::shared_ptr<const experiment::ExperimentResult> result);
+  /// Jobs still running.
+  int busy() const { return busy_; }
+  /// The resource path of the embedded sample.
+  static QString embeddedSamplePath();
+
+ Q_SIGNALS:
+  void opened(const batchlens::ui::ExperimentDocument& document);
+  void openFailed(const QString& path, const QString& message);
+  void saved(const QString& path);
+  void saveFailed(const QString& path, const QString& message);
+
+ private:
+  int busy_ = 0;
+  ThreadSet threads_;
+};
+
+}  // namespace batchlens::ui

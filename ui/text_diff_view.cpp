@@ -1,0 +1,218 @@
+// SPDX-License-Identifier: Apache-2.0
+// Text diff: the generated text of row 0, reference vs run, and a replay of both canvases at
+// each denoising step.
+#include <QHBoxLayout>
+#include <QLabel>
+#include <QScrollBar>
+#include <QSlider>
+#include <QSplitter>
+#include <QTextBrowser>
+#include <QVBoxLayout>
+
+#include "ui/report_render.h"
+#include "ui/views.h"
+
+namespace batchlens::ui {
+
+namespace {
+
+constexpr const char* kChanged = "background-color:#fcd5ce;";
+constexpr const char* kDeleted = "background-color:#fcd5ce; text-decoration:line-through;";
+constexpr const char* kInserted = "background-color:#c7e9c0;";
+constexpr const char* kStop = "background-color:#3a3a3a; color:white; font-weight:bold;";
+
+QString span(const QString& text, const char* style, const QString& title = {}) {
+  QString body = text.toHtmlEscaped().replace(QLatin1Char(' '), QStringLiteral("&nbsp;"));
+  if (style == nullptr || *style == 0) {
+    return body;
+  }
+  return QStringLiteral("<span style=\"%1\" title=\"%2\">%3</span>")
+      .arg(QString::fromLatin1(style), title.toHtmlEscaped(), body);
+}
+
+QString stopMark(const QString& who) {
+  return span(QStringLiteral(" ⏹ %1 stop ").arg(who), kStop);
+}
+
+// The final text as one inline diff: equal tokens plain, replaced ones as ref→run, deletions
+// struck through, insertions green; the stop positions of both runs marked.
+QString finalDiffHtml(const experiment::RunResult& ref, const experiment::RunResult& run,
+                      const experiment::ComparisonResult& c, const text::Tokenizer* tok) {
+  QString html;
+  const auto token = [tok](const std::vector<std::int64_t>& tokens, std::int64_t pos) {
+    return pos >= 0 && static_cast<std::size_t>(pos) < tokens.size()
+               ? tokenText(tok, tokens[static_cast<std::size_t>(pos)])
+               : QString();
+  };
+  for (const auto& e : c.token_diff) {
+    switch (e.op) {
+      case text::TokenEdit::Op::Equal:
+        html += span(token(run.tokens, e.run_pos), nullptr);
+        break;
+      case text::TokenEdit::Op::Replace:
+        html += span(token(ref.tokens, e.ref_pos), kDeleted,
+                     QObject::tr("reference position %1").arg(e.ref_pos));
+        html += span(token(run.tokens, e.run_pos), kInserted,
+                     QObject::tr("run position %1").arg(e.run_pos));
+        break;
+      case text::TokenEdit::Op::Delete:
+        html += span(token(ref.tokens, e.ref_pos), kDeleted,
+                     QObject::tr("only in the reference, position %1").arg(e.ref_pos));
+        break;
+      case text::TokenEdit::Op::Insert:
+        html += span(token(run.tokens, e.run_pos), kInserted,
+                     QObject::tr("only in the run, position %1").arg(e.run_pos));
+        break;
+    }
+    if (e.ref_pos >= 0 && e.ref_pos == ref.stop_position) {
+      html += stopMark(QObject::tr("ref"));
+    }
+    if (e.run_pos >= 0 && e.run_pos == run.stop_position) {
+      html += stopMark(QObject::tr("run"));
+    }
+  }
+  return html;
+}
+
+// One canvas row at a tick; positions that differ from `other` highlighted, accepted bold.
+QString canvasHtml(const experiment::RunResult& run, const experiment::RunResult& other, int tick,
+                   const text::Tokenizer* tok, int selected) {
+  if (run.canvas_in.shape.size() != 2 || tick < 0 || tick >= run.canvas_in.shape[0]) {
+    return {};
+  }
+  if (run.tick_canvas.empty() || run.tick_canvas[static_cast<std::size_t>(tick)] < 0) {
+    return QObject::tr("<i>(no step at this tick)</i>");
+  }
+  QString html;
+  for (std::int64_t p = 0; p < run.canvas_in.shape[1]; ++p) {
+    const std::int64_t id = run.canvas_in.at({tick, p});
+    const bool differs = !other.canvas_in.empty() && other.canvas_in.at({tick, p}) != id;
+    const bool accepted = !run.accepted.empty() && run.accepted.at({tick, p}) != 0;
+    QString style = differs ? QString::fromLatin1(kChanged) : QString();
+    if (accepted) {
+      style += QStringLiteral("font-weight:bold;");
+    }
+    if (p == selected) {
+      style += QStringLiteral("border:1px solid black; text-decoration:underline;");
+    }
+    const QString title = QObject::tr("position %1, id %2%3%4")
+                              .arg(p)
+                              .arg(id)
+                              .arg(accepted ? QObject::tr(", accepted") : QString())
+                              .arg(differs ? QObject::tr(", differs") : QString());
+    const QByteArray style_bytes = style.toLatin1();
+    html += span(tokenText(tok, id), style_bytes.constData(), title);
+  }
+  return html;
+}
+
+}  // namespace
+
+TextDiffView::TextDiffView(ExplorerState* state, QWidget* parent) : CoalescedView(state, parent) {
+  slider_ = new QSlider(Qt::Horizontal, this);
+  slider_->setObjectName(QStringLiteral("StepSlider"));
+  slider_->setToolTip(tr("Replay both canvases as they were at each denoising step"));
+  step_label_ = new QLabel(this);
+  step_label_->setMinimumWidth(220);
+  before_ = new QTextBrowser(this);
+  before_->setObjectName(QStringLiteral("TextDiffBefore"));
+  after_ = new QTextBrowser(this);
+  after_->setObjectName(QStringLiteral("TextDiffAfter"));
+  auto* split = new QSplitter(Qt::Horizontal, this);
+  split->addWidget(before_);
+  split->addWidget(after_);
+  auto* controls = new QHBoxLayout;
+  controls->addWidget(new QLabel(tr("Step:"), this));
+  controls->addWidget(slider_, 1);
+  controls->addWidget(step_label_);
+  auto* layout = new QVBoxLayout(this);
+  layout->addLayout(controls);
+  layout->addWidget(split, 1);
+  connect(slider_, &QSlider::valueChanged, this,
+          [this](int tick) { state_->setCell(tick, state_->layerSlot()); });
+}
+
+QString TextDiffView::html(Side side) const {
+  const auto* r = state_->result();
+  const auto* c = state_->comparison(side);
+  if (r == nullptr || c == nullptr) {
+    return {};
+  }
+  const auto* ref = r->run(c->reference);
+  const auto* run = r->run(c->run);
+  if (ref == nullptr || run == nullptr) {
+    return {};
+  }
+  const text::Tokenizer* tok = state_->document().tokenizer.get();
+  QString html;
+  html += QStringLiteral("<h3>%1</h3>").arg(comparisonLabel(*r, *c).toHtmlEscaped());
+  if (c->kind == "rows") {
+    html += tr("<p>Rows 1.. of %1 against its own row 0 (lockstep): first divergence %2.</p>")
+                .arg(QString::fromStdString(c->run).toHtmlEscaped(),
+                     QString::fromStdString(experiment::describe(c->first)).toHtmlEscaped());
+  } else {
+    html += tr("<p><b>Text %1</b>: %2 tokens changed; stop %3 (ref %4, run %5); steps %6.</p>")
+                .arg(c->tokens_identical ? tr("identical") : tr("DIFFERS"))
+                .arg(c->tokens_changed)
+                .arg(c->stop_changed ? tr("CHANGED") : tr("unchanged"))
+                .arg(ref->stop_position)
+                .arg(run->stop_position)
+                .arg(c->steps_changed ? tr("CHANGED") : tr("unchanged"));
+    html += QStringLiteral("<p style='font-family:monospace'>%1</p>")
+                .arg(finalDiffHtml(*ref, *run, *c, tok));
+    if (tok == nullptr) {
+      html += tr("<p><i>No tokenizer for this model here: tokens are shown as ids.</i></p>");
+    }
+  }
+  const int tick = state_->tick();
+  html += QStringLiteral("<h4>%1</h4>")
+              .arg(tr("Canvas in at %1 (tick %2)")
+                       .arg(state_->tickLabel(tick))
+                       .arg(tick)
+                       .toHtmlEscaped());
+  html +=
+      tr("<p>Red: the token differs from the other run's canvas; bold: accepted at this "
+         "step.</p>");
+  html += QStringLiteral("<p><b>%1</b><br><span style='font-family:monospace'>%2</span></p>")
+              .arg(tr("reference (%1)").arg(QString::fromStdString(ref->id)).toHtmlEscaped(),
+                   canvasHtml(*ref, *run, tick, tok, state_->position()));
+  html += QStringLiteral("<p><b>%1</b><br><span style='font-family:monospace'>%2</span></p>")
+              .arg(tr("run (%1)").arg(QString::fromStdString(run->id)).toHtmlEscaped(),
+                   canvasHtml(*run, *ref, tick, tok, state_->position()));
+  return html;
+}
+
+void TextDiffView::refresh() {
+  const int ticks = state_->ticks();
+  {
+    const QSignalBlocker block(slider_);
+    slider_->setRange(0, std::max(ticks - 1, 0));
+    slider_->setValue(state_->tick());
+  }
+  step_label_->setText(tr("%1 (tick %2 of %3)")
+                           .arg(state_->tickLabel(state_->tick()))
+                           .arg(state_->tick())
+                           .arg(ticks));
+  const int before_scroll = before_->verticalScrollBar()->value();
+  before_->setHtml(html(Side::Before));
+  before_->verticalScrollBar()->setValue(before_scroll);
+  after_->setVisible(state_->hasAfter());
+  if (state_->hasAfter()) {
+    const int after_scroll = after_->verticalScrollBar()->value();
+    after_->setHtml(html(Side::After));
+    after_->verticalScrollBar()->setValue(after_scroll);
+  }
+}
+
+QPixmap TextDiffView::renderReport(const QSize& size) {
+  flush();
+  QStringList captions{tr("before (as run)")};
+  QStringList pages{html(Side::Before)};
+  if (state_->hasAfter()) {
+    captions << tr("after (row-wise workaround)");
+    pages << html(Side::After);
+  }
+  return composeDocuments(size, tr("Text diff"), captions, pages);
+}
+
+}  // namespace batchlens::ui

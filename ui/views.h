@@ -1,0 +1,174 @@
+// SPDX-License-Identifier: Apache-2.0
+// The explorer's tabs. Each follows ExplorerState and shows the selected comparison ("before")
+// and, when the workaround ran, its counterpart ("after") side by side.
+#pragma once
+
+#include <QPixmap>
+#include <QWidget>
+
+#include "ui/explorer_state.h"
+
+class QCheckBox;
+class QComboBox;
+class QLabel;
+class QSlider;
+class QTableView;
+class QTextBrowser;
+class QCustomPlot;
+class QCPGraph;
+class QCPBars;
+class QCPItemStraightLine;
+
+namespace batchlens::ui {
+
+class HeatmapPlot;
+class ComparisonTableModel;
+
+/// Redraws a view once per event-loop turn however many state signals arrive.
+class CoalescedView : public QWidget {
+  Q_OBJECT
+
+ public:
+  explicit CoalescedView(ExplorerState* state, QWidget* parent = nullptr);
+  /// Draws now if a redraw is pending (tests and report export call this).
+  void flush();
+  /// The view as a report page of `size` (GUI thread).
+  virtual QPixmap renderReport(const QSize& size) = 0;
+
+ protected:
+  void scheduleRefresh();
+  virtual void refresh() = 0;
+  ExplorerState* state_;
+
+ private:
+  bool pending_ = false;
+};
+
+/// Overview: one row per comparison with its verdict, plus provenance and the runs.
+class OverviewView : public CoalescedView {
+  Q_OBJECT
+
+ public:
+  explicit OverviewView(ExplorerState* state, QWidget* parent = nullptr);
+  QPixmap renderReport(const QSize& size) override;
+  QTableView* table() const { return table_; }
+  /// The provenance / runs panel's HTML.
+  QString detailsHtml() const;
+
+ protected:
+  void refresh() override;
+
+ private:
+  ComparisonTableModel* model_ = nullptr;
+  QTableView* table_ = nullptr;
+  QTextBrowser* details_ = nullptr;
+  QLabel* banner_ = nullptr;
+};
+
+/// Layer × step heatmap of the chosen tap and metric.
+class LayerStepView : public CoalescedView {
+  Q_OBJECT
+
+ public:
+  explicit LayerStepView(ExplorerState* state, QWidget* parent = nullptr);
+  QPixmap renderReport(const QSize& size) override;
+  HeatmapPlot* plot(Side side) const { return side == Side::Before ? before_ : after_; }
+  QComboBox* tapCombo() const { return tap_; }
+  QComboBox* metricCombo() const { return metric_; }
+  QCheckBox* logCheck() const { return log_; }
+
+ protected:
+  void refresh() override;
+
+ private:
+  void fill(HeatmapPlot* plot, const experiment::ComparisonResult* c);
+  QComboBox* tap_ = nullptr;
+  QComboBox* metric_ = nullptr;
+  QCheckBox* log_ = nullptr;
+  QLabel* cell_ = nullptr;
+  HeatmapPlot* before_ = nullptr;
+  HeatmapPlot* after_ = nullptr;
+};
+
+/// Canvas spread: steps × canvas positions for the selected layer and tap, and the first step
+/// at which each position diverged.
+class SpreadView : public CoalescedView {
+  Q_OBJECT
+
+ public:
+  explicit SpreadView(ExplorerState* state, QWidget* parent = nullptr);
+  QPixmap renderReport(const QSize& size) override;
+  HeatmapPlot* plot(Side side) const { return side == Side::Before ? before_ : after_; }
+  /// The first tick at which each position diverged (-1: never), as last drawn.
+  const std::vector<int>& firstDivergedTick(Side side) const {
+    return side == Side::Before ? first_before_ : first_after_;
+  }
+
+ protected:
+  void refresh() override;
+
+ private:
+  void fill(HeatmapPlot* plot, QCustomPlot* first_plot, std::vector<int>* first,
+            const experiment::ComparisonResult* c);
+  QLabel* caption_ = nullptr;
+  HeatmapPlot* before_ = nullptr;
+  HeatmapPlot* after_ = nullptr;
+  QCustomPlot* first_before_plot_ = nullptr;
+  QCustomPlot* first_after_plot_ = nullptr;
+  std::vector<int> first_before_;
+  std::vector<int> first_after_;
+};
+
+/// Text diff: reference vs run token by token, stop positions marked, and a step slider that
+/// replays both canvases as they were at each denoising step.
+class TextDiffView : public CoalescedView {
+  Q_OBJECT
+
+ public:
+  explicit TextDiffView(ExplorerState* state, QWidget* parent = nullptr);
+  QPixmap renderReport(const QSize& size) override;
+  QSlider* stepSlider() const { return slider_; }
+  QTextBrowser* browser(Side side) const { return side == Side::Before ? before_ : after_; }
+  /// The HTML of one side (final diff + canvas replay at the selected step).
+  QString html(Side side) const;
+
+ protected:
+  void refresh() override;
+
+ private:
+  QSlider* slider_ = nullptr;
+  QLabel* step_label_ = nullptr;
+  QTextBrowser* before_ = nullptr;
+  QTextBrowser* after_ = nullptr;
+};
+
+/// Routing: expert-set flips per layer × step, and per position for the selected cell with the
+/// reference's router margin (k-th minus (k+1)-th score), so near-ties are visible.
+class RoutingView : public CoalescedView {
+  Q_OBJECT
+
+ public:
+  explicit RoutingView(ExplorerState* state, QWidget* parent = nullptr);
+  QPixmap renderReport(const QSize& size) override;
+  HeatmapPlot* plot(Side side) const { return side == Side::Before ? before_ : after_; }
+
+ protected:
+  void refresh() override;
+
+ private:
+  void fill(HeatmapPlot* plot, QCustomPlot* detail, const experiment::ComparisonResult* c);
+  QLabel* caption_ = nullptr;
+  HeatmapPlot* before_ = nullptr;
+  HeatmapPlot* after_ = nullptr;
+  QCustomPlot* detail_before_ = nullptr;
+  QCustomPlot* detail_after_ = nullptr;
+};
+
+/// "ref vs B=2", "workaround: ref vs B=4", "B=4 rows vs row 0" for a comparison id.
+QString comparisonLabel(const experiment::ExperimentResult& result,
+                        const experiment::ComparisonResult& comparison);
+
+/// One token as display text ("␣Portugal", "⏎"), or "#id" without a tokenizer.
+QString tokenText(const text::Tokenizer* tokenizer, std::int64_t id);
+
+}  // namespace batchlens::ui

@@ -1,0 +1,75 @@
+// SPDX-License-Identifier: Apache-2.0
+// What the explorer's views share: coalesced redraws, comparison labels, token text.
+#include <QTimer>
+
+#include "ui/views.h"
+
+namespace batchlens::ui {
+
+CoalescedView::CoalescedView(ExplorerState* state, QWidget* parent)
+    : QWidget(parent), state_(state) {
+  connect(state_, &ExplorerState::documentChanged, this, &CoalescedView::scheduleRefresh);
+  connect(state_, &ExplorerState::comparisonChanged, this, &CoalescedView::scheduleRefresh);
+  connect(state_, &ExplorerState::viewChanged, this, &CoalescedView::scheduleRefresh);
+  connect(state_, &ExplorerState::selectionChanged, this, &CoalescedView::scheduleRefresh);
+}
+
+void CoalescedView::scheduleRefresh() {
+  if (pending_) {
+    return;
+  }
+  pending_ = true;
+  QTimer::singleShot(0, this, &CoalescedView::flush);
+}
+
+void CoalescedView::flush() {
+  if (!pending_) {
+    return;
+  }
+  pending_ = false;
+  refresh();
+}
+
+QString comparisonLabel(const experiment::ExperimentResult& result,
+                        const experiment::ComparisonResult& comparison) {
+  const auto describe_run = [&result](const std::string& id) {
+    const auto* run = result.run(id);
+    QString name = QString::fromStdString(id);
+    if (name.startsWith(QStringLiteral("wa."))) {
+      name = name.mid(3);
+    }
+    if (name.startsWith(QStringLiteral("repeat"))) {
+      return QObject::tr("B=1 repeat");
+    }
+    if (name == QStringLiteral("ref")) {
+      return QObject::tr("B=1 ref");
+    }
+    return run != nullptr ? QStringLiteral("B=%1").arg(run->batch_size) : name;
+  };
+  const bool workaround = comparison.run.rfind("wa.", 0) == 0;
+  QString label;
+  if (comparison.kind == "rows") {
+    label = QObject::tr("%1 rows 1.. vs its row 0").arg(describe_run(comparison.run));
+  } else {
+    label = QObject::tr("%1 vs %2 row 0")
+                .arg(describe_run(comparison.reference), describe_run(comparison.run));
+  }
+  return workaround ? QObject::tr("workaround: %1").arg(label) : label;
+}
+
+QString tokenText(const text::Tokenizer* tokenizer, std::int64_t id) {
+  if (tokenizer == nullptr) {
+    return QStringLiteral("#%1").arg(id);
+  }
+  QString s = QString::fromStdString(tokenizer->decode({id}));
+  if (s.isEmpty()) {
+    s = QString::fromStdString(tokenizer->piece(id));
+  }
+  if (s.isEmpty()) {
+    return QStringLiteral("#%1").arg(id);
+  }
+  s.replace(QLatin1Char('\n'), QStringLiteral("⏎"));
+  return s;
+}
+
+}  // namespace batchlens::ui
