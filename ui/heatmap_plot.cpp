@@ -51,7 +51,14 @@ HeatmapPlot::HeatmapPlot(QWidget* parent) : QCustomPlot(parent) {
   map_->setColorScale(scale_);
   map_->setGradient(divergenceGradient());
   map_->setInterpolate(false);
-  map_->setTightBoundary(true);
+  map_->setTightBoundary(false);  // cells centred on integer coordinates
+  // Integer ticks only: cells are layers, steps and positions.
+  for (QCPAxis* axis : {xAxis, yAxis}) {
+    auto ticker = QSharedPointer<QCPAxisTickerFixed>::create();
+    ticker->setTickStep(1.0);
+    ticker->setScaleStrategy(QCPAxisTickerFixed::ssMultiples);
+    axis->setTicker(ticker);
+  }
 
   auto* group = new QCPMarginGroup(this);
   axisRect()->setMarginGroup(QCP::msBottom | QCP::msTop, group);
@@ -111,6 +118,21 @@ void HeatmapPlot::setGrid(int columns, int rows, std::vector<double> values, boo
   xAxis->setRange(-0.5, std::max(columns_, 1) - 0.5);
   yAxis->setRange(-0.5, std::max(rows_, 1) - 0.5);
   replot(QCustomPlot::rpQueuedReplot);
+}
+
+void HeatmapPlot::setRowLabels(const QStringList& labels) {
+  if (labels.isEmpty()) {
+    auto ticker = QSharedPointer<QCPAxisTickerFixed>::create();
+    ticker->setTickStep(1.0);
+    ticker->setScaleStrategy(QCPAxisTickerFixed::ssMultiples);
+    yAxis->setTicker(ticker);
+    return;
+  }
+  auto ticker = QSharedPointer<QCPAxisTickerText>::create();
+  for (int i = 0; i < labels.size(); ++i) {
+    ticker->addTick(i, labels[i]);
+  }
+  yAxis->setTicker(ticker);
 }
 
 void HeatmapPlot::setTitle(const QString& title) {

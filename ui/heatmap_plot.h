@@ -21,6 +21,8 @@ class HeatmapPlot : public QCustomPlot {
   /// drawn in the lowest colour and the scale spans the positive values.
   void setGrid(int columns, int rows, std::vector<double> values, bool log_scale);
   void setTitle(const QString& title);
+  /// Text labels of the rows (e.g. "per step"); empty = integer row numbers.
+  void setRowLabels(const QStringList& labels);
   void setAxisLabels(const QString& x, const QString& y, const QString& scale);
   /// Marks one cell with a frame; (-1, -1) removes the mark.
   void setSelectedCell(int column, int row);

@@ -124,13 +124,12 @@ void LayerStepView::fill(HeatmapPlot* plot, const experiment::ComparisonResult* 
     }
   }
   plot->setGrid(ticks, rows, std::move(values), state_->logScale());
-  plot->setAxisLabels(tr("denoising step (tick)"), per_layer ? tr("layer") : tr("per step"),
+  plot->setAxisLabels(tr("denoising step (tick)"), per_layer ? tr("layer") : QString(),
                       metricLabel(state_->metric()));
+  plot->setRowLabels(per_layer ? QStringList() : QStringList{tr("per step")});
   const auto* r = state_->result();
-  plot->setTitle(QStringLiteral("%1%2 — %3")
-                     .arg(comparisonLabel(*r, *c),
-                          c->first.found() ? QString() : tr(" (bitwise identical)"),
-                          state_->tapNames().value(state_->tap())));
+  plot->setTitle(comparisonLabel(*r, *c) +
+                 (c->first.found() ? QString() : tr(" (bitwise identical)")));
   const int selected_row = per_layer ? state_->layerSlot() : 0;
   plot->setSelectedCell(state_->tick(),
                         per_layer && state_->layerSlot() >= rows ? -1 : selected_row);

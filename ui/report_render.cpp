@@ -28,6 +28,7 @@ QRect startPage(QPainter& painter, const QSize& size, const QString& heading) {
   painter.drawText(QRect(kMargin, 0, size.width() - 2 * kMargin, kHeading),
                    Qt::AlignVCenter | Qt::AlignLeft, heading);
   font.setPointSize(10);
+  font.setBold(false);
   painter.setFont(font);
   return {kMargin, kHeading, size.width() - 2 * kMargin, size.height() - kHeading - kMargin};
 }

@@ -141,7 +141,19 @@ void RoutingView::fill(HeatmapPlot* plot, QCustomPlot* detail,
   plot->setGrid(ticks, layers, std::move(values), state_->logScale());
   plot->setAxisLabels(tr("denoising step (tick)"), tr("layer"), tr("positions flipped"));
   plot->setTitle(comparisonLabel(*state_->result(), *c));
-  const int layer = state_->layerSlot() < layers ? state_->layerSlot() : -1;
+  // A per-step tap is selected: show the layer with the most flips at this step instead.
+  int layer = state_->layerSlot();
+  if (layer >= layers) {
+    double most = -1;
+    for (int l = 0; l < layers; ++l) {
+      const double n = flipCount(*c, state_->tick(), l);
+      if (!std::isnan(n) && n > most) {
+        most = n;
+        layer = l;
+      }
+    }
+    layer = layer >= layers ? -1 : layer;
+  }
   plot->setSelectedCell(state_->tick(), layer);
 
   QVector<double> xs;
@@ -165,7 +177,7 @@ void RoutingView::fill(HeatmapPlot* plot, QCustomPlot* detail,
   auto* title = qobject_cast<QCPTextElement*>(detail->plotLayout()->element(0, 0));
   if (title != nullptr) {
     title->setText(
-        layer < 0 ? tr("select a layer cell above")
+        layer < 0 ? tr("no step compared here: select a cell above")
                   : tr("layer %1 at %2: per position").arg(layer).arg(state_->tickLabel(tick)));
   }
   detail->replot(QCustomPlot::rpQueuedReplot);

@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // batchlens: the desktop explorer. Wires the Qt application to the main window.
+#include <cstdio>
+
 #include <QApplication>
 #include <QCommandLineParser>
 #include <QIcon>
@@ -41,8 +43,19 @@ int main(int argc, char** argv) {
       QStringList{QStringLiteral("comparison")},
       QStringLiteral("Show comparison <id> (e.g. ref__b4) instead of the first that diverges."),
       QStringLiteral("id"));
+  const QCommandLineOption tap(QStringList{QStringLiteral("tap")},
+                               QStringLiteral("Show tap <name> (e.g. layer.out) in the heatmaps."),
+                               QStringLiteral("name"));
+  const QCommandLineOption report(
+      QStringList{QStringLiteral("export-report")},
+      QStringLiteral("Once the experiment is shown, write its report (PNGs of every view, "
+                     "summary.md, summary.json) into folder <dir> and exit. Works headless with "
+                     "QT_QPA_PLATFORM=offscreen."),
+      QStringLiteral("dir"));
   parser.addOption(screenshot);
+  parser.addOption(report);
   parser.addOption(tab);
+  parser.addOption(tap);
   parser.addOption(comparison);
   parser.process(app);
 
@@ -62,6 +75,9 @@ int main(int argc, char** argv) {
     if (parser.isSet(comparison)) {
       window.state()->setComparison(parser.value(comparison));
     }
+    if (parser.isSet(tap)) {
+      window.state()->setTap(window.state()->tapNames().indexOf(parser.value(tap)));
+    }
     if (parser.isSet(tab)) {
       window.tabs()->setCurrentIndex(parser.value(tab).toInt());
     }
@@ -77,6 +93,27 @@ int main(int argc, char** argv) {
                      [&window, shoot] { QTimer::singleShot(800, &window, shoot); });
     QObject::connect(&window, &ui::MainWindow::errorShown, &window,
                      [&window, shoot] { QTimer::singleShot(300, &window, shoot); });
+  }
+  if (parser.isSet(report)) {
+    const QString dir = parser.value(report);
+    QObject::connect(&window, &ui::MainWindow::documentShown, &window, [&window, dir] {
+      QTimer::singleShot(0, &window, [&window, dir] {
+        auto written = window.exportReportTo(dir);
+        if (!written.ok()) {
+          std::fprintf(stderr, "batchlens: %s\n", written.error().message.c_str());
+          QApplication::exit(1);
+          return;
+        }
+        for (const QString& path : written.value()) {
+          std::printf("%s\n", qPrintable(path));
+        }
+        QApplication::exit(0);
+      });
+    });
+    QObject::connect(&window, &ui::MainWindow::errorShown, &window, [](const QString& message) {
+      std::fprintf(stderr, "batchlens: %s\n", qPrintable(message));
+      QApplication::exit(1);
+    });
   }
   const QStringList files = parser.positionalArguments();
   if (files.isEmpty()) {

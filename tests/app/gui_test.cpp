@@ -37,6 +37,31 @@ TEST(Gui, StartsAndRendersItsMainWindow) {
   std::filesystem::remove(png);
 }
 
+TEST(Gui, OpensTheFileGivenOnTheCommandLine) {
+  const auto png = std::filesystem::temp_directory_path() / "batchlens_gui_file.png";
+  std::filesystem::remove(png);
+  const std::string sample = std::string(BL_SOURCE_DIR) + "/resources/samples/mid-h200-free.h5";
+  const auto r =
+      testing::run_process({BL_GUI_PATH, "--tab", "1", "--tap", "layer.out", "--comparison",
+                            "ref__b4", "--screenshot", png.string(), sample});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_GE(png_size(png).first, 800);
+  std::filesystem::remove(png);
+}
+
+TEST(Gui, ADamagedFileGivesAnErrorNotACrash) {
+  const auto png = std::filesystem::temp_directory_path() / "batchlens_gui_damaged.png";
+  const auto bad = std::filesystem::temp_directory_path() / "batchlens_gui_damaged.h5";
+  std::ofstream(bad) << "this is not an experiment file\n";
+  std::filesystem::remove(png);
+  // --screenshot also fires after an error dialog: the process must get there and exit 0.
+  const auto r = testing::run_process({BL_GUI_PATH, "--screenshot", png.string(), bad.string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_GE(png_size(png).first, 800);
+  std::filesystem::remove(png);
+  std::filesystem::remove(bad);
+}
+
 TEST(Gui, HelpNamesTheProgram) {
   const auto r = testing::run_process({BL_GUI_PATH, "--help"});
   ASSERT_EQ(r.exit_code, 0) << r.err;

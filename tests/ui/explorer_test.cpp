@@ -11,6 +11,8 @@
 #include <QComboBox>
 #include <QCoreApplication>
 #include <QDir>
+#include <QDragEnterEvent>
+#include <QDropEvent>
 #include <QFile>
 #include <QImage>
 #include <QJsonDocument>
@@ -18,6 +20,7 @@
 #include <QLabel>
 #include <QLineEdit>
 #include <QMessageBox>
+#include <QMimeData>
 #include <QPushButton>
 #include <QSettings>
 #include <QSignalSpy>
@@ -29,6 +32,7 @@
 #include <QTemporaryDir>
 #include <QTest>
 #include <QTextBrowser>
+#include <QUrl>
 #include <gtest/gtest.h>
 
 #include "core/io/experiment_file.h"
@@ -422,6 +426,42 @@ TEST_F(ExplorerTest, DamagedFileShowsAnErrorAndTheWindowSurvives) {
   }
   open(good);
   EXPECT_NE(window_->state()->result(), nullptr);
+}
+
+TEST_F(ExplorerTest, DroppingAFileOpensIt) {
+  const QString path = QString::fromStdString(fixtureFile(""));
+  QMimeData mime;
+  mime.setUrls({QUrl::fromLocalFile(path)});
+  QDragEnterEvent enter(QPoint(10, 10), Qt::CopyAction, &mime, Qt::LeftButton, Qt::NoModifier);
+  QCoreApplication::sendEvent(window_.get(), &enter);
+  EXPECT_TRUE(enter.isAccepted());
+  QSignalSpy shown(window_.get(), &MainWindow::documentShown);
+  QDropEvent drop(QPointF(10, 10), Qt::CopyAction, &mime, Qt::LeftButton, Qt::NoModifier);
+  QCoreApplication::sendEvent(window_.get(), &drop);
+  ASSERT_TRUE(shown.wait(kWaitMs));
+  EXPECT_EQ(window_->state()->document().path, QFileInfo(path).absoluteFilePath());
+  // Other files are refused at the door.
+  QMimeData text;
+  text.setUrls({QUrl::fromLocalFile(QStringLiteral("/tmp/notes.txt"))});
+  QDragEnterEvent refused(QPoint(10, 10), Qt::CopyAction, &text, Qt::LeftButton, Qt::NoModifier);
+  refused.setAccepted(false);
+  QCoreApplication::sendEvent(window_.get(), &refused);
+  EXPECT_FALSE(refused.isAccepted());
+}
+
+TEST_F(ExplorerTest, ABadCheckpointDirectoryFailsWithADialog) {
+  RunPanel* panel = window_->runPanel();
+  panel->presetCombo()->setCurrentIndex(panel->presetCombo()->count() - 1);
+  panel->findChild<QLineEdit*>(QStringLiteral("CheckpointEdit"))
+      ->setText(QStringLiteral("/nonexistent/checkpoint"));
+  QSignalSpy error(window_.get(), &MainWindow::errorShown);
+  panel->runButton()->click();
+  ASSERT_TRUE(error.wait(kWaitMs));
+  EXPECT_TRUE(window_->lastError().contains(QStringLiteral("/nonexistent/checkpoint")))
+      << window_->lastError().toStdString();
+  EXPECT_FALSE(window_->runController()->isRunning());
+  EXPECT_TRUE(panel->runButton()->isEnabled());
+  EXPECT_NE(window_->findChild<QMessageBox*>(QStringLiteral("ErrorDialog")), nullptr);
 }
 
 TEST_F(ExplorerTest, EmbeddedSampleOpensWithGpuProvenance) {
