@@ -515,6 +515,25 @@ void MainWindow::dropEvent(QDropEvent* event) {
 }
 
 void MainWindow::closeEvent(QCloseEvent* event) {
+  // A run's result exists only in memory until saved: offer to keep it.
+  if (state_->document().modified && state_->result() != nullptr) {
+    const auto answer = QMessageBox::question(
+        this, tr("Unsaved experiment"),
+        tr("The experiment from the %1 is not saved. Save it before closing?")
+            .arg(state_->document().origin),
+        QMessageBox::Save | QMessageBox::Discard | QMessageBox::Cancel, QMessageBox::Save);
+    if (answer == QMessageBox::Cancel) {
+      event->ignore();
+      return;
+    }
+    if (answer == QMessageBox::Save) {
+      chooseSaveAs();
+      if (state_->document().path.isEmpty() && files_->busy() == 0) {
+        event->ignore();  // the save dialog was cancelled
+        return;
+      }
+    }
+  }
   runs_->cancel();
   QSettings settings;
   settings.setValue(QStringLiteral("window/geometry"), saveGeometry());
