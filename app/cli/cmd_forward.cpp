@@ -37,6 +37,9 @@ void register_forward(CLI::App& app, int& exit_code) {
                   "Use row 0 of the inputs repeated to this many identical rows");
   cmd->add_option("--repeat", opts->request.repeat,
                   "Also time this many decoder passes (no taps) and print median and min");
+  cmd->add_flag("--cuda-graph", opts->request.cuda_graph,
+                "With --repeat on CUDA: also time sync-free eager passes and CUDA graph replays "
+                "(checked bitwise against eager)");
   cmd->add_option("--policy", opts->request.policy,
                   "default, issue_workaround, row_wise_all or a policy JSON file")
       ->capture_default_str();
@@ -67,6 +70,15 @@ void register_forward(CLI::App& app, int& exit_code) {
     if (opts->request.repeat > 0) {
       std::cout << ", decode x" << opts->request.repeat << ": median " << s.decode_median_ms
                 << " ms, min " << s.decode_min_ms << " ms";
+    }
+    if (!s.graph_error.empty()) {
+      std::cout << "\n  cuda graph FAILED: " << s.graph_error;
+    } else if (opts->request.repeat > 0 && opts->request.cuda_graph) {
+      std::cout << "\n  no-sync eager x" << opts->request.repeat << ": median "
+                << s.nosync_median_ms << " ms, min " << s.nosync_min_ms << " ms"
+                << "\n  cuda graph x" << opts->request.repeat << ": median " << s.graph_median_ms
+                << " ms, min " << s.graph_min_ms << " ms (capture " << s.graph_capture_ms
+                << " ms), logits " << (s.graph_bitwise ? "bitwise equal" : "DIFFER") << " to eager";
     }
     std::cout << "\n"
               << "  wrote " << s.tensors_written << " tensors to "

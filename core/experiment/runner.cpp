@@ -1,11 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 // The experiment runner: engines of one group stepped together, taps compared on the device.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <ctime>
 #include <limits>
 #include <map>
 #include <memory>
+#include <numeric>
 
 #include <ATen/ATen.h>
 
@@ -91,6 +93,48 @@ at::Tensor row0(const at::Tensor& t) {
   return t.narrow(0, 0, 1).squeeze(0);
 }
 
+// Layers (or kNoLayer for a per-step tap) whose tap is recorded in both sinks, grouped by
+// shape and dtype in layer order: each group is compared with one batch of kernels.
+struct LayerGroup {
+  std::vector<int> layers;
+};
+
+std::vector<LayerGroup> layer_groups(const StepTaps& ref, const StepTaps& run, Tap tap,
+                                     int layers) {
+  std::vector<LayerGroup> groups;
+  std::vector<std::pair<std::vector<std::int64_t>, at::ScalarType>> keys;
+  const bool per_layer = probe::tap_is_per_layer(tap);
+  for (int l = per_layer ? 0 : probe::kNoLayer; l < (per_layer ? layers : 0); ++l) {
+    const at::Tensor x = ref.get(tap, l);
+    const at::Tensor y = run.get(tap, l);
+    if (!x.defined() || !y.defined()) {
+      continue;
+    }
+    std::pair<std::vector<std::int64_t>, at::ScalarType> key{x.sizes().vec(), x.scalar_type()};
+    const auto it = std::find(keys.begin(), keys.end(), key);
+    if (it == keys.end()) {
+      keys.push_back(std::move(key));
+      groups.push_back(LayerGroup{{l}});
+    } else {
+      groups[static_cast<std::size_t>(it - keys.begin())].layers.push_back(l);
+    }
+  }
+  return groups;
+}
+
+// Row 0 of the tap of each layer, stacked along the position axis: [n * C, ...].
+at::Tensor stack_row0(const StepTaps& taps, Tap tap, const std::vector<int>& layers) {
+  if (layers.size() == 1) {
+    return row0(taps.get(tap, layers.front()));
+  }
+  std::vector<at::Tensor> rows;
+  rows.reserve(layers.size());
+  for (const int l : layers) {
+    rows.push_back(row0(taps.get(tap, l)));
+  }
+  return at::cat(rows, 0);
+}
+
 // Appends one tick of row-0 comparison data (or an uncompared tick).
 // Appends one tick of NaN aggregates [L+1, T]; returns where the tick starts.
 std::size_t grow_aggregates(Acc& a, const Layout& lay) {
@@ -118,32 +162,43 @@ void compare_row0(Acc& a, const Layout& lay, bool both) {
   if (!both) {
     return;
   }
-  std::vector<at::Tensor> parts;
-  std::vector<std::pair<std::int64_t, std::int64_t>> where;  // (slot, tap index)
+  std::vector<at::Tensor> parts;                             // [n_i, 3, C] each
+  std::vector<std::pair<std::int64_t, std::int64_t>> where;  // (slot, tap index) per row
   for (std::int64_t t = 0; t < ntap; ++t) {
     const Tap tap = lay.taps[static_cast<std::size_t>(t)];
-    const bool per_layer = probe::tap_is_per_layer(tap);
-    for (int l = per_layer ? 0 : probe::kNoLayer; l < (per_layer ? lay.layers : 0); ++l) {
-      const at::Tensor x = a.ref->taps.get(tap, l);
-      const at::Tensor y = a.run->taps.get(tap, l);
-      if (!x.defined() || !y.defined()) {
-        continue;
+    // One position_diff per group of same-shaped layers (a few kernels per tap, not per layer
+    // and tap): the per-position results are the same elementwise ops and exact reductions.
+    for (const LayerGroup& g : layer_groups(a.ref->taps, a.run->taps, tap, lay.layers)) {
+      const auto n = static_cast<std::int64_t>(g.layers.size());
+      const at::Tensor x = stack_row0(a.ref->taps, tap, g.layers);  // [n * C, ...]
+      const at::Tensor y = stack_row0(a.run->taps, tap, g.layers);
+      parts.push_back(probe::position_diff(x, y).view({3, n, lay.c}).permute({1, 0, 2}));
+      for (const int l : g.layers) {
+        where.emplace_back(l == probe::kNoLayer ? lay.layers : l, t);
       }
-      parts.push_back(probe::position_diff(row0(x), row0(y)));
-      where.emplace_back(per_layer ? l : lay.layers, t);
     }
   }
   const at::Tensor ids_ref = a.ref->taps.get(Tap::RouterTopkIds, 0);
   const bool routing = ids_ref.defined();
-  std::vector<at::Tensor> flips;
-  std::vector<at::Tensor> margins;
-  for (int l = 0; routing && l < lay.layers; ++l) {
-    const at::Tensor ri = a.ref->taps.get(Tap::RouterTopkIds, l);
-    const at::Tensor xi = a.run->taps.get(Tap::RouterTopkIds, l);
-    const at::Tensor rs = a.ref->taps.get(Tap::RouterScores, l);
-    flips.push_back(probe::routing_flips(row0(ri), row0(xi)).to(at::kFloat));
-    margins.push_back(rs.defined() ? probe::router_margin(row0(rs), lay.k)
-                                   : at::full({lay.c}, kNaN, ri.options().dtype(at::kFloat)));
+  std::vector<at::Tensor> flips;    // [L, C] or L x [C]
+  std::vector<at::Tensor> margins;  // likewise
+  if (routing) {
+    std::vector<int> all_layers(static_cast<std::size_t>(lay.layers));
+    std::iota(all_layers.begin(), all_layers.end(), 0);
+    bool scores = true;
+    for (const int l : all_layers) {
+      scores = scores && a.ref->taps.get(Tap::RouterScores, l).defined();
+    }
+    const std::int64_t nl = lay.layers;
+    flips.push_back(
+        probe::routing_flips(
+            stack_row0(a.ref->taps, Tap::RouterTopkIds, all_layers).view({nl, lay.c, -1}),
+            stack_row0(a.run->taps, Tap::RouterTopkIds, all_layers).view({nl, lay.c, -1}))
+            .to(at::kFloat));
+    margins.push_back(
+        scores ? probe::router_margin(stack_row0(a.ref->taps, Tap::RouterScores, all_layers), lay.k)
+                     .view({nl, lay.c})
+               : at::full({nl, lay.c}, kNaN, ids_ref.options().dtype(at::kFloat)));
   }
   // Sampler decisions at each position.
   const sampling::StepTensors& x = a.ref->last;
@@ -158,7 +213,7 @@ void compare_row0(Acc& a, const Layout& lay, bool both) {
   std::copy(bits.data_ptr<std::uint8_t>(), bits.data_ptr<std::uint8_t>() + lay.c,
             a.sampler.begin() + static_cast<std::ptrdiff_t>(sbase));
   if (!parts.empty()) {
-    const at::Tensor all = at::stack(parts).cpu();  // [n, 3, C] one transfer
+    const at::Tensor all = at::cat(parts).cpu();  // [n, 3, C] one transfer
     const auto acc = all.accessor<float, 3>();
     for (std::size_t i = 0; i < where.size(); ++i) {
       const auto [slot, t] = where[i];
@@ -200,37 +255,47 @@ void compare_rows(Acc& a, const Layout& lay, bool stepped) {
   if (!stepped) {
     return;
   }
-  std::vector<at::Tensor> parts;
+  std::vector<at::Tensor> parts;  // [n_i, 3] each
   std::vector<std::pair<std::int64_t, std::int64_t>> where;
   for (std::int64_t t = 0; t < ntap; ++t) {
     const Tap tap = lay.taps[static_cast<std::size_t>(t)];
-    const bool per_layer = probe::tap_is_per_layer(tap);
-    for (int l = per_layer ? 0 : probe::kNoLayer; l < (per_layer ? lay.layers : 0); ++l) {
-      const at::Tensor y = a.run->taps.get(tap, l);
-      if (!y.defined() || y.size(0) < 2) {
+    for (const LayerGroup& g : layer_groups(a.run->taps, a.run->taps, tap, lay.layers)) {
+      const at::Tensor first_layer = a.run->taps.get(tap, g.layers.front());
+      const std::int64_t b = first_layer.size(0);
+      if (b < 2) {
         continue;
       }
-      const std::int64_t b = y.size(0);
-      const at::Tensor others = y.narrow(0, 1, b - 1);
-      const at::Tensor first = y.narrow(0, 0, 1).expand_as(others);
-      // Rows as extra positions: [(B-1)*C, ...].
+      std::vector<at::Tensor> ys;
+      for (const int l : g.layers) {
+        ys.push_back(a.run->taps.get(tap, l));
+      }
+      const auto n = static_cast<std::int64_t>(g.layers.size());
+      const at::Tensor y = at::stack(ys);  // [n, B, C, ...]
+      const at::Tensor others = y.narrow(1, 1, b - 1);
+      const at::Tensor first = y.narrow(1, 0, 1).expand_as(others);
+      // Rows as extra positions: [n * (B-1) * C, ...].
+      const std::int64_t positions = n * (b - 1) * first_layer.size(1);
       const at::Tensor d =
-          probe::position_diff(first.reshape({-1}).view({(b - 1) * y.size(1), -1}),
-                               others.reshape({-1}).view({(b - 1) * y.size(1), -1}));
-      parts.push_back(at::stack({d[0].mean(), d[1].max(), d[2].max()}));
-      where.emplace_back(per_layer ? l : lay.layers, t);
+          probe::position_diff(first.reshape({positions, -1}), others.reshape({positions, -1}))
+              .view({3, n, -1});
+      parts.push_back(at::stack({d[0].mean(1), d[1].amax(1), d[2].amax(1)}, 1));
+      for (const int l : g.layers) {
+        where.emplace_back(l == probe::kNoLayer ? lay.layers : l, t);
+      }
     }
   }
   if (parts.empty()) {
     return;
   }
-  const at::Tensor all = at::stack(parts).cpu().contiguous();  // [n, 3]
+  const at::Tensor all = at::cat(parts).cpu().contiguous();  // [n, 3]
+  const auto acc = all.accessor<float, 2>();
   for (std::size_t i = 0; i < where.size(); ++i) {
     const auto [slot, t] = where[i];
     const std::size_t cell = base + static_cast<std::size_t>(slot * ntap + t);
-    a.frac[cell] = all[static_cast<std::int64_t>(i)][0].item<float>();
-    a.abs[cell] = all[static_cast<std::int64_t>(i)][1].item<float>();
-    a.ulp[cell] = all[static_cast<std::int64_t>(i)][2].item<float>();
+    const auto row = static_cast<std::int64_t>(i);
+    a.frac[cell] = acc[row][0];
+    a.abs[cell] = acc[row][1];
+    a.ulp[cell] = acc[row][2];
   }
 }
 

@@ -364,14 +364,14 @@ class Pass {
   std::int64_t rows_;
 };
 
-void check_ids(const at::Tensor& ids, std::int64_t vocab, const char* what) {
+void check_ids(const at::Tensor& ids, std::int64_t vocab, const char* what, bool range) {
   if (ids.dim() != 2 || ids.scalar_type() != at::kLong) {
     base::raise(base::ErrorCode::InvalidArgument,
                 std::string(what) + ": expected int64 [batch, length], got " +
                     std::string(c10::toString(ids.scalar_type())) + " of rank " +
                     std::to_string(ids.dim()));
   }
-  if (ids.numel() > 0) {
+  if (range && ids.numel() > 0) {
     const auto lo = ids.min().item<std::int64_t>();
     const auto hi = ids.max().item<std::int64_t>();
     if (lo < 0 || hi >= vocab) {
@@ -402,14 +402,16 @@ DiffusionGemma::DiffusionGemma(ModelConfig config, ModelWeights weights, RunSett
   embed_scale_ = at::scalar_tensor(std::sqrt(static_cast<double>(config_.text.hidden_size)),
                                    at::TensorOptions().dtype(at::kFloat))
                      .to(device(), dtype());
-  inv_freq_sliding_ = rope_inv_freq(config_.text.rope_sliding, config_.text.head_dim);
-  inv_freq_full_ = rope_inv_freq(config_.text.rope_full, config_.text.global_head_dim);
+  // Computed on the host (as transformers does at init), kept on the device: rope_tables then
+  // copies nothing from the host in the step loop (and can run inside a CUDA graph).
+  inv_freq_sliding_ = rope_inv_freq(config_.text.rope_sliding, config_.text.head_dim).to(device());
+  inv_freq_full_ = rope_inv_freq(config_.text.rope_full, config_.text.global_head_dim).to(device());
 }
 
 void DiffusionGemma::encode(const at::Tensor& ids, KvCache& cache,
                             const ForwardContext& ctx) const {
   const TextConfig& t = config_.text;
-  check_ids(ids, t.vocab_size, "encoder input ids");
+  check_ids(ids, t.vocab_size, "encoder input ids", ctx.check_id_range);
   const std::int64_t b = ids.size(0);
   const std::int64_t s = ids.size(1);
   if (cache.seq_length > 0 && cache.batch_size() != b) {
@@ -441,7 +443,7 @@ at::Tensor DiffusionGemma::decode(const at::Tensor& canvas, const KvCache& cache
                                   const at::Tensor& self_conditioning_logits,
                                   const ForwardContext& ctx) const {
   const TextConfig& t = config_.text;
-  check_ids(canvas, t.vocab_size, "canvas");
+  check_ids(canvas, t.vocab_size, "canvas", ctx.check_id_range);
   const std::int64_t b = canvas.size(0);
   const std::int64_t c = canvas.size(1);
   if (cache.seq_length <= 0 || cache.batch_size() != b) {

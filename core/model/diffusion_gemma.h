@@ -45,6 +45,11 @@ struct KvCache {
 struct ForwardContext {
   const ops::OpPolicy* policy = nullptr;  ///< null = default (everything batched)
   probe::TapSink* taps = nullptr;         ///< null = no taps
+  /// Range-check token ids against the vocabulary. On a device this reads two values back to
+  /// the host (a synchronisation, and impossible inside a CUDA graph capture); the generation
+  /// engine, whose ids come from its own sampler, turns it off. Rank and dtype are always
+  /// checked.
+  bool check_id_range = true;
 };
 
 /// DiffusionGemma text inference in LibTorch: the encoder (prefill / commit, writes the KV

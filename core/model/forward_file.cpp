@@ -3,10 +3,13 @@
 
 #include <algorithm>
 #include <chrono>
+#include <tuple>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include "core/compat/device_graph.h"
 #include "core/model/diffusion_gemma.h"
 #include "core/model/safetensors.h"
 #include "core/probe/taps.h"
@@ -44,6 +47,55 @@ void sync(const at::Device& device) {
     // A tiny device-to-host copy waits for all queued work on the current stream.
     (void)at::zeros({1}, at::TensorOptions().device(device)).cpu();
   }
+}
+
+using Clock = std::chrono::steady_clock;
+
+std::pair<double, double> median_min(std::vector<double> times) {
+  std::sort(times.begin(), times.end());
+  return {times[times.size() / 2], times.front()};
+}
+
+// Eager decoder passes with the canvas already on the device and no host synchronisation
+// inside the pass, then the same pass captured once as a CUDA graph and replayed.
+void time_graph(const DiffusionGemma& model, const at::Tensor& canvas, const KvCache& cache,
+                const at::Tensor& sc, const ops::OpPolicy& policy, int repeat,
+                ForwardSummary& summary) {
+  const at::Device device = model.device();
+  if (!compat::DeviceGraph::supported(device)) {
+    base::raise(base::ErrorCode::InvalidArgument,
+                "--cuda-graph needs a CUDA device and a LibTorch build with CUDA");
+  }
+  const at::Tensor canvas_dev = canvas.to(device);
+  ForwardContext ctx{&policy, nullptr};
+  ctx.check_id_range = false;
+  const at::Tensor eager = model.decode(canvas_dev, cache, sc, ctx);  // warm-up and reference
+  std::vector<double> times;
+  for (int i = 0; i < repeat; ++i) {
+    const auto a = Clock::now();
+    (void)model.decode(canvas_dev, cache, sc, ctx);
+    sync(device);
+    times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - a).count());
+  }
+  std::tie(summary.nosync_median_ms, summary.nosync_min_ms) = median_min(times);
+
+  compat::DeviceGraph graph;
+  at::Tensor out;
+  const auto c0 = Clock::now();
+  graph.capture(device, [&] { out = model.decode(canvas_dev, cache, sc, ctx); });
+  summary.graph_capture_ms = std::chrono::duration<double, std::milli>(Clock::now() - c0).count();
+  out.fill_(0.0F);  // replays must write every element
+  graph.replay();
+  sync(device);
+  summary.graph_bitwise = at::equal(out.view(at::kInt), eager.view(at::kInt));
+  times.clear();
+  for (int i = 0; i < repeat; ++i) {
+    const auto a = Clock::now();
+    graph.replay();
+    sync(device);
+    times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - a).count());
+  }
+  std::tie(summary.graph_median_ms, summary.graph_min_ms) = median_min(times);
 }
 
 }  // namespace
@@ -100,7 +152,6 @@ base::Result<ForwardSummary> run_forward_file(const DiffusionGemma& model,
     summary.canvas_length = canvas.size(1);
     summary.self_conditioning = sc.defined();
 
-    using Clock = std::chrono::steady_clock;
     KvCache cache;
     auto t0 = Clock::now();
     model.encode(ids_in.clone(), cache, ForwardContext{&policy, nullptr});
@@ -124,6 +175,14 @@ base::Result<ForwardSummary> run_forward_file(const DiffusionGemma& model,
       std::sort(times.begin(), times.end());
       summary.decode_median_ms = times[times.size() / 2];
       summary.decode_min_ms = times.front();
+    }
+    if (request.repeat > 0 && request.cuda_graph) {
+      try {
+        time_graph(model, canvas_in, cache, sc, policy, request.repeat, summary);
+      } catch (const std::exception& e) {
+        // Report, and keep the eager results (and the output file) of this forward.
+        summary.graph_error = e.what();
+      }
     }
 
     std::vector<std::pair<std::string, at::Tensor>> out;

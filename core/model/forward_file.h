@@ -31,6 +31,10 @@ struct ForwardRequest {
       "default";          ///< "default", "issue_workaround", "row_wise_all", or a JSON file
   std::int64_t rows = 0;  ///< > 0: use row 0 of the inputs, repeated to this many rows
   int repeat = 0;         ///< > 0: time this many extra decoder passes (after one warm-up)
+  /// With repeat > 0 on CUDA: also time the decoder pass with the canvas already on the device
+  /// and no host synchronisation, then captured once as a CUDA graph and replayed `repeat`
+  /// times; the replay's logits are checked bitwise against the eager pass's.
+  bool cuda_graph = false;
 };
 
 /// What was computed, for the CLI to print.
@@ -44,6 +48,14 @@ struct ForwardSummary {
   double decode_ms = 0.0;         ///< the first (written) decoder pass
   double decode_median_ms = 0.0;  ///< median of `repeat` timed passes (0 without repeat)
   double decode_min_ms = 0.0;     ///< fastest timed pass
+  // cuda_graph only:
+  double nosync_median_ms = 0.0;  ///< eager, canvas on the device, no id-range sync
+  double nosync_min_ms = 0.0;
+  double graph_median_ms = 0.0;  ///< CUDA graph replays
+  double graph_min_ms = 0.0;
+  double graph_capture_ms = 0.0;
+  bool graph_bitwise = false;  ///< graph logits == eager logits, bit for bit
+  std::string graph_error;     ///< why the graph timing failed ("" when it ran)
 };
 
 /// Runs the request. Errors: FileNotFound / FileCorrupted (inputs), InvalidArgument (missing

@@ -1,6 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/sampling/generate.h"
 
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
 #include <ATen/ATen.h>
 
 #include "core/base/error.h"
@@ -30,7 +34,7 @@ GenerationEngine::GenerationEngine(const DiffusionGemma& model, const at::Tensor
                                    const GenerateOptions& options)
     : model_(model),
       options_(checked(prompt, options)),
-      ctx_{options_.policy, nullptr},
+      ctx_{options_.policy, nullptr, /*check_id_range=*/false},
       streams_(options_.rng, options_.seed, options_.batch_size, model.device()),
       stopping_(options_.config.sampler.stability_threshold,
                 options_.config.sampler.confidence_threshold) {
@@ -52,6 +56,94 @@ GenerationEngine::GenerationEngine(const DiffusionGemma& model, const at::Tensor
   max_length_ = prompt.size(1) + gc.max_new_tokens;
   max_canvases_ = static_cast<int>((gc.max_new_tokens + c - 1) / c);
   finished_sequences_ = at::zeros({b}, at::TensorOptions().dtype(at::kBool).device(device));
+  const char* env = std::getenv("BATCHLENS_CUDA_GRAPHS");  // NOLINT(concurrency-mt-unsafe)
+  use_graph_ = options_.cuda_graph && compat::DeviceGraph::supported(device) &&
+               !(env != nullptr && std::string(env) == "0");
+}
+
+namespace {
+
+// Passes `wants` through to the step's sink and keeps a copy of each recorded tap: inside a
+// capture the copies are graph memory that every replay rewrites.
+class CapturedTaps final : public probe::TapSink {
+ public:
+  CapturedTaps(const probe::TapSink* wanted,
+               std::vector<std::tuple<probe::Tap, int, at::Tensor>>& out)
+      : wanted_(wanted), out_(out) {}
+  bool wants(probe::Tap tap, int layer) const override {
+    return wanted_ != nullptr && wanted_->wants(tap, layer);
+  }
+  void record(probe::Tap tap, int layer, const at::Tensor& value) override {
+    out_.emplace_back(tap, layer, value.detach().clone());
+  }
+
+ private:
+  const probe::TapSink* wanted_;
+  std::vector<std::tuple<probe::Tap, int, at::Tensor>>& out_;
+};
+
+}  // namespace
+
+std::vector<bool> GenerationEngine::tap_signature(const probe::TapSink* taps) const {
+  std::vector<bool> key;
+  if (taps == nullptr) {
+    return key;
+  }
+  const int layers = static_cast<int>(model_.config().text.num_hidden_layers);
+  for (const probe::Tap t : probe::all_taps()) {
+    for (int l = probe::kNoLayer; l < layers; ++l) {
+      key.push_back(taps->wants(t, l));
+    }
+  }
+  return key;
+}
+
+at::Tensor GenerationEngine::graph_decode(const at::Tensor& canvas_in, probe::TapSink* taps) {
+  std::vector<bool> key = tap_signature(taps);
+  if (graph_canvas_ == canvas_ && graph_.captured() && key == graph_taps_key_) {
+    graph_in_.copy_(canvas_in);
+    graph_sc_.copy_(sc_logits_);
+    graph_.replay();
+    for (const auto& [tap, layer, value] : graph_taps_) {
+      taps->record(tap, layer, value);
+    }
+    return graph_out_;
+  }
+  // First step with self-conditioning of this canvas (or new taps): the eager pass is this
+  // step's result and taps (and the warm-up); then the same pass is captured on static copies
+  // of its inputs.
+  const model::ForwardContext eager_ctx{options_.policy, taps, /*check_id_range=*/false};
+  at::Tensor eager = model_.decode(canvas_in, cache_, sc_logits_, eager_ctx);
+  graph_.reset();
+  graph_taps_.clear();
+  graph_canvas_ = canvas_;
+  graph_taps_key_ = std::move(key);
+  graph_in_ = canvas_in.clone();
+  graph_sc_ = sc_logits_.clone();
+  try {
+    CapturedTaps captured(taps, graph_taps_);
+    const model::ForwardContext ctx{options_.policy, taps != nullptr ? &captured : nullptr,
+                                    /*check_id_range=*/false};
+    graph_.capture(model_.device(),
+                   [&] { graph_out_ = model_.decode(graph_in_, cache_, graph_sc_, ctx); });
+    graph_.replay();
+    if (!at::equal(graph_out_.view(at::kInt), eager.view(at::kInt))) {
+      std::fprintf(stderr,
+                   "batchlens: CUDA graph replay differs from the eager decoder pass; "
+                   "graphs off for this engine\n");
+      use_graph_ = false;
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "batchlens: CUDA graph capture failed (%s); graphs off for this engine\n",
+                 e.what());
+    use_graph_ = false;
+  }
+  if (!use_graph_) {
+    graph_.reset();
+    graph_taps_.clear();
+    graph_in_ = graph_sc_ = graph_out_ = at::Tensor();
+  }
+  return eager;
 }
 
 bool GenerationEngine::canvas_done() const {
@@ -93,9 +185,11 @@ const StepTensors& GenerationEngine::step(probe::TapSink* taps) {
     steps_[static_cast<std::size_t>(r)] += active_cpu[r].item<bool>() ? 1 : 0;
   }
   // ref: _denoising_step
-  const model::ForwardContext ctx{options_.policy, taps};
+  const model::ForwardContext ctx{options_.policy, taps, /*check_id_range=*/false};
   const at::Tensor canvas_in = current_;
-  const at::Tensor raw = model_.decode(canvas_in, cache_, sc_logits_, ctx);  // [B, C, V] fp32
+  const at::Tensor raw = use_graph_ && sc_logits_.defined()
+                             ? graph_decode(canvas_in, taps)
+                             : model_.decode(canvas_in, cache_, sc_logits_, ctx);  // [B, C, V]
   const at::Tensor temp = temperature(cur_step_, gc.sampler, device);
   at::Tensor processed = raw / temp;
   const at::Tensor probs = at::softmax(processed, -1, at::kFloat);

@@ -5,11 +5,13 @@
 
 #include <cstdint>
 #include <functional>
+#include <tuple>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 
 #include "core/base/cancel.h"
+#include "core/compat/device_graph.h"
 #include "core/model/diffusion_gemma.h"
 #include "core/ops/policy.h"
 #include "core/probe/taps.h"
@@ -50,6 +52,12 @@ struct GenerateOptions {
   const ops::OpPolicy* policy = nullptr;      ///< null = default
   const base::CancelToken* cancel = nullptr;  ///< checked before every step
   StepObserver on_step;                       ///< optional
+  /// On CUDA, the decoder pass of each step with self-conditioning replays a CUDA graph captured
+  /// once per canvas, tap copies included (the same kernels, so the same bits: the first replay
+  /// of each capture is checked bitwise against the eager pass, and graphs are dropped for good
+  /// if it differs or capture fails).
+  /// The environment variable BATCHLENS_CUDA_GRAPHS=0 turns it off everywhere.
+  bool cuda_graph = true;
 };
 
 /// What one row produced.
@@ -117,6 +125,11 @@ class GenerationEngine {
   GenerationResult result() const;
 
  private:
+  // The decoder pass of a step without taps: a CUDA graph replay when possible, else eager.
+  at::Tensor graph_decode(const at::Tensor& canvas_in, probe::TapSink* taps);
+  // Which (tap, layer) `taps` wants, as a key: a new set means a new capture.
+  std::vector<bool> tap_signature(const probe::TapSink* taps) const;
+
   const model::DiffusionGemma& model_;
   GenerateOptions options_;
   at::Tensor prompt_;  // [1, L]
@@ -141,6 +154,16 @@ class GenerationEngine {
   int step_ = 0;
   int cur_step_ = 0;
   bool done_ = false;
+  // CUDA graph of this canvas's decoder pass (static inputs copied in before each replay).
+  bool use_graph_ = false;
+  int graph_canvas_ = -1;  // canvas the graph was captured for (the cache changes per canvas)
+  compat::DeviceGraph graph_;
+  at::Tensor graph_in_;   // [B, C] int64
+  at::Tensor graph_sc_;   // [B, C, V]
+  at::Tensor graph_out_;  // [B, C, V] fp32, rewritten by every replay
+  std::vector<bool> graph_taps_key_;
+  // Tap copies made inside the graph (rewritten by every replay), handed to the step's sink.
+  std::vector<std::tuple<probe::Tap, int, at::Tensor>> graph_taps_;
 };
 
 /// Generates for `prompt` [1, L] int64 repeated to options.batch_size bitwise-identical rows.

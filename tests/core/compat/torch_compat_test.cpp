@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "core/compat/device_graph.h"
+
 namespace batchlens::compat {
 namespace {
 
@@ -95,6 +97,16 @@ TEST(TorchCompat, CausalSdpaEqualsLowerTriangularMask) {
   EXPECT_TRUE(at::allclose(causal.to(at::kDouble), expected, 1e-5, 1e-5));
   // Position 0 sees only key 0: its output is v[0].
   EXPECT_TRUE(at::allclose(causal[0][0][0], v[0][0][0], 1e-6, 1e-6));
+}
+
+TEST(DeviceGraph, NeverSupportedOnTheCpu) {
+  EXPECT_FALSE(DeviceGraph::supported(at::Device(at::kCPU)));
+  DeviceGraph graph;
+  EXPECT_FALSE(graph.captured());
+  // Capture refuses a CPU device in every build, and nothing is left captured.
+  EXPECT_THROW(graph.capture(at::Device(at::kCPU), [] {}), c10::Error);
+  EXPECT_FALSE(graph.captured());
+  EXPECT_THROW(graph.replay(), c10::Error);
 }
 
 }  // namespace

@@ -1,0 +1,126 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Turns the files bench/gpu_bench.sh leaves in a folder into Markdown tables (docs/benchmarks.md).
+
+Usage: bench/gpu_bench_report.py DIR   (prints Markdown)
+"""
+import json
+import re
+import sys
+from pathlib import Path
+
+NAMES = {"mid": "mid", "26b-a4b": "26B-A4B"}
+
+
+def forward(path: Path) -> dict:
+    """Parses `batchlens-cli forward --repeat N --cuda-graph` output."""
+    if not path.exists():
+        return {}
+    text = path.read_text()
+    got = {}
+    for key, pat in (("eager", r"decode x\d+: median ([\d.]+) ms, min ([\d.]+)"),
+                     ("nosync", r"no-sync eager x\d+: median ([\d.]+) ms, min ([\d.]+)"),
+                     ("graph", r"cuda graph x\d+: median ([\d.]+) ms, min ([\d.]+)")):
+        m = re.search(pat, text)
+        if m:
+            got[key] = (float(m.group(1)), float(m.group(2)))
+    m = re.search(r"logits (bitwise equal|DIFFER) to eager", text)
+    if m:
+        got["graph_bitwise"] = m.group(1) == "bitwise equal"
+    return got
+
+
+def fmt(x, digits=1):
+    return "—" if x is None else f"{x:.{digits}f}"
+
+
+def main() -> int:
+    d = Path(sys.argv[1])
+    presets = [p for p in ("mid", "26b-a4b") if (d / f"reference-timing-{p}.json").exists()
+               or (d / f"forward-{p}-b1.txt").exists()]
+    print("| model | B | transformers 5.17 (ms) | BatchLens eager, straight port (ms) "
+          "| + no host syncs (ms) | + CUDA graph (ms) | graph logits = eager | BatchLens / reference |")
+    print("|---|---|---|---|---|---|---|---|")
+    for p in presets:
+        ref = {}
+        rp = d / f"reference-timing-{p}.json"
+        if rp.exists():
+            ref = json.loads(rp.read_text()).get("batches", {})
+        for b in (1, 4):
+            f = forward(d / f"forward-{p}-b{b}.txt")
+            r = ref.get(str(b), {}).get("decode_sc_ms", {}).get("median")
+            best = (f.get("graph") or f.get("nosync") or f.get("eager") or (None,))[0]
+            ratio = f"{best / r:.2f}" if best and r else "—"
+            print(f"| {NAMES[p]} | {b} | {fmt(r)} | {fmt(f.get('eager', (None,))[0])} "
+                  f"| {fmt(f.get('nosync', (None,))[0])} | {fmt(f.get('graph', (None,))[0])} "
+                  f"| {'yes' if f.get('graph_bitwise') else 'NO' if 'graph_bitwise' in f else '—'} "
+                  f"| {ratio} |")
+    print()
+    print("Parity of the timed build with transformers (decoder forward, B = 1, self-conditioning, "
+          "every tap):")
+    print()
+    for p in presets:
+        pm = d / f"parity-{p}.md"
+        verdict = [ln for ln in pm.read_text().splitlines() if ln.startswith("PARITY")] if pm.exists() else []
+        print(f"- {NAMES[p]}: {verdict[-1] if verdict else 'not run'}")
+    print()
+    print("Row-wise workaround (issue_workaround: router_proj + selfcond_matmul per row), "
+          "decoder forward at B = 4:")
+    print()
+    print("| model | default eager (ms) | issue_workaround eager (ms) | default graph (ms) "
+          "| issue_workaround graph (ms) |")
+    print("|---|---|---|---|---|")
+    for p in presets:
+        a = forward(d / f"forward-{p}-b4.txt")
+        w = forward(d / f"forward-{p}-b4-issue_workaround.txt")
+        print(f"| {NAMES[p]} | {fmt(a.get('eager', (None,))[0])} | {fmt(w.get('eager', (None,))[0])} "
+              f"| {fmt(a.get('graph', (None,))[0])} | {fmt(w.get('graph', (None,))[0])} |")
+    print()
+    print("One full canvas (48 denoising steps requested; steps actually taken in brackets):")
+    print()
+    print("| model | B | transformers generate (s) | BatchLens engine, taps off (s) |")
+    print("|---|---|---|---|")
+    for p in presets:
+        cr = d / f"canvas-reference-{p}.json"
+        ref = json.loads(cr.read_text())["batches"] if cr.exists() else {}
+        ours = d / f"canvas-{p}-taps_none-wa_none.json"
+        runs = {r["id"]: r for r in json.loads(ours.read_text())["runs"]} if ours.exists() else {}
+        for b, rid in ((1, "repeat1"), (4, "b4")):
+            r = ref.get(str(b))
+            o = runs.get(rid)
+            rs = f"{r['median_ms'] / 1000:.2f} ({r['denoising_steps'][0]})" if r else "—"
+            os_ = f"{o['wall_time_s']:.2f} ({sum(o['steps'])})" if o else "—"
+            print(f"| {NAMES[p]} | {b} | {rs} | {os_} |")
+    print()
+    print("Capture overhead: the experiment (B = 1 reference, B = 1 repeat, B = 4; one canvas) "
+          "with every tap compared on every step vs tokens and sampler state only:")
+    print()
+    print("| model | workaround group | engines' wall, taps none (s) | engines' wall, all taps (s) "
+          "| overhead | process wall none / all (s) |")
+    print("|---|---|---|---|---|---|")
+    for p in presets:
+        for wa in ("none",):
+            paths = [d / f"canvas-{p}-taps_{t}-wa_{wa}.json" for t in ("none", "all")]
+            if not all(x.exists() for x in paths):
+                continue
+            js = [json.loads(x.read_text()) for x in paths]
+            # The first run (ref) pays the warm-up; the steady engines are the rest.
+            walls = [sum(r["wall_time_s"] for r in j["runs"] if r["id"] != "ref") for j in js]
+            over = (walls[1] / walls[0] - 1.0) * 100.0 if walls[0] > 0 else 0.0
+            print(f"| {NAMES[p]} | {wa} | {walls[0]:.2f} | {walls[1]:.2f} | {over:+.1f} % "
+                  f"| {js[0].get('process_wall_s', 0):.1f} / {js[1].get('process_wall_s', 0):.1f} |")
+    for p in presets:
+        paths = [d / f"canvas-{p}-taps_none-wa_{w}.json" for w in ("none", "issue_workaround")]
+        if all(x.exists() for x in paths):
+            js = [json.loads(x.read_text()) for x in paths]
+            runs = {r["id"]: r for r in js[1]["runs"]}
+            if "b4" in runs and "wa.b4" in runs:
+                print()
+                print(f"Row-wise workaround in the {NAMES[p]} experiment engine (B = 4 canvas, taps off): "
+                      f"{runs['b4']['wall_time_s']:.2f} s default, {runs['wa.b4']['wall_time_s']:.2f} s "
+                      f"with issue_workaround.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

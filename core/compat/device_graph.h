@@ -1,0 +1,45 @@
+// SPDX-License-Identifier: Apache-2.0
+// CUDA graphs behind a torch-version- and build-neutral interface: LibTorch with CUDA
+// (device_graph_cuda.cpp, at::cuda::CUDAGraph) or without (device_graph_none.cpp, never
+// supported). A captured graph replays the exact kernels that ran during capture, with the
+// same arguments, so its results are bitwise those of the eager calls it recorded; what it
+// removes is the host's per-kernel launch and dispatch cost.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include <ATen/core/Tensor.h>
+
+namespace batchlens::compat {
+
+class DeviceGraph {
+ public:
+  DeviceGraph();
+  ~DeviceGraph();
+  DeviceGraph(const DeviceGraph&) = delete;
+  DeviceGraph& operator=(const DeviceGraph&) = delete;
+  DeviceGraph(DeviceGraph&& other) noexcept;
+  DeviceGraph& operator=(DeviceGraph&& other) noexcept;
+
+  /// True when this build can capture graphs on `device` (a CUDA device with LibTorch CUDA).
+  static bool supported(const at::Device& device);
+
+  /// Records what `work` launches on `device` (on a side stream, in a private memory pool).
+  /// `work` must not synchronise with the host or copy between host and device; run it once
+  /// eagerly first (warm-up: cuBLAS handles, kernel caches). Tensors `work` allocates stay
+  /// valid, and are rewritten by every replay(). Throws c10::Error when capture fails (the
+  /// graph is then empty and the device usable).
+  void capture(const at::Device& device, const std::function<void()>& work);
+  /// Launches the captured work on the current stream of its device.
+  void replay();
+  bool captured() const;
+  /// Frees the graph and its memory pool.
+  void reset();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace batchlens::compat

@@ -1,0 +1,68 @@
+// SPDX-License-Identifier: Apache-2.0
+// Built when LibTorch has CUDA: at::cuda::CUDAGraph.
+#include <optional>
+
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+
+#include "core/compat/device_graph.h"
+
+namespace batchlens::compat {
+
+struct DeviceGraph::Impl {
+  std::optional<at::cuda::CUDAGraph> graph;
+  at::Device device{at::kCPU};
+};
+
+DeviceGraph::DeviceGraph() : impl_(std::make_unique<Impl>()) {}
+DeviceGraph::~DeviceGraph() = default;
+DeviceGraph::DeviceGraph(DeviceGraph&&) noexcept = default;
+DeviceGraph& DeviceGraph::operator=(DeviceGraph&&) noexcept = default;
+
+bool DeviceGraph::supported(const at::Device& device) {
+  return device.is_cuda();
+}
+
+void DeviceGraph::capture(const at::Device& device, const std::function<void()>& work) {
+  TORCH_CHECK(device.is_cuda(), "DeviceGraph::capture: not a CUDA device: ", device.str());
+  reset();
+  const c10::cuda::CUDAGuard guard(device);
+  // Work queued on the current stream must finish before the side stream starts.
+  const c10::cuda::CUDAStream caller = c10::cuda::getCurrentCUDAStream(device.index());
+  const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device.index());
+  side.synchronize();
+  caller.synchronize();
+  impl_->graph.emplace();
+  impl_->device = device;
+  {
+    const c10::cuda::CUDAStreamGuard on_side(side);
+    try {
+      impl_->graph->capture_begin();
+      work();
+      impl_->graph->capture_end();
+    } catch (...) {
+      impl_->graph.reset();
+      throw;
+    }
+  }
+  side.synchronize();
+}
+
+void DeviceGraph::replay() {
+  TORCH_CHECK(impl_->graph.has_value(), "DeviceGraph::replay: nothing captured");
+  const c10::cuda::CUDAGuard guard(impl_->device);
+  impl_->graph->replay();
+}
+
+bool DeviceGraph::captured() const {
+  return impl_ && impl_->graph.has_value();
+}
+
+void DeviceGraph::reset() {
+  if (impl_) {
+    impl_->graph.reset();
+  }
+}
+
+}  // namespace batchlens::compat
