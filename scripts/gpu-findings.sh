@@ -12,7 +12,7 @@
 # Usage: scripts/gpu-findings.sh [PRESET...]        (default: mid 26b-a4b)
 #   STEPS_ONLY="free lockstep search" picks the parts; LADDER_FROM=N starts the ladder at rung N.
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 1
 t0=$(date +%s)
 deadline=${DEADLINE_S:-560}
 out=${OUT:-$PWD/out}
@@ -57,6 +57,7 @@ PY
 }
 
 ladder=(
+  'selfcond_matmul'
   'router_proj,selfcond_matmul'
   'router_proj,selfcond_matmul,lm_head'
   'router_proj,selfcond_matmul,lm_head,expert_gate_up,expert_down'
