@@ -114,29 +114,25 @@ bool RunController::start(const experiment::ExperimentSpec& spec) {
         auto last = Clock::now() - std::chrono::seconds(1);
         experiment::RunControl control;
         control.cancel = token.get();
-        // Coalesce to <= 20 Hz; the last report of a run always gets through below.
-        control.progress = [&last, self](const base::Progress& p) {
+        // Coalesce to <= 20 Hz; the final report of a run always gets through.
+        const auto post = [&last, self](const base::Progress& p, bool final_report) {
           const auto now = Clock::now();
-          if (now - last < std::chrono::milliseconds(50) && p.done < p.total) {
+          if (now - last < std::chrono::milliseconds(50) && !final_report) {
             return;
           }
           last = now;
           QMetaObject::invokeMethod(
               self, [self, p] { Q_EMIT self->progressChanged(p); }, Qt::QueuedConnection);
         };
-        control.load_progress = [&last, self](const base::Progress& p) {
-          auto loading = p;
+        control.progress = [post](const base::Progress& p) {
+          post(p, p.done >= p.total);
+        };
+        // Loading has no step count: total 0 shows a busy bar with the tensor being loaded.
+        control.load_progress = [post](const base::Progress& p) {
+          base::Progress loading;
           loading.stage = "loading weights: " + p.stage;
-          loading.done = 0;
-          loading.total = 0;
-          const auto now = Clock::now();
-          if (now - last < std::chrono::milliseconds(50)) {
-            return;
-          }
-          last = now;
-          QMetaObject::invokeMethod(
-              self, [self, loading] { Q_EMIT self->progressChanged(loading); },
-              Qt::QueuedConnection);
+          loading.elapsed_s = p.elapsed_s;
+          post(loading, false);
         };
         auto result = experiment::run_experiment(spec, control);
         std::shared_ptr<const text::Tokenizer> tokenizer;
