@@ -27,7 +27,23 @@ def forward(path: Path) -> dict:
     m = re.search(r"logits (bitwise equal|DIFFER) to eager", text)
     if m:
         got["graph_bitwise"] = m.group(1) == "bitwise equal"
+    for key, pat in (("fused_nosync", r"fused no-sync eager x\d+: median ([\d.]+) ms"),
+                     ("fused_graph", r"fused cuda graph x\d+: median ([\d.]+) ms")):
+        m = re.search(pat, text)
+        if m:
+            got[key] = (float(m.group(1)),)
+    m = re.search(r"logits (bitwise equal|DIFFER) to unfused eager", text)
+    if m:
+        got["fused_bitwise"] = m.group(1) == "bitwise equal"
     return got
+
+
+def yes_no(f: dict, key: str) -> str:
+    return "yes" if f.get(key) else "NO" if key in f else "—"
+
+
+def first(f: dict, key: str):
+    return f.get(key, (None,))[0]
 
 
 def fmt(x, digits=1):
@@ -39,8 +55,9 @@ def main() -> int:
     presets = [p for p in ("mid", "26b-a4b") if (d / f"reference-timing-{p}.json").exists()
                or (d / f"forward-{p}-b1.txt").exists()]
     print("| model | B | transformers 5.17 (ms) | BatchLens eager, straight port (ms) "
-          "| + no host syncs (ms) | + CUDA graph (ms) | graph logits = eager | BatchLens / reference |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| + no host syncs (ms) | + CUDA graph (ms) | + fused kernels, graph (ms) "
+          "| logits: graph = eager, fused = unfused | BatchLens / reference |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for p in presets:
         ref = {}
         rp = d / f"reference-timing-{p}.json"
@@ -49,12 +66,13 @@ def main() -> int:
         for b in (1, 4):
             f = forward(d / f"forward-{p}-b{b}.txt")
             r = ref.get(str(b), {}).get("decode_sc_ms", {}).get("median")
-            best = (f.get("graph") or f.get("nosync") or f.get("eager") or (None,))[0]
+            best = (f.get("fused_graph") or f.get("graph") or f.get("nosync") or f.get("eager")
+                    or (None,))[0]
             ratio = f"{best / r:.2f}" if best and r else "—"
-            print(f"| {NAMES[p]} | {b} | {fmt(r)} | {fmt(f.get('eager', (None,))[0])} "
-                  f"| {fmt(f.get('nosync', (None,))[0])} | {fmt(f.get('graph', (None,))[0])} "
-                  f"| {'yes' if f.get('graph_bitwise') else 'NO' if 'graph_bitwise' in f else '—'} "
-                  f"| {ratio} |")
+            print(f"| {NAMES[p]} | {b} | {fmt(r)} | {fmt(first(f, 'eager'))} "
+                  f"| {fmt(first(f, 'nosync'))} | {fmt(first(f, 'graph'))} "
+                  f"| {fmt(first(f, 'fused_graph'))} "
+                  f"| {yes_no(f, 'graph_bitwise')}, {yes_no(f, 'fused_bitwise')} | {ratio} |")
     print()
     print("Parity of the timed build with transformers (decoder forward, B = 1, self-conditioning, "
           "every tap):")
@@ -68,13 +86,14 @@ def main() -> int:
           "decoder forward at B = 4:")
     print()
     print("| model | default eager (ms) | issue_workaround eager (ms) | default graph (ms) "
-          "| issue_workaround graph (ms) |")
-    print("|---|---|---|---|---|")
+          "| issue_workaround graph (ms) | default fused graph (ms) | issue_workaround fused graph (ms) |")
+    print("|---|---|---|---|---|---|---|")
     for p in presets:
         a = forward(d / f"forward-{p}-b4.txt")
         w = forward(d / f"forward-{p}-b4-issue_workaround.txt")
-        print(f"| {NAMES[p]} | {fmt(a.get('eager', (None,))[0])} | {fmt(w.get('eager', (None,))[0])} "
-              f"| {fmt(a.get('graph', (None,))[0])} | {fmt(w.get('graph', (None,))[0])} |")
+        print(f"| {NAMES[p]} | {fmt(first(a, 'eager'))} | {fmt(first(w, 'eager'))} "
+              f"| {fmt(first(a, 'graph'))} | {fmt(first(w, 'graph'))} "
+              f"| {fmt(first(a, 'fused_graph'))} | {fmt(first(w, 'fused_graph'))} |")
     print()
     print("One full canvas (48 denoising steps requested; steps actually taken in brackets):")
     print()

@@ -79,6 +79,17 @@ void register_forward(CLI::App& app, int& exit_code) {
                 << "\n  cuda graph x" << opts->request.repeat << ": median " << s.graph_median_ms
                 << " ms, min " << s.graph_min_ms << " ms (capture " << s.graph_capture_ms
                 << " ms), logits " << (s.graph_bitwise ? "bitwise equal" : "DIFFER") << " to eager";
+      if (s.fused_ran) {
+        std::cout << "\n  fused no-sync eager x" << opts->request.repeat << ": median "
+                  << s.fused_nosync_median_ms << " ms"
+                  << "\n  fused cuda graph x" << opts->request.repeat << ": median "
+                  << s.fused_graph_median_ms << " ms, min " << s.fused_graph_min_ms
+                  << " ms, logits " << (s.fused_bitwise ? "bitwise equal" : "DIFFER")
+                  << " to unfused eager";
+      }
+    }
+    if (!s.fused_report.empty()) {
+      std::cout << "\n  " << s.fused_report;
     }
     std::cout << "\n"
               << "  wrote " << s.tensors_written << " tensors to "

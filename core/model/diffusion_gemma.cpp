@@ -6,11 +6,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <initializer_list>
 #include <tuple>
 
 #include <ATen/ATen.h>
 
 #include "core/base/error.h"
+#include "core/compat/fused_ops.h"
 #include "core/compat/torch_compat.h"
 #include "core/ops/op_runner.h"
 
@@ -105,7 +107,11 @@ class Pass {
         policy_(ctx.policy != nullptr ? *ctx.policy : default_policy()),
         runner_(policy_, rows),
         taps_(record_taps ? ctx.taps : nullptr),
-        rows_(rows) {}
+        rows_(rows) {
+    if (ctx.fused_kernels) {
+      use_ = model.fused_kernels();
+    }
+  }
 
   bool wants(Tap tap, int layer) const { return taps_ != nullptr && taps_->wants(tap, layer); }
   void record(Tap tap, int layer, const at::Tensor& value) const {
@@ -119,13 +125,86 @@ class Pass {
     return at::embedding(w_.embed, ids, t_.pad_token_id) * embed_scale;
   }
 
+  // --- Elementwise chains: the fused kernel where it was checked at load, else ATen's ops.
+
+  // The fused RMSNorm tail applies to x with these operands (contiguous, x's dtype, device).
+  bool fuse_norm(const at::Tensor& x, std::initializer_list<at::Tensor> operands = {}) const {
+    if (!use_.norm || !x.is_contiguous()) {
+      return false;
+    }
+    return std::all_of(operands.begin(), operands.end(), [&](const at::Tensor& t) {
+      return !t.defined() ||
+             (t.is_contiguous() && t.scalar_type() == x.scalar_type() && t.device() == x.device());
+    });
+  }
+  // x.float().pow(2).mean(-1, keepdim=True): the square fused, the mean ATen's own kernel.
+  static at::Tensor mean_sq(const at::Tensor& x) {
+    return compat::fused::square(x).mean(-1, /*keepdim=*/true);
+  }
+  compat::fused::NormApply tail(const at::Tensor& x, const at::Tensor& ms,
+                                const at::Tensor& weight) const {
+    compat::fused::NormApply a;
+    a.x = x;
+    a.mean_sq = ms;
+    a.eps = t_.rms_norm_eps;
+    a.weight = weight;
+    return a;
+  }
+
+  // ref: DiffusionGemmaRMSNorm.forward
+  at::Tensor norm(const at::Tensor& x, const at::Tensor& weight) const {
+    if (!fuse_norm(x, {weight})) {
+      return rms_norm(x, weight, t_.rms_norm_eps);
+    }
+    return compat::fused::norm_apply(tail(x, mean_sq(x), weight)).out;
+  }
+
+  // RMSNorm then RoPE (q and k). ref: DiffusionGemmaDecoderTextAttention.forward
+  at::Tensor norm_rope(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos,
+                       const at::Tensor& sin) const {
+    if (!fuse_norm(x, {weight, cos, sin}) || x.dim() != 4) {
+      return apply_rope(rms_norm(x, weight, t_.rms_norm_eps), cos, sin);
+    }
+    compat::fused::NormApply a = tail(x, mean_sq(x), weight);
+    a.rope_cos = cos;
+    a.rope_sin = sin;
+    return compat::fused::norm_apply(a).out;
+  }
+
+  // gelu_tanh(gate) * up. ref: DiffusionGemmaText4MLP.forward, _default_apply_gate
+  at::Tensor gelu_mul(const at::Tensor& gate, const at::Tensor& up) const {
+    const bool fits = gate.dim() >= 2 && gate.sizes() == up.sizes() &&
+                      gate.scalar_type() == up.scalar_type() && gate.stride(-1) == 1 &&
+                      up.stride(-1) == 1;
+    if (!use_.gelu || !fits) {
+      return gelu_mul_reference(gate, up);
+    }
+    // [..., I] as rows: a contiguous tensor, or one half of a contiguous [R, 2I] tensor.
+    const std::int64_t inter = gate.size(-1);
+    const bool rows2d = gate.dim() == 2 && gate.stride(0) == up.stride(0);
+    if (!rows2d && !(gate.is_contiguous() && up.is_contiguous())) {
+      return gelu_mul_reference(gate, up);
+    }
+    const at::Tensor g = rows2d ? gate : gate.view({-1, inter});
+    const at::Tensor u = rows2d ? up : up.view({-1, inter});
+    return compat::fused::gelu_mul(g, u, use_.gelu_contract).view(gate.sizes());
+  }
+
   // Gated MLP down(gelu_tanh(gate(x)) * up(x)). ref: DiffusionGemmaText4MLP.forward
   at::Tensor gated_mlp(const at::Tensor& x, const at::Tensor& gate, const at::Tensor& up,
                        const at::Tensor& down, OpFamily gate_f, OpFamily up_f, OpFamily down_f,
                        int layer) const {
     const at::Tensor g = runner_.linear(x, gate, OpSite{gate_f, layer});
     const at::Tensor u = runner_.linear(x, up, OpSite{up_f, layer});
-    return runner_.linear(at::gelu(g, "tanh") * u, down, OpSite{down_f, layer});
+    return runner_.linear(gelu_mul(g, u), down, OpSite{down_f, layer});
+  }
+
+  // tanh(logits.float() / cap) * cap. ref: DiffusionGemmaForBlockDiffusion.forward
+  at::Tensor softcap(const at::Tensor& logits, double cap) const {
+    if (!use_.softcap || !logits.is_contiguous()) {
+      return softcap_reference(logits, cap);
+    }
+    return compat::fused::softcap(logits, cap);
   }
 
   // ref: DiffusionGemma{Encoder,Decoder}TextAttention.forward + sdpa_attention_forward
@@ -135,11 +214,10 @@ class Pass {
     const std::int64_t b = h.size(0);
     const std::int64_t s = h.size(1);
     const std::int64_t d = t_.layer_head_dim(layer);
-    const double eps = t_.rms_norm_eps;
     const bool sliding = t_.is_sliding(layer);
 
     at::Tensor q = runner_.linear(h, lw.q_proj, OpSite{OpFamily::QProj, layer}).view({b, s, -1, d});
-    q = apply_rope(rms_norm(q, lw.q_norm, eps), cos, sin);  // [B, S, Hq, D]
+    q = norm_rope(q, lw.q_norm, cos, sin);  // [B, S, Hq, D]
     record(Tap::AttnQ, layer, q);
     q = q.transpose(1, 2);  // [B, Hq, S, D]
 
@@ -150,8 +228,8 @@ class Pass {
         lw.v_proj.defined()
             ? runner_.linear(h, lw.v_proj, OpSite{OpFamily::VProj, layer}).view({b, s, -1, d})
             : k_raw;
-    at::Tensor k = apply_rope(rms_norm(k_raw, lw.k_norm, eps), cos, sin);  // [B, S, Hkv, D]
-    at::Tensor v = rms_norm(v_raw, at::Tensor(), eps);                     // [B, S, Hkv, D]
+    at::Tensor k = norm_rope(k_raw, lw.k_norm, cos, sin);  // [B, S, Hkv, D]
+    at::Tensor v = norm(v_raw, at::Tensor());              // [B, S, Hkv, D]
     record(Tap::AttnK, layer, k);
     record(Tap::AttnV, layer, v);
     k = k.transpose(1, 2);  // [B, Hkv, S, D]
@@ -228,11 +306,20 @@ class Pass {
   }
 
   // ref: DiffusionGemmaTextRouter.forward. Returns (top_k_weights fp32, top_k_index int64).
+  // flat_ms: flat's mean of squares when the caller has it (fused path), else undefined.
   std::pair<at::Tensor, at::Tensor> router(const LayerWeights& lw, int layer,
-                                           const at::Tensor& flat) const {
+                                           const at::Tensor& flat,
+                                           const at::Tensor& flat_ms) const {
     const double scalar_root_size = std::pow(static_cast<double>(t_.hidden_size), -0.5);
-    at::Tensor r = rms_norm(flat, at::Tensor(), t_.rms_norm_eps);
-    r = r * lw.router_scale * scalar_root_size;
+    at::Tensor r;
+    if (flat_ms.defined() && fuse_norm(flat, {lw.router_scale})) {
+      compat::fused::NormApply a = tail(flat, flat_ms, at::Tensor());
+      a.scale = lw.router_scale;
+      a.scalar = scalar_root_size;
+      r = compat::fused::norm_apply(a).out;
+    } else {
+      r = router_input_reference(flat, lw.router_scale, scalar_root_size, t_.rms_norm_eps);
+    }
     const at::Tensor scores =
         runner_.linear(r, lw.router_proj, OpSite{OpFamily::RouterProj, layer});
     record(Tap::RouterScores, layer, scores.view({rows_, -1, scores.size(-1)}));
@@ -265,7 +352,7 @@ class Pass {
                                .linear_rows(current, lw.experts_gate_up[e], row_of,
                                             OpSite{OpFamily::ExpertGateUp, layer})
                                .chunk(2, -1);
-      at::Tensor h = at::gelu(gate_up[0], "tanh") * gate_up[1];
+      at::Tensor h = gelu_mul_reference(gate_up[0], gate_up[1]);
       h = runner_.linear_rows(h, lw.experts_down[e], row_of, OpSite{OpFamily::ExpertDown, layer});
       h = h * weights.index({token_idx, top_k_pos}).unsqueeze(-1);
       final_states.index_add_(0, token_idx, h.to(final_states.scalar_type()));
@@ -280,12 +367,10 @@ class Pass {
     const std::int64_t top_k = index.size(-1);
     const std::int64_t tokens = x.size(0);
     const std::int64_t hidden = x.size(-1);
-    const at::Tensor sample_weights = weights.reshape(-1);  // [S]
-    const at::Tensor expert_ids = index.reshape(-1);        // [S]
+    const at::Tensor expert_ids = index.reshape(-1);  // [S]
     auto [expert_ids_g, perm] = at::sort(expert_ids);
     const at::Tensor token_of = at::div(perm, top_k, "floor");
     const at::Tensor selected = x.index({token_of});
-    const at::Tensor sample_weights_g = sample_weights.index({perm});
     const at::Tensor histc_input =
         x.device().is_cpu() ? expert_ids_g.to(at::kFloat) : expert_ids_g.to(at::kInt);
     const at::Tensor tokens_per_expert = at::histc(histc_input, experts, 0, experts - 1);
@@ -295,15 +380,17 @@ class Pass {
                                          lw.experts_gate_up.transpose(-2, -1), offsets, row_of,
                                          OpSite{OpFamily::ExpertGateUp, layer});
     const auto gate_up = proj.chunk(2, -1);
-    proj = at::gelu(gate_up[0], "tanh") * gate_up[1];
+    proj = gelu_mul(gate_up[0], gate_up[1]);
     proj = runner_.grouped_mm(proj.to(lw.experts_down.scalar_type()),
                               lw.experts_down.transpose(-2, -1), offsets, row_of,
-                              OpSite{OpFamily::ExpertDown, layer});
-    at::Tensor weighted = proj * sample_weights_g.unsqueeze(-1);  // [S, H] fp32
-    at::Tensor inv_perm = at::empty_like(perm);
-    inv_perm.index_put_({perm}, at::arange(perm.size(0), perm.options()));
-    weighted = weighted.index({inv_perm});
-    return weighted.view({tokens, top_k, hidden}).sum(1).to(x.scalar_type());
+                              OpSite{OpFamily::ExpertDown, layer});  // [S, H]
+    // Weighted by the router, back in token order, summed over top-k.
+    if (use_.combine && proj.is_contiguous() && proj.scalar_type() == x.scalar_type() &&
+        weights.is_contiguous() && weights.scalar_type() == at::kFloat && proj.size(-1) == hidden &&
+        weights.size(0) == tokens) {
+      return compat::fused::moe_combine(proj, weights, perm, use_.combine_lanes);
+    }
+    return moe_combine_reference(proj, weights, perm, x.scalar_type());
   }
 
   // ref: DiffusionGemma{Encoder,Decoder}TextLayer.forward
@@ -313,36 +400,70 @@ class Pass {
     const double eps = t_.rms_norm_eps;
 
     at::Tensor residual = x;
-    at::Tensor h = rms_norm(x, lw.input_layernorm, eps);
+    at::Tensor h = norm(x, lw.input_layernorm);
     h = attention(lw, layer, h, cos, sin, cache, encoder);
     if (attention_only) {
       return x;  // the encoder's last layer: only its K/V are ever read
     }
-    h = rms_norm(h, lw.post_attention_layernorm, eps);
-    x = residual + h;
+    // x = residual + post_attention_layernorm(h). Fused, the same kernel also squares the new
+    // x for the three norms that read it (pre_feedforward_layernorm{,_2} and the router's),
+    // which in ATen compute the very same mean three times.
+    at::Tensor x_ms;  // [B, S, 1] fp32, fused path only
+    if (fuse_norm(h, {lw.post_attention_layernorm, residual})) {
+      compat::fused::NormApply a = tail(h, mean_sq(h), lw.post_attention_layernorm);
+      a.residual = residual;
+      a.want_square = true;
+      compat::fused::NormResult r = compat::fused::norm_apply(a);
+      x = r.out;
+      x_ms = r.square.mean(-1, /*keepdim=*/true);
+    } else {
+      h = rms_norm(h, lw.post_attention_layernorm, eps);
+      x = residual + h;
+    }
 
     residual = x;
-    h = rms_norm(x, lw.pre_feedforward_layernorm, eps);
+    h = x_ms.defined() && fuse_norm(x, {lw.pre_feedforward_layernorm})
+            ? compat::fused::norm_apply(tail(x, x_ms, lw.pre_feedforward_layernorm)).out
+            : rms_norm(x, lw.pre_feedforward_layernorm, eps);
     h = gated_mlp(h, lw.mlp_gate, lw.mlp_up, lw.mlp_down, OpFamily::MlpGate, OpFamily::MlpUp,
                   OpFamily::MlpDown, layer);
     record(Tap::MlpOut, layer, h);
-    const at::Tensor h1 = rms_norm(h, lw.post_feedforward_layernorm_1, eps);
+    const at::Tensor h1 = norm(h, lw.post_feedforward_layernorm_1);
 
     // The router sees the raw residual; the experts its pre_feedforward_layernorm_2.
     const at::Tensor flat = residual.reshape({-1, residual.size(-1)});
-    const at::Tensor for_experts = rms_norm(flat, lw.pre_feedforward_layernorm_2, eps);
-    const auto [weights, index] = router(lw, layer, flat);
+    const at::Tensor flat_ms = x_ms.defined() ? x_ms.view({-1, 1}) : at::Tensor();
+    const at::Tensor for_experts =
+        flat_ms.defined() && fuse_norm(flat, {lw.pre_feedforward_layernorm_2})
+            ? compat::fused::norm_apply(tail(flat, flat_ms, lw.pre_feedforward_layernorm_2)).out
+            : rms_norm(flat, lw.pre_feedforward_layernorm_2, eps);
+    const auto [weights, index] = router(lw, layer, flat, flat_ms);
     at::Tensor h2 = model_.settings().experts == ExpertsImpl::GroupedMm
                         ? experts_grouped(lw, layer, for_experts, index, weights)
                         : experts_eager(lw, layer, for_experts, index, weights);
     h2 = h2.reshape(residual.sizes());
     record(Tap::MoeOut, layer, h2);
-    h2 = rms_norm(h2, lw.post_feedforward_layernorm_2, eps);
-
-    h = h1 + h2;
-    h = rms_norm(h, lw.post_feedforward_layernorm, eps);
-    x = residual + h;
-    x.mul_(encoder ? lw.encoder_layer_scalar : lw.layer_scalar);
+    const at::Tensor& layer_scalar = encoder ? lw.encoder_layer_scalar : lw.layer_scalar;
+    if (fuse_norm(h2, {lw.post_feedforward_layernorm_2, h1, lw.post_feedforward_layernorm, residual,
+                       layer_scalar})) {
+      // h = h1 + post_feedforward_layernorm_2(h2); x = residual + post_feedforward_layernorm(h);
+      // x *= layer_scalar: two kernels (and ATen's two means).
+      compat::fused::NormApply a = tail(h2, mean_sq(h2), lw.post_feedforward_layernorm_2);
+      a.residual = h1;
+      a.want_square = true;
+      const compat::fused::NormResult r = compat::fused::norm_apply(a);
+      compat::fused::NormApply b =
+          tail(r.out, r.square.mean(-1, /*keepdim=*/true), lw.post_feedforward_layernorm);
+      b.residual = residual;
+      b.layer_scalar = layer_scalar;
+      x = compat::fused::norm_apply(b).out;
+    } else {
+      h2 = rms_norm(h2, lw.post_feedforward_layernorm_2, eps);
+      h = h1 + h2;
+      h = rms_norm(h, lw.post_feedforward_layernorm, eps);
+      x = residual + h;
+      x.mul_(layer_scalar);
+    }
     record(Tap::LayerOut, layer, x);
     return x;
   }
@@ -362,6 +483,7 @@ class Pass {
   ops::OpRunner runner_;
   probe::TapSink* taps_;
   std::int64_t rows_;
+  FusedKernels use_;  // all false unless the context allows them
 };
 
 void check_ids(const at::Tensor& ids, std::int64_t vocab, const char* what, bool range) {
@@ -406,6 +528,7 @@ DiffusionGemma::DiffusionGemma(ModelConfig config, ModelWeights weights, RunSett
   // copies nothing from the host in the step loop (and can run inside a CUDA graph).
   inv_freq_sliding_ = rope_inv_freq(config_.text.rope_sliding, config_.text.head_dim).to(device());
   inv_freq_full_ = rope_inv_freq(config_.text.rope_full, config_.text.global_head_dim).to(device());
+  fused_ = check_fused_kernels(config_.text, device(), dtype());
 }
 
 void DiffusionGemma::encode(const at::Tensor& ids, KvCache& cache,
@@ -475,11 +598,11 @@ at::Tensor DiffusionGemma::decode(const at::Tensor& canvas, const KvCache& cache
   }
   pass.record(Tap::SelfCondSoftEmbed, probe::kNoLayer, soft);
   // ref: DiffusionGemmaSelfConditioning.forward
-  const at::Tensor normed = rms_norm(soft, weights_.sc_pre_norm, t.rms_norm_eps);
+  const at::Tensor normed = pass.norm(soft, weights_.sc_pre_norm);
   const at::Tensor signal =
       pass.gated_mlp(normed, weights_.sc_gate, weights_.sc_up, weights_.sc_down,
                      OpFamily::SelfCondMlp, OpFamily::SelfCondMlp, OpFamily::SelfCondMlp, -1);
-  at::Tensor x = rms_norm(inputs_embeds + signal, at::Tensor(), t.rms_norm_eps);
+  at::Tensor x = pass.norm(inputs_embeds + signal, at::Tensor());
   pass.record(Tap::SelfCondOut, probe::kNoLayer, x);
 
   // The canvas continues the absolute positions after everything in the cache.
@@ -493,13 +616,10 @@ at::Tensor DiffusionGemma::decode(const at::Tensor& canvas, const KvCache& cache
     x = pass.layer(l, x, sliding ? cos_s : cos_f, sliding ? sin_s : sin_f, readonly,
                    /*encoder=*/false, /*attention_only=*/false);
   }
-  const at::Tensor h = rms_norm(x, weights_.final_norm, t.rms_norm_eps);
+  const at::Tensor h = pass.norm(x, weights_.final_norm);
   // ref: DiffusionGemmaForBlockDiffusion.forward: tied lm_head (bf16 out), fp32 soft-capping
   at::Tensor logits = pass.runner().linear(h, weights_.embed, OpSite{OpFamily::LmHead, -1});
-  logits = logits.to(at::kFloat);
-  logits = logits / t.final_logit_softcapping;
-  logits = at::tanh(logits);
-  logits = logits * t.final_logit_softcapping;
+  logits = pass.softcap(logits, t.final_logit_softcapping);
   pass.record(Tap::Logits, probe::kNoLayer, logits);
   return logits;
 }

@@ -7,6 +7,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "core/model/config.h"
+#include "core/model/fused_layer.h"
 #include "core/model/weights.h"
 #include "core/ops/policy.h"
 #include "core/probe/taps.h"
@@ -50,6 +51,9 @@ struct ForwardContext {
   /// engine, whose ids come from its own sampler, turns it off. Rank and dtype are always
   /// checked.
   bool check_id_range = true;
+  /// Use the fused elementwise kernels the model checked at load (fused_kernels()); false runs
+  /// every op as transformers does, one ATen call each. Both give the same bits.
+  bool fused_kernels = true;
 };
 
 /// DiffusionGemma text inference in LibTorch: the encoder (prefill / commit, writes the KV
@@ -66,6 +70,8 @@ class DiffusionGemma {
   const ModelConfig& config() const { return config_; }
   const ModelWeights& weights() const { return weights_; }
   const RunSettings& settings() const { return settings_; }
+  /// Which fused CUDA kernels passed their bitwise check against ATen at load (none on CPU).
+  const FusedKernels& fused_kernels() const { return fused_; }
   at::Device device() const { return weights_.device(); }
   at::ScalarType dtype() const { return weights_.dtype(); }
 
@@ -89,6 +95,7 @@ class DiffusionGemma {
   at::Tensor embed_scale_;       // 0-dim, model dtype: bf16(sqrt(H)) (53.0 for H = 2816)
   at::Tensor inv_freq_sliding_;  // [D/2] fp32
   at::Tensor inv_freq_full_;     // [Dg/2] fp32
+  FusedKernels fused_;
 };
 
 /// Inverse RoPE frequencies of a layer type, computed on the CPU in fp32 as the reference

@@ -56,11 +56,57 @@ std::pair<double, double> median_min(std::vector<double> times) {
   return {times[times.size() / 2], times.front()};
 }
 
+struct GraphTiming {
+  double eager_median = 0.0, eager_min = 0.0, graph_median = 0.0, graph_min = 0.0;
+  double capture_ms = 0.0;
+  bool bitwise = false;  // the graph's logits are `expected`, bit for bit
+};
+
 // Eager decoder passes with the canvas already on the device and no host synchronisation
-// inside the pass, then the same pass captured once as a CUDA graph and replayed.
-void time_graph(const DiffusionGemma& model, const at::Tensor& canvas, const KvCache& cache,
-                const at::Tensor& sc, const ops::OpPolicy& policy, int repeat,
-                ForwardSummary& summary) {
+// inside the pass, then the same pass captured once as a CUDA graph and replayed; the graph's
+// logits are compared with `expected` (or with the eager pass's when undefined).
+GraphTiming time_graph(const DiffusionGemma& model, const at::Tensor& canvas_dev,
+                       const KvCache& cache, const at::Tensor& sc, const ForwardContext& ctx,
+                       int repeat, at::Tensor& expected) {
+  const at::Device device = model.device();
+  GraphTiming g;
+  const at::Tensor eager = model.decode(canvas_dev, cache, sc, ctx);  // warm-up
+  if (!expected.defined()) {
+    expected = eager;
+  }
+  std::vector<double> times;
+  for (int i = 0; i < repeat; ++i) {
+    const auto a = Clock::now();
+    (void)model.decode(canvas_dev, cache, sc, ctx);
+    sync(device);
+    times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - a).count());
+  }
+  std::tie(g.eager_median, g.eager_min) = median_min(times);
+
+  compat::DeviceGraph graph;
+  at::Tensor out;
+  const auto c0 = Clock::now();
+  graph.capture(device, [&] { out = model.decode(canvas_dev, cache, sc, ctx); });
+  g.capture_ms = std::chrono::duration<double, std::milli>(Clock::now() - c0).count();
+  out.fill_(0.0F);  // replays must write every element
+  graph.replay();
+  sync(device);
+  g.bitwise = at::equal(out.view(at::kInt), expected.view(at::kInt));
+  times.clear();
+  for (int i = 0; i < repeat; ++i) {
+    const auto a = Clock::now();
+    graph.replay();
+    sync(device);
+    times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - a).count());
+  }
+  std::tie(g.graph_median, g.graph_min) = median_min(times);
+  return g;
+}
+
+// The port op by op (no fused kernels), then with the fused kernels, each eager and as a graph.
+void time_graphs(const DiffusionGemma& model, const at::Tensor& canvas, const KvCache& cache,
+                 const at::Tensor& sc, const ops::OpPolicy& policy, int repeat,
+                 ForwardSummary& summary) {
   const at::Device device = model.device();
   if (!compat::DeviceGraph::supported(device)) {
     base::raise(base::ErrorCode::InvalidArgument,
@@ -69,33 +115,25 @@ void time_graph(const DiffusionGemma& model, const at::Tensor& canvas, const KvC
   const at::Tensor canvas_dev = canvas.to(device);
   ForwardContext ctx{&policy, nullptr};
   ctx.check_id_range = false;
-  const at::Tensor eager = model.decode(canvas_dev, cache, sc, ctx);  // warm-up and reference
-  std::vector<double> times;
-  for (int i = 0; i < repeat; ++i) {
-    const auto a = Clock::now();
-    (void)model.decode(canvas_dev, cache, sc, ctx);
-    sync(device);
-    times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - a).count());
+  ctx.fused_kernels = false;
+  at::Tensor expected;
+  const GraphTiming plain = time_graph(model, canvas_dev, cache, sc, ctx, repeat, expected);
+  summary.nosync_median_ms = plain.eager_median;
+  summary.nosync_min_ms = plain.eager_min;
+  summary.graph_median_ms = plain.graph_median;
+  summary.graph_min_ms = plain.graph_min;
+  summary.graph_capture_ms = plain.capture_ms;
+  summary.graph_bitwise = plain.bitwise;
+  if (!model.fused_kernels().any()) {
+    return;
   }
-  std::tie(summary.nosync_median_ms, summary.nosync_min_ms) = median_min(times);
-
-  compat::DeviceGraph graph;
-  at::Tensor out;
-  const auto c0 = Clock::now();
-  graph.capture(device, [&] { out = model.decode(canvas_dev, cache, sc, ctx); });
-  summary.graph_capture_ms = std::chrono::duration<double, std::milli>(Clock::now() - c0).count();
-  out.fill_(0.0F);  // replays must write every element
-  graph.replay();
-  sync(device);
-  summary.graph_bitwise = at::equal(out.view(at::kInt), eager.view(at::kInt));
-  times.clear();
-  for (int i = 0; i < repeat; ++i) {
-    const auto a = Clock::now();
-    graph.replay();
-    sync(device);
-    times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - a).count());
-  }
-  std::tie(summary.graph_median_ms, summary.graph_min_ms) = median_min(times);
+  ctx.fused_kernels = true;
+  const GraphTiming fused = time_graph(model, canvas_dev, cache, sc, ctx, repeat, expected);
+  summary.fused_ran = true;
+  summary.fused_nosync_median_ms = fused.eager_median;
+  summary.fused_graph_median_ms = fused.graph_median;
+  summary.fused_graph_min_ms = fused.graph_min;
+  summary.fused_bitwise = fused.bitwise;
 }
 
 }  // namespace
@@ -151,9 +189,12 @@ base::Result<ForwardSummary> run_forward_file(const DiffusionGemma& model,
     summary.prompt_length = ids.size(1);
     summary.canvas_length = canvas.size(1);
     summary.self_conditioning = sc.defined();
+    summary.fused_report = model.fused_kernels().report;
 
     KvCache cache;
     auto t0 = Clock::now();
+    ForwardContext straight{&policy, nullptr};  // the port op by op, for the timings
+    straight.fused_kernels = false;
     model.encode(ids_in.clone(), cache, ForwardContext{&policy, nullptr});
     sync(model.device());
     auto t1 = Clock::now();
@@ -168,7 +209,7 @@ base::Result<ForwardSummary> run_forward_file(const DiffusionGemma& model,
       std::vector<double> times;
       for (int i = 0; i < request.repeat; ++i) {
         const auto a = Clock::now();
-        (void)model.decode(canvas_in, cache, sc, ForwardContext{&policy, nullptr});
+        (void)model.decode(canvas_in, cache, sc, straight);
         sync(model.device());
         times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - a).count());
       }
@@ -178,7 +219,7 @@ base::Result<ForwardSummary> run_forward_file(const DiffusionGemma& model,
     }
     if (request.repeat > 0 && request.cuda_graph) {
       try {
-        time_graph(model, canvas_in, cache, sc, policy, request.repeat, summary);
+        time_graphs(model, canvas_in, cache, sc, policy, request.repeat, summary);
       } catch (const std::exception& e) {
         // Report, and keep the eager results (and the output file) of this forward.
         summary.graph_error = e.what();

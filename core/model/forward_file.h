@@ -46,7 +46,7 @@ struct ForwardSummary {
   std::size_t tensors_written = 0;
   double encode_ms = 0.0;
   double decode_ms = 0.0;         ///< the first (written) decoder pass
-  double decode_median_ms = 0.0;  ///< median of `repeat` timed passes (0 without repeat)
+  double decode_median_ms = 0.0;  ///< median of `repeat` timed passes, no fused kernels
   double decode_min_ms = 0.0;     ///< fastest timed pass
   // cuda_graph only:
   double nosync_median_ms = 0.0;  ///< eager, canvas on the device, no id-range sync
@@ -55,6 +55,13 @@ struct ForwardSummary {
   double graph_min_ms = 0.0;
   double graph_capture_ms = 0.0;
   bool graph_bitwise = false;  ///< graph logits == eager logits, bit for bit
+  // cuda_graph with fused kernels (the straight timings above run without them):
+  bool fused_ran = false;
+  double fused_nosync_median_ms = 0.0;
+  double fused_graph_median_ms = 0.0;
+  double fused_graph_min_ms = 0.0;
+  bool fused_bitwise = false;  ///< fused graph logits == the unfused eager logits
+  std::string fused_report;    ///< DiffusionGemma::fused_kernels().report
   std::string graph_error;     ///< why the graph timing failed ("" when it ran)
 };
 

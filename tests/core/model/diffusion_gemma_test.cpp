@@ -221,6 +221,21 @@ TEST(DiffusionGemma, TapsHaveDocumentedShapesAndCostNothingWhenUnwanted) {
   EXPECT_TRUE(at::equal(again, logits));
 }
 
+TEST(DiffusionGemma, FusedKernelsAreCudaOnlyAndChangeNothingOnCpu) {
+  const DiffusionGemma m = make_model(at::kBFloat16, 3);
+  EXPECT_FALSE(m.fused_kernels().any());
+  EXPECT_NE(m.fused_kernels().report.find("none"), std::string::npos) << m.fused_kernels().report;
+  const auto& t = m.config().text;
+  const at::Tensor prompt = random_ids(1, 5, t.vocab_size, 71);
+  const at::Tensor canvas = random_ids(1, m.config().canvas_length, t.vocab_size, 72);
+  KvCache cache;
+  m.encode(prompt, cache);
+  ForwardContext off;
+  off.fused_kernels = false;
+  EXPECT_TRUE(
+      at::equal(m.decode(canvas, cache, at::Tensor(), off), m.decode(canvas, cache, at::Tensor())));
+}
+
 TEST(DiffusionGemma, RejectsBadInputsWithClearErrors) {
   const DiffusionGemma m = make_model(at::kFloat);
   const auto& t = m.config().text;

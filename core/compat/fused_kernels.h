@@ -1,0 +1,63 @@
+// SPDX-License-Identifier: Apache-2.0
+// Raw launchers of BatchLens's fused elementwise CUDA kernels (fused_kernels.cu). No LibTorch
+// here: nvcc compiles only plain CUDA. core/compat/fused_ops_cuda.cpp checks the tensors, picks
+// the element type and calls these on the current stream. Every kernel computes, per element,
+// exactly the fp32 operations of the ATen op chain it replaces, each rounded where ATen rounds
+// (explicit __fmul_rn / __fadd_rn, so the compiler cannot contract them), and converts to bf16
+// with the same round-to-nearest-even intrinsic ATen's CUDA kernels use. fused_ops.h names the
+// chains.
+#pragma once
+
+#include <cstdint>
+
+namespace batchlens::compat::fused::kernels {
+
+enum class Elem { F32, BF16 };
+
+/// Arguments of the RMSNorm tail (see fused_ops.h NormApply). Pointers of element type `elem`
+/// unless said otherwise; null = not used.
+struct NormArgs {
+  Elem elem = Elem::BF16;
+  const void* x = nullptr;         ///< [rows, n]
+  const float* mean_sq = nullptr;  ///< [rows] fp32: mean of squares (eps is added here)
+  float eps = 0.0F;
+  std::int64_t rows = 0;
+  std::int64_t n = 0;
+  const void* weight = nullptr;    ///< [n]
+  const void* rope_cos = nullptr;  ///< [seq, n]
+  const void* rope_sin = nullptr;  ///< [seq, n]
+  std::int64_t rope_heads = 1;     ///< rows are [batch, seq, heads]
+  std::int64_t rope_seq = 1;
+  const void* scale = nullptr;  ///< [n], then * scalar
+  float scalar = 1.0F;
+  const void* residual = nullptr;      ///< [rows, n]
+  const void* layer_scalar = nullptr;  ///< [1]
+  void* out = nullptr;                 ///< [rows, n]
+  float* square = nullptr;             ///< [rows, n] fp32, optional
+};
+
+/// out[i] = float(x[i]) * float(x[i]) (fp32). Returns the CUDA error code (0 = success).
+int square(Elem elem, const void* x, float* out, std::int64_t count, void* stream);
+int norm_apply(const NormArgs& args, void* stream);
+/// inv[perm[i]] = i for i < count (int64).
+int inverse_permutation(const std::int64_t* perm, std::int64_t* inv, std::int64_t count,
+                        void* stream);
+/// out[t, h] = sum over k of float(proj[inv[t*k_count + k], h]) * weights[t*k_count + k], summed
+/// in the order of ATen's reduction with `lanes` threads along k (1, 2, 4, ... 32) and four
+/// accumulators per thread; rounded to `elem`.
+int moe_combine(Elem elem, const void* proj, const float* weights, const std::int64_t* inv,
+                std::int64_t tokens, int k_count, std::int64_t hidden, int lanes, void* out,
+                void* stream);
+/// out[r, j] = gelu_tanh(gate[r * stride + j]) * up[r * stride + j] for j < inter (out is
+/// [rows, inter]), each op rounded to `elem` as ATen's gelu and mul are. `contract` = whether
+/// the gelu's x + kappa * x^3 is one fused multiply-add (as nvcc may compile ATen's functor) or
+/// a multiply and an add, each rounded.
+int gelu_mul(Elem elem, const void* gate, const void* up, std::int64_t stride, std::int64_t rows,
+             std::int64_t inter, bool contract, void* out, void* stream);
+
+/// out[i] = tanhf(float(x[i]) * inv_cap) * cap (fp32), with inv_cap the fp32 reciprocal ATen
+/// multiplies by when dividing by a scalar.
+int softcap(Elem elem, const void* x, float inv_cap, float cap, float* out, std::int64_t count,
+            void* stream);
+
+}  // namespace batchlens::compat::fused::kernels

@@ -1,0 +1,67 @@
+// SPDX-License-Identifier: Apache-2.0
+// Fused elementwise kernels for the decoder layer on CUDA, each bitwise equal to the ATen op
+// chain it replaces (the chains are in core/model/layer_ops.cpp, which also checks every
+// kernel against them on the device before using it). What fusing saves is launches and memory
+// passes: a decoder layer of the 26B-A4B model at B = 1 runs ~170 small kernels whose time is
+// mostly launch latency. Arithmetic and rounding stay those of ATen (fused_kernels.cu says how).
+// Builds without CUDA compile fused_ops_none.cpp: built() is false and nothing else may be called.
+#pragma once
+
+#include <cstdint>
+
+#include <ATen/core/Tensor.h>
+
+namespace batchlens::compat::fused {
+
+/// True when this build has the CUDA kernels.
+bool built();
+
+/// x.to(float).pow(2): fp32, contiguous, shaped like x. x: contiguous bf16 or fp32 CUDA tensor.
+at::Tensor square(const at::Tensor& x);
+
+/// The RMSNorm tail and what follows it elementwise, in this order (each optional step as
+/// ATen computes it, rounding to x's dtype after every op):
+///   y = (x.float() * pow(mean_sq + eps, -0.5)) [* weight.float()]  -> x.dtype
+///   [rope]      y = y * cos + rotate_half(y) * sin    (x is [B, S, H, D], cos/sin [1, S, D])
+///   [scale]     y = y * scale * scalar                 (the router's input scaling)
+///   [residual]  y = residual + y
+///   [layer]     y = y * layer_scalar
+/// and, with want_square, also y.float().pow(2) (the next RMSNorm's first step).
+struct NormApply {
+  at::Tensor x;        ///< [..., N] contiguous, bf16 or fp32
+  at::Tensor mean_sq;  ///< [..., 1] fp32: square(x).mean(-1, keepdim) computed by ATen
+  double eps = 1e-6;
+  at::Tensor weight;    ///< [N] or undefined
+  at::Tensor rope_cos;  ///< [1, S, N] or undefined
+  at::Tensor rope_sin;
+  at::Tensor scale;  ///< [N] or undefined
+  double scalar = 1.0;
+  at::Tensor residual;      ///< like x, or undefined
+  at::Tensor layer_scalar;  ///< one element, or undefined
+  bool want_square = false;
+};
+
+struct NormResult {
+  at::Tensor out;     ///< like x
+  at::Tensor square;  ///< fp32 like x, when asked
+};
+
+NormResult norm_apply(const NormApply& args);
+
+/// grouped_mm_experts_forward's tail: (proj * weights[perm]).[inv_perm].view(T, K, H).sum(1)
+/// .to(proj.dtype), summed in the order of ATen's reduction with `lanes` threads along K.
+/// proj [T*K, H] (rows sorted by expert), weights [T, K] fp32 (router order), perm [T*K] int64
+/// (sorted position -> router-order index).
+at::Tensor moe_combine(const at::Tensor& proj, const at::Tensor& weights, const at::Tensor& perm,
+                       int lanes);
+
+/// gelu_tanh(gate) * up for gate and up [R, I] views with the same row stride (two tensors,
+/// or the halves of one [R, 2I] tensor); returns [R, I] contiguous. `contract`: see
+/// fused_kernels.h.
+at::Tensor gelu_mul(const at::Tensor& gate, const at::Tensor& up, bool contract);
+
+/// The final soft-cap: tanh(logits.float() / cap) * cap, fp32 (division by a scalar is ATen's
+/// multiplication by the fp32 reciprocal).
+at::Tensor softcap(const at::Tensor& logits, double cap);
+
+}  // namespace batchlens::compat::fused

@@ -1,0 +1,157 @@
+// SPDX-License-Identifier: Apache-2.0
+// Built when LibTorch has CUDA: the tensor side of the fused kernels (fused_kernels.cu).
+#include <string>
+
+#include <ATen/ATen.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include "core/compat/fused_kernels.h"
+#include "core/compat/fused_ops.h"
+
+namespace batchlens::compat::fused {
+namespace {
+
+kernels::Elem elem_of(const at::Tensor& t, const char* what) {
+  TORCH_CHECK(t.is_cuda(), "fused ", what, ": not a CUDA tensor");
+  TORCH_CHECK(t.is_contiguous(), "fused ", what, ": not contiguous");
+  if (t.scalar_type() == at::kBFloat16) {
+    return kernels::Elem::BF16;
+  }
+  TORCH_CHECK(t.scalar_type() == at::kFloat, "fused ", what, ": bf16 or fp32 only, got ",
+              t.scalar_type());
+  return kernels::Elem::F32;
+}
+
+void* stream_of(const at::Tensor& t) {
+  return c10::cuda::getCurrentCUDAStream(t.device().index()).stream();
+}
+
+void check(int code, const char* what) {
+  TORCH_CHECK(code == 0, "fused ", what, ": CUDA error ",
+              cudaGetErrorString(static_cast<cudaError_t>(code)));
+}
+
+// `t` as an argument of x's element type and shape [count] (or one element); null if undefined.
+const void* same_type(const at::Tensor& t, const at::Tensor& x, std::int64_t count,
+                      const char* what) {
+  if (!t.defined()) {
+    return nullptr;
+  }
+  TORCH_CHECK(t.scalar_type() == x.scalar_type(), "fused ", what, ": dtype ", t.scalar_type(),
+              " differs from the input's ", x.scalar_type());
+  TORCH_CHECK(t.device() == x.device() && t.is_contiguous() && t.numel() == count, "fused ", what,
+              ": expected ", count, " contiguous elements on ", x.device());
+  return t.data_ptr();
+}
+
+}  // namespace
+
+bool built() {
+  return true;
+}
+
+at::Tensor square(const at::Tensor& x) {
+  const kernels::Elem elem = elem_of(x, "square");
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out = at::empty(x.sizes(), x.options().dtype(at::kFloat));
+  check(kernels::square(elem, x.data_ptr(), out.data_ptr<float>(), x.numel(), stream_of(x)),
+        "square");
+  return out;
+}
+
+NormResult norm_apply(const NormApply& a) {
+  const at::Tensor& x = a.x;
+  kernels::NormArgs k;
+  k.elem = elem_of(x, "norm");
+  const c10::cuda::CUDAGuard guard(x.device());
+  k.n = x.dim() > 0 ? x.size(-1) : 1;
+  k.rows = k.n > 0 ? x.numel() / k.n : 0;
+  TORCH_CHECK(a.mean_sq.scalar_type() == at::kFloat && a.mean_sq.is_contiguous() &&
+                  a.mean_sq.numel() == k.rows && a.mean_sq.device() == x.device(),
+              "fused norm: mean_sq must be fp32 with one value per row");
+  k.x = x.data_ptr();
+  k.mean_sq = a.mean_sq.data_ptr<float>();
+  k.eps = static_cast<float>(a.eps);
+  k.weight = same_type(a.weight, x, k.n, "norm weight");
+  if (a.rope_cos.defined()) {
+    TORCH_CHECK(x.dim() == 4 && k.n % 2 == 0, "fused norm: RoPE needs x [B, S, H, D], even D");
+    const std::int64_t seq = x.size(1);
+    k.rope_cos = same_type(a.rope_cos, x, seq * k.n, "rope cos");
+    k.rope_sin = same_type(a.rope_sin, x, seq * k.n, "rope sin");
+    k.rope_heads = x.size(2);
+    k.rope_seq = seq;
+  }
+  k.scale = same_type(a.scale, x, k.n, "norm scale");
+  k.scalar = static_cast<float>(a.scalar);
+  k.residual = same_type(a.residual, x, x.numel(), "residual");
+  k.layer_scalar = same_type(a.layer_scalar, x, 1, "layer scalar");
+  NormResult result;
+  result.out = at::empty_like(x);
+  k.out = result.out.data_ptr();
+  if (a.want_square) {
+    result.square = at::empty(x.sizes(), x.options().dtype(at::kFloat));
+    k.square = result.square.data_ptr<float>();
+  }
+  check(kernels::norm_apply(k, stream_of(x)), "norm");
+  return result;
+}
+
+at::Tensor moe_combine(const at::Tensor& proj, const at::Tensor& weights, const at::Tensor& perm,
+                       int lanes) {
+  const kernels::Elem elem = elem_of(proj, "combine");
+  const c10::cuda::CUDAGuard guard(proj.device());
+  TORCH_CHECK(proj.dim() == 2 && weights.dim() == 2 && weights.scalar_type() == at::kFloat &&
+                  weights.is_contiguous() && perm.scalar_type() == at::kLong &&
+                  perm.is_contiguous() && perm.numel() == proj.size(0) &&
+                  weights.numel() == proj.size(0),
+              "fused combine: expected proj [T*K, H], weights [T, K] fp32, perm [T*K] int64");
+  const std::int64_t tokens = weights.size(0);
+  const auto k_count = static_cast<int>(weights.size(1));
+  const std::int64_t hidden = proj.size(1);
+  at::Tensor inv = at::empty_like(perm);
+  void* stream = stream_of(proj);
+  check(kernels::inverse_permutation(perm.data_ptr<std::int64_t>(), inv.data_ptr<std::int64_t>(),
+                                     perm.numel(), stream),
+        "inverse permutation");
+  at::Tensor out = at::empty({tokens, hidden}, proj.options());
+  check(kernels::moe_combine(elem, proj.data_ptr(), weights.data_ptr<float>(),
+                             inv.data_ptr<std::int64_t>(), tokens, k_count, hidden, lanes,
+                             out.data_ptr(), stream),
+        "combine");
+  return out;
+}
+
+at::Tensor gelu_mul(const at::Tensor& gate, const at::Tensor& up, bool contract) {
+  TORCH_CHECK(gate.is_cuda() && gate.dim() == 2 && up.sizes() == gate.sizes() &&
+                  gate.scalar_type() == up.scalar_type() && gate.stride(1) == 1 &&
+                  up.stride(1) == 1 && gate.stride(0) == up.stride(0) &&
+                  gate.device() == up.device(),
+              "fused gelu_mul: expected gate and up [R, I] with the same row stride");
+  TORCH_CHECK(gate.scalar_type() == at::kBFloat16 || gate.scalar_type() == at::kFloat,
+              "fused gelu_mul: bf16 or fp32 only");
+  const kernels::Elem elem =
+      gate.scalar_type() == at::kBFloat16 ? kernels::Elem::BF16 : kernels::Elem::F32;
+  const c10::cuda::CUDAGuard guard(gate.device());
+  at::Tensor out = at::empty(gate.sizes(), gate.options());
+  check(kernels::gelu_mul(elem, gate.data_ptr(), up.data_ptr(), gate.stride(0), gate.size(0),
+                          gate.size(1), contract, out.data_ptr(), stream_of(gate)),
+        "gelu_mul");
+  return out;
+}
+
+at::Tensor softcap(const at::Tensor& logits, double cap) {
+  const kernels::Elem elem = elem_of(logits, "softcap");
+  const c10::cuda::CUDAGuard guard(logits.device());
+  at::Tensor out = at::empty(logits.sizes(), logits.options().dtype(at::kFloat));
+  // ATen: opmath_t(1.0) / scalar_value<opmath_t>() on the host, in fp32.
+  const float cap_f = static_cast<float>(cap);
+  const float inv = 1.0F / cap_f;
+  check(kernels::softcap(elem, logits.data_ptr(), inv, cap_f, out.data_ptr<float>(), logits.numel(),
+                         stream_of(logits)),
+        "softcap");
+  return out;
+}
+
+}  // namespace batchlens::compat::fused

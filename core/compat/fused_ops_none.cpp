@@ -1,0 +1,33 @@
+// SPDX-License-Identifier: Apache-2.0
+// Built when LibTorch has no CUDA: there are no fused kernels; callers check built() first.
+#include "core/base/error.h"
+#include "core/compat/fused_ops.h"
+
+namespace batchlens::compat::fused {
+namespace {
+[[noreturn]] void unavailable() {
+  base::raise(base::ErrorCode::InvalidArgument, "fused kernels need a LibTorch build with CUDA");
+}
+}  // namespace
+
+bool built() {
+  return false;
+}
+at::Tensor square(const at::Tensor& /*x*/) {
+  unavailable();
+}
+NormResult norm_apply(const NormApply& /*args*/) {
+  unavailable();
+}
+at::Tensor moe_combine(const at::Tensor& /*proj*/, const at::Tensor& /*weights*/,
+                       const at::Tensor& /*perm*/, int /*lanes*/) {
+  unavailable();
+}
+at::Tensor gelu_mul(const at::Tensor& /*gate*/, const at::Tensor& /*up*/, bool /*contract*/) {
+  unavailable();
+}
+at::Tensor softcap(const at::Tensor& /*logits*/, double /*cap*/) {
+  unavailable();
+}
+
+}  // namespace batchlens::compat::fused

@@ -1,0 +1,216 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "core/model/fused_layer.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "core/compat/fused_ops.h"
+#include "core/model/diffusion_gemma.h"
+
+namespace batchlens::model {
+
+at::Tensor gelu_mul_reference(const at::Tensor& gate, const at::Tensor& up) {
+  return at::gelu(gate, "tanh") * up;
+}
+
+at::Tensor moe_combine_reference(const at::Tensor& proj, const at::Tensor& weights,
+                                 const at::Tensor& perm, at::ScalarType dtype) {
+  const std::int64_t tokens = weights.size(0);
+  const std::int64_t top_k = weights.size(1);
+  const at::Tensor sample_weights_g = weights.reshape(-1).index({perm});  // [S] fp32
+  at::Tensor weighted = proj * sample_weights_g.unsqueeze(-1);            // [S, H] fp32
+  at::Tensor inv_perm = at::empty_like(perm);
+  inv_perm.index_put_({perm}, at::arange(perm.size(0), perm.options()));
+  weighted = weighted.index({inv_perm});
+  return weighted.view({tokens, top_k, proj.size(-1)}).sum(1).to(dtype);
+}
+
+at::Tensor softcap_reference(const at::Tensor& logits, double cap) {
+  at::Tensor out = logits.to(at::kFloat);
+  out = out / cap;
+  out = at::tanh(out);
+  return out * cap;
+}
+
+at::Tensor router_input_reference(const at::Tensor& flat, const at::Tensor& scale, double scalar,
+                                  double eps) {
+  return rms_norm(flat, at::Tensor(), eps) * scale * scalar;
+}
+
+namespace {
+
+bool bits_equal(const at::Tensor& a, const at::Tensor& b) {
+  if (a.sizes() != b.sizes() || a.scalar_type() != b.scalar_type()) {
+    return false;
+  }
+  const auto bits = [](const at::Tensor& t) {
+    const at::Tensor c = t.contiguous();
+    return c.element_size() == 4 ? c.view(at::kInt) : c.view(at::kShort);
+  };
+  return at::equal(bits(a), bits(b));
+}
+
+class Check {
+ public:
+  Check(const at::Device& device, at::ScalarType dtype)
+      : gen_(at::detail::createCPUGenerator(20261202)), device_(device), dtype_(dtype) {}
+
+  // Seeded normal values (drawn on the CPU, so the same on every device), in `dtype`.
+  at::Tensor normal(at::IntArrayRef shape, double scale, at::ScalarType dtype) {
+    const at::Tensor cpu = at::randn(shape, gen_, at::TensorOptions().dtype(at::kFloat)) * scale;
+    return cpu.to(device_, dtype);
+  }
+  at::Tensor normal(at::IntArrayRef shape, double scale) { return normal(shape, scale, dtype_); }
+
+  at::ScalarType dtype() const { return dtype_; }
+
+ private:
+  at::Generator gen_;
+  at::Device device_;
+  at::ScalarType dtype_;
+};
+
+// The RMSNorm tail in every combination the model uses, for rows of width n.
+bool check_norm(Check& c, std::int64_t n, double eps, double scalar, std::string& why) {
+  namespace fused = compat::fused;
+  const at::Tensor x = c.normal({2, 8, 4, n}, 2.0);  // [B, S, H, D]
+  const at::Tensor w = c.normal({n}, 0.5) + 1.0;
+  const at::Tensor sq = fused::square(x);
+  if (!bits_equal(sq, x.to(at::kFloat).pow(2))) {
+    why = "square, width " + std::to_string(n);
+    return false;
+  }
+  const at::Tensor ms = sq.mean(-1, /*keepdim=*/true);
+  const auto run = [&](const std::function<void(fused::NormApply&)>& set) {
+    fused::NormApply a;
+    a.x = x;
+    a.mean_sq = ms;
+    a.eps = eps;
+    set(a);
+    return fused::norm_apply(a);
+  };
+  const at::Tensor cos = c.normal({1, 8, n}, 0.6);
+  const at::Tensor sin = c.normal({1, 8, n}, 0.6);
+  const at::Tensor scale = c.normal({n}, 0.5) + 1.0;
+  const at::Tensor residual = c.normal({2, 8, 4, n}, 4.0);
+  const at::Tensor layer_scalar = c.normal({1}, 0.3) + 0.7;
+  at::Tensor tail = residual + rms_norm(x, w, eps);
+  tail.mul_(layer_scalar);
+  const fused::NormResult with_tail = run([&](fused::NormApply& a) {
+    a.weight = w;
+    a.residual = residual;
+    a.layer_scalar = layer_scalar;
+    a.want_square = true;
+  });
+  const std::vector<std::pair<const char*, bool>> cases = {
+      {"weight",
+       bits_equal(run([&](fused::NormApply& a) { a.weight = w; }).out, rms_norm(x, w, eps))},
+      {"no weight", bits_equal(run([](fused::NormApply&) {}).out, rms_norm(x, at::Tensor(), eps))},
+      {"rope", bits_equal(run([&](fused::NormApply& a) {
+                            a.weight = w;
+                            a.rope_cos = cos;
+                            a.rope_sin = sin;
+                          }).out,
+                          apply_rope(rms_norm(x, w, eps), cos, sin))},
+      {"router scaling", bits_equal(run([&](fused::NormApply& a) {
+                                      a.scale = scale;
+                                      a.scalar = scalar;
+                                    }).out,
+                                    router_input_reference(x, scale, scalar, eps))},
+      {"residual", bits_equal(run([&](fused::NormApply& a) {
+                                a.weight = w;
+                                a.residual = residual;
+                              }).out,
+                              residual + rms_norm(x, w, eps))},
+      {"residual and layer scalar", bits_equal(with_tail.out, tail)},
+      {"square of the result", bits_equal(with_tail.square, tail.to(at::kFloat).pow(2))},
+  };
+  for (const auto& [name, ok] : cases) {
+    if (!ok) {
+      why = std::string(name) + ", width " + std::to_string(n);
+      return false;
+    }
+  }
+  return true;
+}
+
+// The lanes layout whose sum order equals ATen's at two token counts, or 0.
+int check_combine(Check& c, std::int64_t top_k, std::int64_t hidden) {
+  std::vector<int> lanes = {1, 2, 4, 8, 16, 32};
+  for (const std::int64_t tokens : {64, 1024}) {
+    const at::Tensor proj = c.normal({tokens * top_k, hidden}, 3.0);
+    const at::Tensor weights = c.normal({tokens, top_k}, 1.0, at::kFloat).abs();
+    const at::Tensor perm = at::argsort(c.normal({tokens * top_k}, 1.0, at::kFloat));
+    const at::Tensor expected = moe_combine_reference(proj, weights, perm, c.dtype());
+    std::vector<int> still;
+    for (const int l : lanes) {
+      if (bits_equal(compat::fused::moe_combine(proj, weights, perm, l), expected)) {
+        still.push_back(l);
+      }
+    }
+    lanes = still;
+  }
+  return lanes.empty() ? 0 : lanes.front();
+}
+
+}  // namespace
+
+FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& device,
+                                 at::ScalarType dtype) {
+  FusedKernels f;
+  if (!device.is_cuda() || !compat::fused::built()) {
+    f.report = "fused kernels: none (not a CUDA device and build)";
+    return f;
+  }
+  if (const char* env = std::getenv("BATCHLENS_FUSED"); env != nullptr && std::string(env) == "0") {
+    f.report = "fused kernels: off (BATCHLENS_FUSED=0)";
+    return f;
+  }
+  if (dtype != at::kBFloat16 && dtype != at::kFloat) {
+    f.report = "fused kernels: none (bf16 and fp32 only)";
+    return f;
+  }
+  Check c(device, dtype);
+  const double scalar = std::pow(static_cast<double>(text.hidden_size), -0.5);
+  std::string why;
+  f.norm = check_norm(c, text.hidden_size, text.rms_norm_eps, scalar, why) &&
+           check_norm(c, text.head_dim, text.rms_norm_eps, scalar, why) &&
+           check_norm(c, text.global_head_dim, text.rms_norm_eps, scalar, why);
+  if (text.num_experts > 0) {
+    f.combine_lanes = check_combine(c, text.top_k_experts, text.hidden_size);
+    f.combine = f.combine_lanes > 0;
+  }
+  const at::Tensor gate_up = c.normal({256, 2 * text.moe_intermediate_size}, 3.0);
+  const std::int64_t inter = text.moe_intermediate_size;
+  const at::Tensor gate = gate_up.narrow(-1, 0, inter);
+  const at::Tensor up = gate_up.narrow(-1, inter, inter);
+  const at::Tensor gelu_expected = gelu_mul_reference(gate, up);
+  for (const bool contract : {true, false}) {
+    if (!f.gelu && bits_equal(compat::fused::gelu_mul(gate, up, contract), gelu_expected)) {
+      f.gelu = true;
+      f.gelu_contract = contract;
+    }
+  }
+  const at::Tensor logits = c.normal({64, 4096}, 20.0);
+  f.softcap = bits_equal(compat::fused::softcap(logits, text.final_logit_softcapping),
+                         softcap_reference(logits, text.final_logit_softcapping));
+
+  const auto said = [](bool ok) {
+    return std::string(ok ? "yes" : "no (differs from ATen)");
+  };
+  f.report = "fused kernels (checked bitwise against ATen on " + device.str() + "): norm " +
+             (f.norm ? "yes" : "no (differs from ATen: " + why + ")") + ", moe combine " +
+             (f.combine ? "yes (" + std::to_string(f.combine_lanes) + " lanes)" : said(false)) +
+             ", gelu*up " +
+             (f.gelu ? std::string(f.gelu_contract ? "yes (fma)" : "yes") : said(false)) +
+             ", softcap " + said(f.softcap);
+  return f;
+}
+
+}  // namespace batchlens::model

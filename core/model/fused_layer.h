@@ -1,0 +1,49 @@
+// SPDX-License-Identifier: Apache-2.0
+// The elementwise op chains of a decoder layer as transformers runs them (ATen, op by op), and
+// which of BatchLens's fused CUDA kernels (core/compat/fused_ops.h) may replace them on a
+// device: a kernel is used only after it reproduced its chain bit for bit there.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include <ATen/core/Tensor.h>
+
+#include "core/model/config.h"
+
+namespace batchlens::model {
+
+/// The fused kernels a model uses, each checked bitwise against its ATen chain on the device.
+struct FusedKernels {
+  bool norm = false;      ///< RMSNorm tails (+ RoPE, router scaling, residual, layer scalar)
+  bool combine = false;   ///< the experts' weighted sum over top-k
+  int combine_lanes = 0;  ///< ATen's reduction layout the combine matched
+  bool gelu = false;      ///< gelu_tanh(gate) * up
+  bool gelu_contract = false;
+  bool softcap = false;  ///< tanh(logits / cap) * cap
+  std::string report;    ///< one human-readable line: what is used, what not and why
+
+  bool any() const { return norm || combine || gelu || softcap; }
+};
+
+/// Checks each fused kernel on `device` against the ATen chain, on seeded random data with the
+/// model's widths (hidden size, both head dims, top-k, a slice of the vocabulary), and returns
+/// those that matched bitwise. All false off CUDA, in builds without the kernels, or when the
+/// environment sets BATCHLENS_FUSED=0. Synchronises with the device (call it at load).
+FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& device,
+                                 at::ScalarType dtype);
+
+/// ATen chains (ref: transformers 5.17), used by the model and by the checks.
+/// gelu_tanh(gate) * up. ref: DiffusionGemmaText4MLP.forward, _default_apply_gate
+at::Tensor gelu_mul_reference(const at::Tensor& gate, const at::Tensor& up);
+/// (proj * weights.reshape(-1)[perm, None])[inv_perm].view(T, K, H).sum(1).to(dtype).
+/// ref: grouped_mm_experts_forward
+at::Tensor moe_combine_reference(const at::Tensor& proj, const at::Tensor& weights,
+                                 const at::Tensor& perm, at::ScalarType dtype);
+/// tanh(logits.float() / cap) * cap. ref: DiffusionGemmaForBlockDiffusion.forward
+at::Tensor softcap_reference(const at::Tensor& logits, double cap);
+/// rms_norm(x) * scale * scalar. ref: DiffusionGemmaTextRouter.forward
+at::Tensor router_input_reference(const at::Tensor& flat, const at::Tensor& scale, double scalar,
+                                  double eps);
+
+}  // namespace batchlens::model

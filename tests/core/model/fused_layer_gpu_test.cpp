@@ -1,0 +1,134 @@
+// SPDX-License-Identifier: Apache-2.0
+// GPU tests (label gpu) of the fused elementwise kernels: run on the H200 machine by
+// scripts/gpu-build.sh, never in CI.
+#include <cstdlib>
+#include <iostream>
+#include <string>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <gtest/gtest.h>
+
+#include "core/compat/fused_ops.h"
+#include "core/model/diffusion_gemma.h"
+#include "core/model/fused_layer.h"
+#include "core/probe/taps.h"
+
+namespace batchlens::model {
+namespace {
+
+ModelConfig preset(const std::string& name) {
+  auto c = load_preset(name);
+  EXPECT_TRUE(c.ok()) << c.error().message;
+  return c.value();
+}
+
+at::Tensor random_ids(std::int64_t b, std::int64_t n, std::int64_t vocab, std::uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return at::randint(vocab, {b, n}, gen, at::TensorOptions().dtype(at::kLong));
+}
+
+at::Tensor bits(const at::Tensor& t) {
+  const at::Tensor c = t.contiguous();
+  return c.element_size() == 4 ? c.view(at::kInt) : c.view(at::kShort);
+}
+
+TEST(FusedLayerGpu, EveryKernelMatchesAtenOnThisDeviceForTheShippedShapes) {
+  ASSERT_TRUE(at::hasCUDA()) << "gpu tests need a CUDA device";
+  ASSERT_TRUE(compat::fused::built());
+  for (const char* name : {"demo", "mid", "26b-a4b"}) {
+    const ModelConfig c = preset(name);
+    const FusedKernels f = check_fused_kernels(c.text, at::Device(at::kCUDA, 0), at::kBFloat16);
+    std::cout << name << ": " << f.report << "\n";
+    EXPECT_TRUE(f.norm) << name << ": " << f.report;
+    EXPECT_TRUE(f.combine) << name << ": " << f.report;
+    EXPECT_TRUE(f.gelu) << name << ": " << f.report;
+    EXPECT_TRUE(f.softcap) << name << ": " << f.report;
+  }
+}
+
+// The combine check can tell summation orders apart: on real widths, some lanes layouts give
+// other bits than ATen (so the one picked at load is a finding, not a formality).
+TEST(FusedLayerGpu, CombineSumOrderIsObservable) {
+  ASSERT_TRUE(at::hasCUDA());
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
+  const auto cpu = at::TensorOptions().dtype(at::kFloat);
+  const std::int64_t tokens = 256;
+  const std::int64_t k = 8;
+  const std::int64_t hidden = 2816;
+  const at::Tensor proj =
+      (at::randn({tokens * k, hidden}, gen, cpu) * 3).to(at::kCUDA, at::kBFloat16);
+  const at::Tensor weights = at::randn({tokens, k}, gen, cpu).abs().to(at::kCUDA);
+  const at::Tensor perm = at::randperm(tokens * k, gen, cpu.dtype(at::kLong)).to(at::kCUDA);
+  const at::Tensor expected = moe_combine_reference(proj, weights, perm, at::kBFloat16);
+  int matching = 0;
+  int differing = 0;
+  for (const int lanes : {1, 2, 4, 8}) {
+    const bool same =
+        at::equal(bits(compat::fused::moe_combine(proj, weights, perm, lanes)), bits(expected));
+    (same ? matching : differing) += 1;
+  }
+  EXPECT_GE(matching, 1);
+  EXPECT_GE(differing, 1);
+}
+
+// The whole decoder pass with the fused kernels equals the pass without them, bit for bit, in
+// the logits and in every tap; B = 1 and B = 3; self-conditioning on.
+TEST(FusedLayerGpu, FusedForwardEqualsUnfusedForwardInEveryTap) {
+  ASSERT_TRUE(at::hasCUDA());
+  const ModelConfig cfg = preset("mid");
+  const at::Device cuda(at::kCUDA, 0);
+  const DiffusionGemma m(cfg, random_weights(cfg, 5, cuda, at::kBFloat16),
+                         RunSettings{ExpertsImpl::GroupedMm});
+  ASSERT_TRUE(m.fused_kernels().norm && m.fused_kernels().combine) << m.fused_kernels().report;
+  const auto& t = cfg.text;
+  for (const std::int64_t rows : {1, 3}) {
+    const at::Tensor prompt = random_ids(1, 20, t.vocab_size, 11).repeat({rows, 1});
+    const at::Tensor canvas = random_ids(1, cfg.canvas_length, t.vocab_size, 12).repeat({rows, 1});
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(13);
+    const at::Tensor sc = at::randn({rows, cfg.canvas_length, t.vocab_size}, gen,
+                                    at::TensorOptions().dtype(at::kFloat))
+                              .mul(4)
+                              .to(cuda, at::kBFloat16);
+    KvCache plain_cache;
+    KvCache fused_cache;
+    ForwardContext plain_ctx;
+    plain_ctx.fused_kernels = false;
+    m.encode(prompt, plain_cache, plain_ctx);
+    m.encode(prompt, fused_cache);
+    for (std::size_t l = 0; l < plain_cache.k.size(); ++l) {
+      ASSERT_TRUE(at::equal(bits(plain_cache.k[l]), bits(fused_cache.k[l]))) << "encoder K " << l;
+      ASSERT_TRUE(at::equal(bits(plain_cache.v[l]), bits(fused_cache.v[l]))) << "encoder V " << l;
+    }
+    probe::TapRecorder plain_taps = probe::TapRecorder::all();
+    probe::TapRecorder fused_taps = probe::TapRecorder::all();
+    plain_ctx.taps = &plain_taps;
+    ForwardContext fused_ctx;
+    fused_ctx.taps = &fused_taps;
+    const at::Tensor plain = m.decode(canvas, plain_cache, sc, plain_ctx);
+    const at::Tensor fused = m.decode(canvas, fused_cache, sc, fused_ctx);
+    EXPECT_TRUE(at::equal(bits(plain), bits(fused))) << "logits, rows " << rows;
+    ASSERT_EQ(plain_taps.recorded().size(), fused_taps.recorded().size());
+    int compared = 0;
+    for (const auto& [key, value] : plain_taps.recorded()) {
+      const at::Tensor other = fused_taps.get(key.first, key.second);
+      EXPECT_TRUE(at::equal(bits(value), bits(other)))
+          << "tap " << static_cast<int>(key.first) << " layer " << key.second << ", rows " << rows;
+      ++compared;
+    }
+    EXPECT_EQ(compared, static_cast<int>(11 * t.num_hidden_layers + 3));
+  }
+}
+
+TEST(FusedLayerGpu, EnvironmentSwitchTurnsThemOff) {
+  ASSERT_TRUE(at::hasCUDA());
+  const ModelConfig cfg = preset("demo");
+  ::setenv("BATCHLENS_FUSED", "0", 1);
+  const FusedKernels off = check_fused_kernels(cfg.text, at::Device(at::kCUDA, 0), at::kBFloat16);
+  ::unsetenv("BATCHLENS_FUSED");
+  EXPECT_FALSE(off.any());
+  EXPECT_NE(off.report.find("BATCHLENS_FUSED=0"), std::string::npos) << off.report;
+}
+
+}  // namespace
+}  // namespace batchlens::model
