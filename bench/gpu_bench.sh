@@ -6,10 +6,13 @@
 # Per preset it
 #   1. writes the seeded random checkpoint + inputs and times the reference's decoder forward at
 #      B = 1 and 4 (tools/parity/make_reference.py --time);
-#   2. runs BatchLens's forward on the same inputs (self-conditioning on, every tap) and compares
-#      every tensor bitwise with the reference (tools/parity/compare.py), and in the same process
+#   2. runs BatchLens's forward on the same inputs (self-conditioning on, every tap; the fused
+#      kernels where they passed their check) and compares every tensor bitwise with the
+#      reference (tools/parity/compare.py), writes the kernel profile of that pass
+#      (kernels-PRESET-b1.md, bench/kernel_table.py), and in the same process
 #      times the decoder forward at B = 1: the straight eager port, eager without host syncs, and
-#      a CUDA graph replay (checked bitwise against eager); then the same timings at B = 4, and at
+#      a CUDA graph replay (checked bitwise against eager), each without and with the fused
+#      kernels (checked bitwise against the unfused pass); then the same timings at B = 4, and at
 #      B = 4 with the issue_workaround policy;
 #   3. times one full 48-step canvas: the reference's generate (bench/reference_canvas_time.py)
 #      and BatchLens's experiment engines (batchlens-cli run, taps none: B = 1 repeat and B = 4);
@@ -75,7 +78,9 @@ for preset in "${presets[@]}"; do
   cp "$w/reference_timing.json" "$out/reference-timing-$preset.json"
   fwd=("$cli" forward --checkpoint "$w" --inputs "$w/inputs_sc.safetensors" --device cuda
        --dtype bf16 --experts grouped_mm --repeat "$reps" --cuda-graph)
-  step "forward-$preset-b1.txt" "${fwd[@]}" --rows 1 --taps all --out "$w/ours_sc.safetensors" &&
+  step "forward-$preset-b1.txt" "${fwd[@]}" --rows 1 --taps all --out "$w/ours_sc.safetensors" \
+    --profile "$w/trace-b1.json" &&
+    python3 bench/kernel_table.py "$w/trace-b1.json" >"$out/kernels-$preset-b1.md" &&
     step "parity-$preset.md" python3 tools/parity/compare.py "$w/reference_sc.safetensors" \
       "$w/ours_sc.safetensors" --json "$out/parity-$preset.json"
   rm -f "$w/ours_sc.safetensors"

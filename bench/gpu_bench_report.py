@@ -81,6 +81,15 @@ def main() -> int:
         pm = d / f"parity-{p}.md"
         verdict = [ln for ln in pm.read_text().splitlines() if ln.startswith("PARITY")] if pm.exists() else []
         print(f"- {NAMES[p]}: {verdict[-1] if verdict else 'not run'}")
+    for p in presets:
+        km = d / f"kernels-{p}-b1.md"
+        if km.exists():
+            lines = km.read_text().splitlines()
+            print()
+            print(f"Where the {NAMES[p]} decoder pass spends GPU time (B = 1, fused kernels, eager, "
+                  f"`forward --profile` + bench/kernel_table.py; {lines[0] if lines else ''}):")
+            print()
+            print("\n".join(lines[1:18]))
     print()
     print("Row-wise workaround (issue_workaround: router_proj + selfcond_matmul per row), "
           "decoder forward at B = 4:")

@@ -37,6 +37,9 @@ void register_forward(CLI::App& app, int& exit_code) {
                   "Use row 0 of the inputs repeated to this many identical rows");
   cmd->add_option("--repeat", opts->request.repeat,
                   "Also time this many decoder passes (no taps) and print median and min");
+  cmd->add_option("--profile", opts->request.profile,
+                  "CUDA builds: profile three decoder passes and write a Chrome trace (JSON) here "
+                  "(bench/kernel_table.py summarises it)");
   cmd->add_flag("--cuda-graph", opts->request.cuda_graph,
                 "With --repeat on CUDA: also time sync-free eager passes and CUDA graph replays "
                 "(checked bitwise against eager)");

@@ -7,6 +7,7 @@
 //   __float2bfloat16_rn, which is what c10::BFloat16's conversion compiles to on CUDA;
 // - rsqrtf and tanhf are the CUDA math library's, as in ATen's rsqrt and gelu kernels.
 // core/compat/fused_ops_cuda.cpp checks every kernel against ATen on the device before use.
+#include <cub/block/block_radix_sort.cuh>
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -42,6 +43,13 @@ std::int64_t blocks_for(std::int64_t count) {
   return b < 1 ? 1 : (b > 65535LL * 32 ? 65535LL * 32 : b);
 }
 
+// Rows x columns launches: blockIdx.y walks rows (strided past 65535), x covers the columns.
+dim3 rows_grid(std::int64_t cols, std::int64_t rows) {
+  const std::int64_t x = (cols + kThreads - 1) / kThreads;
+  const std::int64_t y = rows < 1 ? 1 : (rows > 65535 ? 65535 : rows);
+  return dim3(static_cast<unsigned>(x < 1 ? 1 : x), static_cast<unsigned>(y));
+}
+
 template <typename T>
 __global__ void square_kernel(const T* x, float* out, std::int64_t count) {
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
@@ -56,7 +64,8 @@ struct Norm {
   const T* x;
   const float* mean_sq;
   float eps;
-  std::int64_t rows, n;
+  std::int64_t rows;
+  int n;
   const T* weight;
   const T* cos;
   const T* sin;
@@ -70,51 +79,59 @@ struct Norm {
 };
 
 // ref: DiffusionGemmaRMSNorm.forward: (x.float() * pow(mean_sq, -0.5)) * weight.float(),
-// .type_as(x). pow(t, -0.5) is ATen's rsqrt kernel; mean_sq already holds mean + eps.
+// .type_as(x). pow(t, -0.5) is ATen's rsqrt kernel.
 template <typename T>
-__device__ __forceinline__ float normed(const Norm<T>& a, std::int64_t row, std::int64_t d,
-                                        float r) {
-  float y = __fmul_rn(load(a.x, row * a.n + d), r);
+__device__ __forceinline__ float normed(const Norm<T>& a, const T* row_x, int d, float r) {
+  float y = __fmul_rn(load(row_x, d), r);
   if (a.weight != nullptr) {
     y = __fmul_rn(y, load(a.weight, d));
   }
   return round_to(a.x, y);
 }
 
+// Element d of a row after the whole tail (r = pow(mean + eps, -0.5)); stores it.
+template <typename T>
+__device__ __forceinline__ void tail_element(const Norm<T>& a, std::int64_t row, int d, float r) {
+  const std::int64_t base = row * a.n;
+  const T* row_x = a.x + base;
+  float v = normed(a, row_x, d, r);
+  if (a.cos != nullptr) {
+    // ref: apply_rotary_pos_emb: x * cos + rotate_half(x) * sin, each op in T.
+    const int half = a.n / 2;
+    const float partner = normed(a, row_x, d < half ? d + half : d - half, r);
+    const float rotated = d < half ? -partner : partner;
+    const std::int64_t s = (row / a.heads) % a.seq;
+    const float xc = round_to(a.x, __fmul_rn(v, load(a.cos, s * a.n + d)));
+    const float rs = round_to(a.x, __fmul_rn(rotated, load(a.sin, s * a.n + d)));
+    v = round_to(a.x, __fadd_rn(xc, rs));
+  }
+  if (a.scale != nullptr) {
+    // ref: DiffusionGemmaTextRouter.forward: normed * self.scale * self.scalar_root_size
+    v = round_to(a.x, __fmul_rn(v, load(a.scale, d)));
+    v = round_to(a.x, __fmul_rn(v, a.scalar));
+  }
+  if (a.residual != nullptr) {
+    v = round_to(a.x, __fadd_rn(load(a.residual, base + d), v));  // residual + h
+  }
+  if (a.layer_scalar != nullptr) {
+    v = round_to(a.x, __fmul_rn(v, load(a.layer_scalar, 0)));  // h *= layer_scalar
+  }
+  store(a.out, base + d, v);
+  if (a.square != nullptr) {
+    a.square[base + d] = __fmul_rn(v, v);
+  }
+}
+
+// The tail with the mean of squares given (ATen computed it).
 template <typename T>
 __global__ void norm_kernel(Norm<T> a) {
-  const std::int64_t count = a.rows * a.n;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t row = i / a.n;
-    const std::int64_t d = i - row * a.n;
+  const int d = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (d >= a.n) {
+    return;
+  }
+  for (std::int64_t row = blockIdx.y; row < a.rows; row += gridDim.y) {
     const float r = rsqrtf(__fadd_rn(a.mean_sq[row], a.eps));
-    float v = normed(a, row, d, r);
-    if (a.cos != nullptr) {
-      // ref: apply_rotary_pos_emb: x * cos + rotate_half(x) * sin, each op in T.
-      const std::int64_t half = a.n / 2;
-      const float partner = normed(a, row, d < half ? d + half : d - half, r);
-      const float rotated = d < half ? -partner : partner;
-      const std::int64_t s = (row / a.heads) % a.seq;
-      const float xc = round_to(a.x, __fmul_rn(v, load(a.cos, s * a.n + d)));
-      const float rs = round_to(a.x, __fmul_rn(rotated, load(a.sin, s * a.n + d)));
-      v = round_to(a.x, __fadd_rn(xc, rs));
-    }
-    if (a.scale != nullptr) {
-      // ref: DiffusionGemmaTextRouter.forward: normed * self.scale * self.scalar_root_size
-      v = round_to(a.x, __fmul_rn(v, load(a.scale, d)));
-      v = round_to(a.x, __fmul_rn(v, a.scalar));
-    }
-    if (a.residual != nullptr) {
-      v = round_to(a.x, __fadd_rn(load(a.residual, i), v));  // residual + h
-    }
-    if (a.layer_scalar != nullptr) {
-      v = round_to(a.x, __fmul_rn(v, load(a.layer_scalar, 0)));  // h *= layer_scalar
-    }
-    store(a.out, i, v);
-    if (a.square != nullptr) {
-      a.square[i] = __fmul_rn(v, v);
-    }
+    tail_element(a, row, d, r);
   }
 }
 
@@ -132,32 +149,32 @@ constexpr int kAccumulators = 4;  // ATen's vt0: independent accumulators per th
 // .to(dtype). The sum follows ATen's reduce kernel for a reduction over a non-innermost
 // dimension: `lanes` threads along k, thread y takes k = y, y + lanes, ... into four
 // accumulators (each starting at 0), combines them in order, then the lanes combine as a tree
-// (halving offsets), as block_y_reduce does.
+// (halving offsets), as block_y_reduce does. One block row per token.
 template <typename T>
 __global__ void combine_kernel(const T* proj, const float* weights, const std::int64_t* inv,
-                               std::int64_t tokens, int k_count, std::int64_t hidden, int lanes,
-                               T* out) {
-  const std::int64_t count = tokens * hidden;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t t = i / hidden;
-    const std::int64_t h = i - t * hidden;
+                               std::int64_t tokens, int k_count, int hidden, int lanes, T* out) {
+  const int h = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (h >= hidden) {
+    return;
+  }
+  for (std::int64_t t = blockIdx.y; t < tokens; t += gridDim.y) {
+    const std::int64_t* slot_src = inv + t * k_count;
+    const float* slot_weight = weights + t * k_count;
     float lane_value[32];
     for (int y = 0; y < lanes; ++y) {
       float acc[kAccumulators] = {0.0F, 0.0F, 0.0F, 0.0F};
       int idx = y;
       while (idx + (kAccumulators - 1) * lanes < k_count) {
         for (int j = 0; j < kAccumulators; ++j) {
-          const std::int64_t flat = t * k_count + idx + j * lanes;
-          const std::int64_t src = inv[flat];
-          acc[j] = __fadd_rn(acc[j], __fmul_rn(load(proj, src * hidden + h), weights[flat]));
+          const int k = idx + j * lanes;
+          acc[j] =
+              __fadd_rn(acc[j], __fmul_rn(load(proj, slot_src[k] * hidden + h), slot_weight[k]));
         }
         idx += kAccumulators * lanes;
       }
       for (int j = 0; j < kAccumulators && idx < k_count; ++j) {
-        const std::int64_t flat = t * k_count + idx;
-        const std::int64_t src = inv[flat];
-        acc[j] = __fadd_rn(acc[j], __fmul_rn(load(proj, src * hidden + h), weights[flat]));
+        acc[j] =
+            __fadd_rn(acc[j], __fmul_rn(load(proj, slot_src[idx] * hidden + h), slot_weight[idx]));
         idx += lanes;
       }
       float v = acc[0];
@@ -171,7 +188,7 @@ __global__ void combine_kernel(const T* proj, const float* weights, const std::i
         lane_value[y] = __fadd_rn(lane_value[y], lane_value[y + offset]);
       }
     }
-    store(out, i, lane_value[0]);
+    store(out, t * hidden + h, lane_value[0]);
   }
 }
 
@@ -179,20 +196,20 @@ __global__ void combine_kernel(const T* proj, const float* weights, const std::i
 // GeluCUDAKernelImpl (tanh): 0.5 * x * (1 + tanh(kBeta * (x + kKappa * x^3))) in fp32.
 template <typename T>
 __global__ void gelu_mul_kernel(const T* gate, const T* up, std::int64_t stride, std::int64_t rows,
-                                std::int64_t inter, bool contract, T* out) {
+                                int inter, bool contract, T* out) {
   constexpr float kBeta = static_cast<float>(1.4142135623730951 * 1.1283791670955126 * 0.5);
   constexpr float kKappa = 0.044715F;
-  const std::int64_t count = rows * inter;
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    const std::int64_t r = i / inter;
-    const std::int64_t j = i - r * inter;
+  const int j = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  if (j >= inter) {
+    return;
+  }
+  for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
     const float x = load(gate, r * stride + j);
     const float cube = __fmul_rn(__fmul_rn(x, x), x);
     const float sum = contract ? __fmaf_rn(kKappa, cube, x) : __fadd_rn(x, __fmul_rn(kKappa, cube));
     const float inner = __fmul_rn(kBeta, sum);
     const float g = round_to(gate, __fmul_rn(__fmul_rn(0.5F, x), __fadd_rn(1.0F, tanhf(inner))));
-    store(out, i, __fmul_rn(g, load(up, r * stride + j)));
+    store(out, r * inter + j, __fmul_rn(g, load(up, r * stride + j)));
   }
 }
 
@@ -204,6 +221,63 @@ __global__ void softcap_kernel(const T* x, float inv_cap, float cap, float* out,
   for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
     out[i] = __fmul_rn(tanhf(__fmul_rn(load(x, i), inv_cap)), cap);
+  }
+}
+
+constexpr int kRouteThreads = 1024;
+constexpr int kRouteItems = 8;  // ids per thread: up to 8192 in all
+constexpr int kRouteMaxExperts = 1024;
+
+// ref: grouped_mm_experts_forward: torch.sort(expert_ids) (a stable radix sort on CUDA),
+// perm // num_top_k, cumsum(histc(expert_ids_g)). One block: CUB's (stable) block radix sort
+// of (expert id, position), shared-memory counts and one thread's scan.
+__global__ void __launch_bounds__(kRouteThreads)
+    route_kernel(const std::int64_t* ids, int count, int experts, int end_bit, int top_k,
+                 std::int64_t tokens_per_row, std::int64_t* perm, std::int64_t* token_of,
+                 std::int32_t* offsets, std::int64_t* row_of) {
+  using Sort = cub::BlockRadixSort<int, kRouteThreads, kRouteItems, int>;
+  __shared__ typename Sort::TempStorage temp;
+  __shared__ int counts[kRouteMaxExperts];
+  const int tid = static_cast<int>(threadIdx.x);
+  for (int e = tid; e < experts; e += kRouteThreads) {
+    counts[e] = 0;
+  }
+  __syncthreads();
+  int keys[kRouteItems];
+  int values[kRouteItems];
+#pragma unroll
+  for (int j = 0; j < kRouteItems; ++j) {
+    const int i = tid * kRouteItems + j;  // blocked: thread t holds ids t*8 .. t*8+7
+    values[j] = i;
+    keys[j] = experts;  // padding sorts last
+    if (i < count) {
+      const std::int64_t v = ids[i];
+      if (v >= 0 && v < experts) {
+        keys[j] = static_cast<int>(v);
+        atomicAdd(&counts[keys[j]], 1);
+      }
+    }
+  }
+  Sort(temp).SortBlockedToStriped(keys, values, 0, end_bit);
+#pragma unroll
+  for (int j = 0; j < kRouteItems; ++j) {
+    const int rank = tid + j * kRouteThreads;  // striped
+    if (rank < count) {
+      const int i = values[j];
+      perm[rank] = i;
+      token_of[rank] = i / top_k;
+      if (row_of != nullptr) {
+        row_of[rank] = (i / top_k) / tokens_per_row;
+      }
+    }
+  }
+  __syncthreads();
+  if (tid == 0) {
+    int run = 0;
+    for (int e = 0; e < experts; ++e) {
+      run += counts[e];
+      offsets[e] = run;
+    }
   }
 }
 
@@ -231,7 +305,7 @@ Norm<T> typed(const NormArgs& a) {
                  a.mean_sq,
                  a.eps,
                  a.rows,
-                 a.n,
+                 static_cast<int>(a.n),
                  static_cast<const T*>(a.weight),
                  static_cast<const T*>(a.rope_cos),
                  static_cast<const T*>(a.rope_sin),
@@ -244,15 +318,19 @@ Norm<T> typed(const NormArgs& a) {
                  static_cast<T*>(a.out),
                  a.square};
 }
+
 }  // namespace
 
 int norm_apply(const NormArgs& args, void* stream) {
+  if (args.rows < 0 || args.n < 1 || args.n > (1 << 30) || args.mean_sq == nullptr) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
   auto* s = static_cast<cudaStream_t>(stream);
-  const std::int64_t count = args.rows * args.n;
+  const dim3 grid = rows_grid(args.n, args.rows);
   if (args.elem == Elem::BF16) {
-    norm_kernel<<<blocks_for(count), kThreads, 0, s>>>(typed<__nv_bfloat16>(args));
+    norm_kernel<<<grid, kThreads, 0, s>>>(typed<__nv_bfloat16>(args));
   } else {
-    norm_kernel<<<blocks_for(count), kThreads, 0, s>>>(typed<float>(args));
+    norm_kernel<<<grid, kThreads, 0, s>>>(typed<float>(args));
   }
   return status();
 }
@@ -267,36 +345,62 @@ int inverse_permutation(const std::int64_t* perm, std::int64_t* inv, std::int64_
 int moe_combine(Elem elem, const void* proj, const float* weights, const std::int64_t* inv,
                 std::int64_t tokens, int k_count, std::int64_t hidden, int lanes, void* out,
                 void* stream) {
-  if (k_count < 1 || k_count > kMaxTopK || lanes < 1 || lanes > 32 || (lanes & (lanes - 1)) != 0) {
+  if (k_count < 1 || k_count > kMaxTopK || lanes < 1 || lanes > 32 || (lanes & (lanes - 1)) != 0 ||
+      hidden < 1 || hidden > (1 << 30)) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
   auto* s = static_cast<cudaStream_t>(stream);
-  const std::int64_t count = tokens * hidden;
+  const dim3 grid = rows_grid(hidden, tokens);
+  const int h = static_cast<int>(hidden);
   if (elem == Elem::BF16) {
-    combine_kernel<<<blocks_for(count), kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(proj),
-                                                          weights, inv, tokens, k_count, hidden,
-                                                          lanes, static_cast<__nv_bfloat16*>(out));
+    combine_kernel<<<grid, kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(proj), weights, inv,
+                                             tokens, k_count, h, lanes,
+                                             static_cast<__nv_bfloat16*>(out));
   } else {
-    combine_kernel<<<blocks_for(count), kThreads, 0, s>>>(static_cast<const float*>(proj), weights,
-                                                          inv, tokens, k_count, hidden, lanes,
-                                                          static_cast<float*>(out));
+    combine_kernel<<<grid, kThreads, 0, s>>>(static_cast<const float*>(proj), weights, inv, tokens,
+                                             k_count, h, lanes, static_cast<float*>(out));
   }
   return status();
 }
 
 int gelu_mul(Elem elem, const void* gate, const void* up, std::int64_t stride, std::int64_t rows,
              std::int64_t inter, bool contract, void* out, void* stream) {
-  auto* s = static_cast<cudaStream_t>(stream);
-  const std::int64_t count = rows * inter;
-  if (elem == Elem::BF16) {
-    gelu_mul_kernel<<<blocks_for(count), kThreads, 0, s>>>(
-        static_cast<const __nv_bfloat16*>(gate), static_cast<const __nv_bfloat16*>(up), stride,
-        rows, inter, contract, static_cast<__nv_bfloat16*>(out));
-  } else {
-    gelu_mul_kernel<<<blocks_for(count), kThreads, 0, s>>>(
-        static_cast<const float*>(gate), static_cast<const float*>(up), stride, rows, inter,
-        contract, static_cast<float*>(out));
+  if (inter < 1 || inter > (1 << 30)) {
+    return static_cast<int>(cudaErrorInvalidValue);
   }
+  auto* s = static_cast<cudaStream_t>(stream);
+  const dim3 grid = rows_grid(inter, rows);
+  const int i = static_cast<int>(inter);
+  if (elem == Elem::BF16) {
+    gelu_mul_kernel<<<grid, kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(gate),
+                                              static_cast<const __nv_bfloat16*>(up), stride, rows,
+                                              i, contract, static_cast<__nv_bfloat16*>(out));
+  } else {
+    gelu_mul_kernel<<<grid, kThreads, 0, s>>>(static_cast<const float*>(gate),
+                                              static_cast<const float*>(up), stride, rows, i,
+                                              contract, static_cast<float*>(out));
+  }
+  return status();
+}
+
+bool route_supported(std::int64_t count, std::int64_t experts) {
+  return count >= 0 && count <= static_cast<std::int64_t>(kRouteThreads) * kRouteItems &&
+         experts >= 1 && experts < kRouteMaxExperts;
+}
+
+int route(const std::int64_t* ids, std::int64_t count, int experts, int top_k,
+          std::int64_t tokens_per_row, std::int64_t* perm, std::int64_t* token_of,
+          std::int32_t* offsets, std::int64_t* row_of, void* stream) {
+  if (!route_supported(count, experts) || top_k < 1 || (row_of != nullptr && tokens_per_row < 1)) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  int end_bit = 1;  // bits for the values 0 .. experts (the padding key)
+  while ((1 << end_bit) <= experts) {
+    ++end_bit;
+  }
+  route_kernel<<<1, kRouteThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      ids, static_cast<int>(count), experts, end_bit, top_k, tokens_per_row, perm, token_of,
+      offsets, row_of);
   return status();
 }
 

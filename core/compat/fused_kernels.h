@@ -55,6 +55,16 @@ int moe_combine(Elem elem, const void* proj, const float* weights, const std::in
 int gelu_mul(Elem elem, const void* gate, const void* up, std::int64_t stride, std::int64_t rows,
              std::int64_t inter, bool contract, void* out, void* stream);
 
+/// The experts' routing bookkeeping of grouped_mm_experts_forward in one kernel (one block):
+/// a stable counting sort of ids [count] (values in [0, experts)), which is the order of
+/// torch.sort's stable radix sort: perm [count] (sorted position -> index), token_of = perm /
+/// top_k, offsets [experts] int32 = cumsum(histc(ids)), and, when row_of is not null, row_of =
+/// token_of / tokens_per_row. Where route_supported (one block: up to 8192 ids, 1023 experts).
+bool route_supported(std::int64_t count, std::int64_t experts);
+int route(const std::int64_t* ids, std::int64_t count, int experts, int top_k,
+          std::int64_t tokens_per_row, std::int64_t* perm, std::int64_t* token_of,
+          std::int32_t* offsets, std::int64_t* row_of, void* stream);
+
 /// out[i] = tanhf(float(x[i]) * inv_cap) * cap (fp32), with inv_cap the fp32 reciprocal ATen
 /// multiplies by when dividing by a scalar.
 int softcap(Elem elem, const void* x, float inv_cap, float cap, float* out, std::int64_t count,

@@ -60,6 +60,20 @@ at::Tensor moe_combine(const at::Tensor& proj, const at::Tensor& weights, const 
 /// fused_kernels.h.
 at::Tensor gelu_mul(const at::Tensor& gate, const at::Tensor& up, bool contract);
 
+/// The experts' routing bookkeeping (ref: grouped_mm_experts_forward): for index [T, K] int64
+/// (expert ids in [0, experts)), perm = the stable sort order of index.reshape(-1) (what
+/// torch.sort returns), token_of = perm // K, offsets = cumsum(histc(sorted ids)) int32, and
+/// with rows > 0 also row_of = token_of // (T / rows).
+struct Route {
+  at::Tensor perm;      ///< [T*K] int64
+  at::Tensor token_of;  ///< [T*K] int64
+  at::Tensor offsets;   ///< [experts] int32
+  at::Tensor row_of;    ///< [T*K] int64, or undefined
+};
+/// Whether route() takes this many ids and experts (one block's shared memory).
+bool route_fits(std::int64_t count, std::int64_t experts);
+Route route(const at::Tensor& index, std::int64_t experts, std::int64_t rows);
+
 /// The final soft-cap: tanh(logits.float() / cap) * cap, fp32 (division by a scalar is ATen's
 /// multiplication by the fp32 reciprocal).
 at::Tensor softcap(const at::Tensor& logits, double cap);

@@ -68,11 +68,12 @@ NormResult norm_apply(const NormApply& a) {
   const c10::cuda::CUDAGuard guard(x.device());
   k.n = x.dim() > 0 ? x.size(-1) : 1;
   k.rows = k.n > 0 ? x.numel() / k.n : 0;
-  TORCH_CHECK(a.mean_sq.scalar_type() == at::kFloat && a.mean_sq.is_contiguous() &&
-                  a.mean_sq.numel() == k.rows && a.mean_sq.device() == x.device(),
+  TORCH_CHECK(a.mean_sq.defined() && a.mean_sq.scalar_type() == at::kFloat &&
+                  a.mean_sq.is_contiguous() && a.mean_sq.numel() == k.rows &&
+                  a.mean_sq.device() == x.device(),
               "fused norm: mean_sq must be fp32 with one value per row");
-  k.x = x.data_ptr();
   k.mean_sq = a.mean_sq.data_ptr<float>();
+  k.x = x.data_ptr();
   k.eps = static_cast<float>(a.eps);
   k.weight = same_type(a.weight, x, k.n, "norm weight");
   if (a.rope_cos.defined()) {
@@ -139,6 +140,34 @@ at::Tensor gelu_mul(const at::Tensor& gate, const at::Tensor& up, bool contract)
                           gate.size(1), contract, out.data_ptr(), stream_of(gate)),
         "gelu_mul");
   return out;
+}
+
+bool route_fits(std::int64_t count, std::int64_t experts) {
+  return kernels::route_supported(count, experts);
+}
+
+Route route(const at::Tensor& index, std::int64_t experts, std::int64_t rows) {
+  TORCH_CHECK(index.is_cuda() && index.dim() == 2 && index.scalar_type() == at::kLong &&
+                  index.is_contiguous(),
+              "fused route: expected contiguous int64 [T, K] on a CUDA device");
+  TORCH_CHECK(route_fits(index.numel(), experts), "fused route: too many ids for one block");
+  const std::int64_t tokens = index.size(0);
+  TORCH_CHECK(rows <= 0 || (tokens % rows == 0), "fused route: rows must divide T");
+  const c10::cuda::CUDAGuard guard(index.device());
+  Route r;
+  r.perm = at::empty({index.numel()}, index.options());
+  r.token_of = at::empty_like(r.perm);
+  r.offsets = at::empty({experts}, index.options().dtype(at::kInt));
+  if (rows > 0) {
+    r.row_of = at::empty_like(r.perm);
+  }
+  check(kernels::route(index.data_ptr<std::int64_t>(), index.numel(), static_cast<int>(experts),
+                       static_cast<int>(index.size(1)), rows > 0 ? tokens / rows : 0,
+                       r.perm.data_ptr<std::int64_t>(), r.token_of.data_ptr<std::int64_t>(),
+                       r.offsets.data_ptr<std::int32_t>(),
+                       rows > 0 ? r.row_of.data_ptr<std::int64_t>() : nullptr, stream_of(index)),
+        "route");
+  return r;
 }
 
 at::Tensor softcap(const at::Tensor& logits, double cap) {

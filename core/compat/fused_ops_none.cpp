@@ -26,6 +26,12 @@ at::Tensor moe_combine(const at::Tensor& /*proj*/, const at::Tensor& /*weights*/
 at::Tensor gelu_mul(const at::Tensor& /*gate*/, const at::Tensor& /*up*/, bool /*contract*/) {
   unavailable();
 }
+bool route_fits(std::int64_t /*count*/, std::int64_t /*experts*/) {
+  return false;
+}
+Route route(const at::Tensor& /*index*/, std::int64_t /*experts*/, std::int64_t /*rows*/) {
+  unavailable();
+}
 at::Tensor softcap(const at::Tensor& /*logits*/, double /*cap*/) {
   unavailable();
 }

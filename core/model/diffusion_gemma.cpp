@@ -306,13 +306,14 @@ class Pass {
   }
 
   // ref: DiffusionGemmaTextRouter.forward. Returns (top_k_weights fp32, top_k_index int64).
-  // flat_ms: flat's mean of squares when the caller has it (fused path), else undefined.
+  // fused: flat's norm may use the fused tail, with flat_ms its mean of squares (undefined: the
+  // kernel computes it).
   std::pair<at::Tensor, at::Tensor> router(const LayerWeights& lw, int layer,
-                                           const at::Tensor& flat,
+                                           const at::Tensor& flat, bool fused,
                                            const at::Tensor& flat_ms) const {
     const double scalar_root_size = std::pow(static_cast<double>(t_.hidden_size), -0.5);
     at::Tensor r;
-    if (flat_ms.defined() && fuse_norm(flat, {lw.router_scale})) {
+    if (fused && fuse_norm(flat, {lw.router_scale})) {
       compat::fused::NormApply a = tail(flat, flat_ms, at::Tensor());
       a.scale = lw.router_scale;
       a.scalar = scalar_root_size;
@@ -364,18 +365,23 @@ class Pass {
   at::Tensor experts_grouped(const LayerWeights& lw, int layer, const at::Tensor& x,
                              const at::Tensor& index, const at::Tensor& weights) const {
     const std::int64_t experts = t_.num_experts;
-    const std::int64_t top_k = index.size(-1);
     const std::int64_t tokens = x.size(0);
     const std::int64_t hidden = x.size(-1);
-    const at::Tensor expert_ids = index.reshape(-1);  // [S]
-    auto [expert_ids_g, perm] = at::sort(expert_ids);
-    const at::Tensor token_of = at::div(perm, top_k, "floor");
-    const at::Tensor selected = x.index({token_of});
-    const at::Tensor histc_input =
-        x.device().is_cpu() ? expert_ids_g.to(at::kFloat) : expert_ids_g.to(at::kInt);
-    const at::Tensor tokens_per_expert = at::histc(histc_input, experts, 0, experts - 1);
-    const at::Tensor offsets = at::cumsum(tokens_per_expert, 0, at::kInt);
-    const at::Tensor row_of = at::div(token_of, tokens / rows_, "floor");
+    // Sort the (token, slot) pairs by expert; the batch row of each is needed only when a
+    // GEMM runs per row.
+    const bool per_row =
+        rows_ > 1 &&
+        (runner_.strategy(OpSite{OpFamily::ExpertGateUp, layer}) != ops::Strategy::Batched ||
+         runner_.strategy(OpSite{OpFamily::ExpertDown, layer}) != ops::Strategy::Batched);
+    const std::int64_t row_count = per_row ? rows_ : 0;
+    const compat::fused::Route route =
+        use_.route && index.is_contiguous() && compat::fused::route_fits(index.numel(), experts)
+            ? compat::fused::route(index, experts, row_count)
+            : route_reference(index, experts, row_count);
+    const at::Tensor& perm = route.perm;
+    const at::Tensor& offsets = route.offsets;
+    const at::Tensor& row_of = route.row_of;
+    const at::Tensor selected = x.index({route.token_of});
     at::Tensor proj = runner_.grouped_mm(selected.to(lw.experts_gate_up.scalar_type()),
                                          lw.experts_gate_up.transpose(-2, -1), offsets, row_of,
                                          OpSite{OpFamily::ExpertGateUp, layer});
@@ -408,6 +414,7 @@ class Pass {
     // x = residual + post_attention_layernorm(h). Fused, the same kernel also squares the new
     // x for the three norms that read it (pre_feedforward_layernorm{,_2} and the router's),
     // which in ATen compute the very same mean three times.
+    bool x_fused = false;
     at::Tensor x_ms;  // [B, S, 1] fp32, fused path only
     if (fuse_norm(h, {lw.post_attention_layernorm, residual})) {
       compat::fused::NormApply a = tail(h, mean_sq(h), lw.post_attention_layernorm);
@@ -416,13 +423,14 @@ class Pass {
       compat::fused::NormResult r = compat::fused::norm_apply(a);
       x = r.out;
       x_ms = r.square.mean(-1, /*keepdim=*/true);
+      x_fused = true;
     } else {
       h = rms_norm(h, lw.post_attention_layernorm, eps);
       x = residual + h;
     }
 
     residual = x;
-    h = x_ms.defined() && fuse_norm(x, {lw.pre_feedforward_layernorm})
+    h = x_fused && fuse_norm(x, {lw.pre_feedforward_layernorm})
             ? compat::fused::norm_apply(tail(x, x_ms, lw.pre_feedforward_layernorm)).out
             : rms_norm(x, lw.pre_feedforward_layernorm, eps);
     h = gated_mlp(h, lw.mlp_gate, lw.mlp_up, lw.mlp_down, OpFamily::MlpGate, OpFamily::MlpUp,
@@ -434,10 +442,10 @@ class Pass {
     const at::Tensor flat = residual.reshape({-1, residual.size(-1)});
     const at::Tensor flat_ms = x_ms.defined() ? x_ms.view({-1, 1}) : at::Tensor();
     const at::Tensor for_experts =
-        flat_ms.defined() && fuse_norm(flat, {lw.pre_feedforward_layernorm_2})
+        x_fused && fuse_norm(flat, {lw.pre_feedforward_layernorm_2})
             ? compat::fused::norm_apply(tail(flat, flat_ms, lw.pre_feedforward_layernorm_2)).out
             : rms_norm(flat, lw.pre_feedforward_layernorm_2, eps);
-    const auto [weights, index] = router(lw, layer, flat, flat_ms);
+    const auto [weights, index] = router(lw, layer, flat, x_fused, flat_ms);
     at::Tensor h2 = model_.settings().experts == ExpertsImpl::GroupedMm
                         ? experts_grouped(lw, layer, for_experts, index, weights)
                         : experts_eager(lw, layer, for_experts, index, weights);

@@ -10,6 +10,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "core/compat/device_graph.h"
+#include "core/compat/profile.h"
 #include "core/model/diffusion_gemma.h"
 #include "core/model/safetensors.h"
 #include "core/probe/taps.h"
@@ -224,6 +225,20 @@ base::Result<ForwardSummary> run_forward_file(const DiffusionGemma& model,
         // Report, and keep the eager results (and the output file) of this forward.
         summary.graph_error = e.what();
       }
+    }
+
+    if (!request.profile.empty()) {
+      ForwardContext ctx{&policy, nullptr};
+      ctx.check_id_range = false;
+      const at::Tensor canvas_dev = canvas_in.to(model.device());
+      (void)model.decode(canvas_dev, cache, sc, ctx);  // warm-up outside the trace
+      sync(model.device());
+      compat::profile_to_file(request.profile.string(), [&] {
+        for (int i = 0; i < 3; ++i) {
+          (void)model.decode(canvas_dev, cache, sc, ctx);
+        }
+        sync(model.device());
+      });
     }
 
     std::vector<std::pair<std::string, at::Tensor>> out;

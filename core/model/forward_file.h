@@ -35,6 +35,9 @@ struct ForwardRequest {
   /// and no host synchronisation, then captured once as a CUDA graph and replayed `repeat`
   /// times; the replay's logits are checked bitwise against the eager pass's.
   bool cuda_graph = false;
+  /// Non-empty (CUDA builds): profile three decoder passes (fused kernels where checked, no
+  /// host syncs) and write the Chrome trace here.
+  std::filesystem::path profile;
 };
 
 /// What was computed, for the CLI to print.

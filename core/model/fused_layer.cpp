@@ -31,6 +31,26 @@ at::Tensor moe_combine_reference(const at::Tensor& proj, const at::Tensor& weigh
   return weighted.view({tokens, top_k, proj.size(-1)}).sum(1).to(dtype);
 }
 
+compat::fused::Route route_reference(const at::Tensor& index, std::int64_t experts,
+                                     std::int64_t rows) {
+  const std::int64_t top_k = index.size(-1);
+  const std::int64_t tokens = index.numel() / top_k;
+  const at::Tensor expert_ids = index.reshape(-1);  // [S]
+  auto [expert_ids_g, perm] = at::sort(expert_ids);
+  compat::fused::Route r;
+  r.perm = perm;
+  r.token_of = at::div(perm, top_k, "floor");
+  // histc: float input on the CPU, int on CUDA (deterministic there), as the reference chooses.
+  const at::Tensor histc_input =
+      index.device().is_cpu() ? expert_ids_g.to(at::kFloat) : expert_ids_g.to(at::kInt);
+  const at::Tensor tokens_per_expert = at::histc(histc_input, experts, 0, experts - 1);
+  r.offsets = at::cumsum(tokens_per_expert, 0, at::kInt);
+  if (rows > 0) {
+    r.row_of = at::div(r.token_of, tokens / rows, "floor");
+  }
+  return r;
+}
+
 at::Tensor softcap_reference(const at::Tensor& logits, double cap) {
   at::Tensor out = logits.to(at::kFloat);
   out = out / cap;
@@ -159,6 +179,24 @@ int check_combine(Check& c, std::int64_t top_k, std::int64_t hidden) {
   return lanes.empty() ? 0 : lanes.front();
 }
 
+// The counting sort against torch.sort + histc + cumsum, at two token counts.
+bool check_route(Check& c, std::int64_t experts, std::int64_t top_k) {
+  for (const std::int64_t tokens : {256, 1024}) {
+    if (!compat::fused::route_fits(tokens * top_k, experts)) {
+      continue;
+    }
+    const at::Tensor scores = c.normal({tokens, experts}, 1.0, at::kFloat);
+    const at::Tensor index = std::get<1>(at::topk(scores, top_k, -1)).contiguous();
+    const compat::fused::Route got = compat::fused::route(index, experts, 4);
+    const compat::fused::Route want = route_reference(index, experts, 4);
+    if (!at::equal(got.perm, want.perm) || !at::equal(got.token_of, want.token_of) ||
+        !at::equal(got.offsets, want.offsets) || !at::equal(got.row_of, want.row_of)) {
+      return false;
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& device,
@@ -185,6 +223,7 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
   if (text.num_experts > 0) {
     f.combine_lanes = check_combine(c, text.top_k_experts, text.hidden_size);
     f.combine = f.combine_lanes > 0;
+    f.route = check_route(c, text.num_experts, text.top_k_experts);
   }
   const at::Tensor gate_up = c.normal({256, 2 * text.moe_intermediate_size}, 3.0);
   const std::int64_t inter = text.moe_intermediate_size;
@@ -209,7 +248,20 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
              (f.combine ? "yes (" + std::to_string(f.combine_lanes) + " lanes)" : said(false)) +
              ", gelu*up " +
              (f.gelu ? std::string(f.gelu_contract ? "yes (fma)" : "yes") : said(false)) +
-             ", softcap " + said(f.softcap);
+             ", softcap " + said(f.softcap) + ", route " + said(f.route);
+  // BATCHLENS_FUSED_OFF=name,name: leave checked kernels unused (to bisect, and to measure each).
+  if (const char* off = std::getenv("BATCHLENS_FUSED_OFF"); off != nullptr && *off != '\0') {
+    const std::string list = std::string(",") + off + ",";
+    const auto has = [&](const char* name) {
+      return list.find(std::string(",") + name + ",") != std::string::npos;
+    };
+    f.norm = f.norm && !has("norm");
+    f.combine = f.combine && !has("combine");
+    f.gelu = f.gelu && !has("gelu");
+    f.softcap = f.softcap && !has("softcap");
+    f.route = f.route && !has("route");
+    f.report += "; turned off by BATCHLENS_FUSED_OFF=" + std::string(off);
+  }
   return f;
 }
 

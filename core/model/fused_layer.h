@@ -9,6 +9,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "core/compat/fused_ops.h"
 #include "core/model/config.h"
 
 namespace batchlens::model {
@@ -21,15 +22,17 @@ struct FusedKernels {
   bool gelu = false;      ///< gelu_tanh(gate) * up
   bool gelu_contract = false;
   bool softcap = false;  ///< tanh(logits / cap) * cap
+  bool route = false;    ///< the experts' sort, offsets and token indices
   std::string report;    ///< one human-readable line: what is used, what not and why
 
-  bool any() const { return norm || combine || gelu || softcap; }
+  bool any() const { return norm || combine || gelu || softcap || route; }
 };
 
 /// Checks each fused kernel on `device` against the ATen chain, on seeded random data with the
 /// model's widths (hidden size, both head dims, top-k, a slice of the vocabulary), and returns
 /// those that matched bitwise. All false off CUDA, in builds without the kernels, or when the
-/// environment sets BATCHLENS_FUSED=0. Synchronises with the device (call it at load).
+/// environment sets BATCHLENS_FUSED=0; BATCHLENS_FUSED_OFF=norm,combine,gelu,softcap,route
+/// leaves the named ones unused. Synchronises with the device (call it at load).
 FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& device,
                                  at::ScalarType dtype);
 
@@ -40,6 +43,10 @@ at::Tensor gelu_mul_reference(const at::Tensor& gate, const at::Tensor& up);
 /// ref: grouped_mm_experts_forward
 at::Tensor moe_combine_reference(const at::Tensor& proj, const at::Tensor& weights,
                                  const at::Tensor& perm, at::ScalarType dtype);
+/// torch.sort(index.reshape(-1)), perm // K, cumsum(histc(sorted, E, 0, E - 1)) as int32, and
+/// with rows > 0 the batch row of each sorted slot. ref: grouped_mm_experts_forward
+compat::fused::Route route_reference(const at::Tensor& index, std::int64_t experts,
+                                     std::int64_t rows);
 /// tanh(logits.float() / cap) * cap. ref: DiffusionGemmaForBlockDiffusion.forward
 at::Tensor softcap_reference(const at::Tensor& logits, double cap);
 /// rms_norm(x) * scale * scalar. ref: DiffusionGemmaTextRouter.forward
