@@ -137,6 +137,18 @@ def main() -> int:
             over = (walls[1] / walls[0] - 1.0) * 100.0 if walls[0] > 0 else 0.0
             print(f"| {NAMES[p]} | {wa} | {walls[0]:.2f} | {walls[1]:.2f} | {over:+.1f} % "
                   f"| {js[0].get('process_wall_s', 0):.1f} / {js[1].get('process_wall_s', 0):.1f} |")
+    phases = []
+    for p in presets:
+        for t in ("none", "all"):
+            txt = d / f"canvas-{p}-taps_{t}-wa_none.txt"
+            m = re.search(r"^time: (.*)$", txt.read_text(), re.M) if txt.exists() else None
+            if m:
+                phases.append(f"- {NAMES[p]}, taps {t}: {m.group(1)}")
+    if phases:
+        print()
+        print("Where each `batchlens-cli run` spent its time (`time:` line of its output):")
+        print()
+        print("\n".join(phases))
     for p in presets:
         paths = [d / f"canvas-{p}-taps_none-wa_{w}.json" for w in ("none", "issue_workaround")]
         if all(x.exists() for x in paths):

@@ -1,5 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
+#include <chrono>
 #include <cstdio>
+#include <iomanip>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -98,11 +100,18 @@ void register_run(CLI::App& app, int& exit_code) {
       exit_code = report_error(result.error());
       return;
     }
+    const auto write_start = std::chrono::steady_clock::now();
     if (auto w = io::write_experiment(opts->out, result.value()); !w.ok()) {
       exit_code = report_error(w.error());
       return;
     }
-    std::cout << experiment::summary_text(result.value()) << "\nwrote " << opts->out << "\n";
+    const double write_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - write_start).count();
+    const auto& t = result.value().timings;
+    std::cout << experiment::summary_text(result.value()) << "\nwrote " << opts->out << "\n"
+              << std::fixed << std::setprecision(2) << "time: load " << t.load_s << " s, engines "
+              << t.engines_s << " s, per-tick copies and comparisons " << t.comparisons_s
+              << " s, results " << t.results_s << " s, file " << write_s << " s\n";
     exit_code = kExitOk;
   });
 }

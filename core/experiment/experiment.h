@@ -169,6 +169,15 @@ struct ExperimentResult {
   std::vector<RunResult> runs;
   std::vector<ComparisonResult> comparisons;
 
+  /// Where run_experiment spent its wall time, in seconds. Measured in this process and never
+  /// written to files (a file read back has zeros).
+  struct Timings {
+    double load_s = 0.0;         ///< loading or building the model
+    double engines_s = 0.0;      ///< the engines' own work (prefill, steps, commits)
+    double comparisons_s = 0.0;  ///< per tick: row-0 host copies and the tap comparisons
+    double results_s = 0.0;      ///< assembling runs and comparisons after each group
+  } timings;
+
   const RunResult* run(const std::string& id) const;
   const ComparisonResult* comparison(const std::string& id) const;
 };

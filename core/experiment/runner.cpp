@@ -30,6 +30,11 @@ using base::ErrorCode;
 using probe::Tap;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
+// Seconds since `start` on the steady clock.
+double since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
 template <class T>
 T take(base::Result<T> r) {
   if (!r.ok()) {
@@ -447,7 +452,9 @@ base::Result<ExperimentResult> run_experiment(const ExperimentSpec& spec,
     model::LoadOptions load = spec.load;
     load.progress = control.load_progress;
     load.cancel = control.cancel;
+    const auto load_start = std::chrono::steady_clock::now();
     const auto loaded = take(model::load_model(spec.model, load));
+    out.timings.load_s = since(load_start);
     const model::DiffusionGemma& m = *loaded;
     out.config_json = model::to_json(m.config()).dump(2);
     const std::int64_t vocab = m.config().text.vocab_size;
@@ -623,6 +630,7 @@ base::Result<ExperimentResult> run_experiment(const ExperimentSpec& spec,
           if (control.cancel != nullptr && control.cancel->cancelled()) {
             base::raise(ErrorCode::Cancelled, "experiment cancelled");
           }
+          const auto compare_start = std::chrono::steady_clock::now();
           for (auto& e : engines) {
             RunResult& r = e->result;
             const auto c = static_cast<std::size_t>(lay.c);
@@ -655,6 +663,7 @@ base::Result<ExperimentResult> run_experiment(const ExperimentSpec& spec,
               compare_row0(a, lay, a.ref->stepped && a.run->stepped);
             }
           }
+          out.timings.comparisons_s += since(compare_start);
           ++ticks;
           ++ticks_done;
           if (control.progress) {
@@ -675,6 +684,10 @@ base::Result<ExperimentResult> run_experiment(const ExperimentSpec& spec,
         }
       }
       // Results of the group.
+      const auto results_start = std::chrono::steady_clock::now();
+      for (const auto& e : engines) {
+        out.timings.engines_s += e->seconds;
+      }
       const auto s = ticks;
       for (auto& e : engines) {
         RunResult& r = e->result;
@@ -722,6 +735,7 @@ base::Result<ExperimentResult> run_experiment(const ExperimentSpec& spec,
       for (auto& e : engines) {
         out.runs.push_back(std::move(e->result));
       }
+      out.timings.results_s += since(results_start);
     }
     out.provenance = provenance(spec, out.provenance.emulated);
     return out;

@@ -192,6 +192,8 @@ TEST(CliRun, WritesAnExperimentFileThatSummaryReads) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("ref__b2"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("EMULATED"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("time: load "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" s, file "), std::string::npos) << r.out;
   ASSERT_TRUE(fs::exists(file));
   const auto s = run_process({BL_CLI_PATH, "summary", file.string(), "--json"});
   ASSERT_EQ(s.exit_code, 0) << s.err;

@@ -78,6 +78,15 @@ TEST(Experiment, DefaultPolicyOnCpuIsBatchInvariantAndRecordedSo) {
   EXPECT_FALSE(r.runs[0].text.empty());
   EXPECT_FALSE(r.provenance.emulated);
   EXPECT_NE(summary_text(r).find("noise floor (B=1 repeat): clean"), std::string::npos);
+  // Where the time went: every phase measured, the engines' share within the total.
+  double engines = 0.0;
+  for (const auto& run : r.runs) {
+    engines += run.wall_time_s;
+  }
+  EXPECT_GT(r.timings.load_s, 0.0);
+  EXPECT_GT(r.timings.comparisons_s, 0.0);
+  EXPECT_GT(r.timings.results_s, 0.0);
+  EXPECT_DOUBLE_EQ(r.timings.engines_s, engines);
 }
 
 TEST(Experiment, EmulatedSplitKDivergesAtTheFirstGemmOfTheFirstStep) {
