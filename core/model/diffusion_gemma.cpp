@@ -156,7 +156,16 @@ class Pass {
     if (!fuse_norm(x, {weight})) {
       return rms_norm(x, weight, t_.rms_norm_eps);
     }
-    return compat::fused::norm_apply(tail(x, mean_sq(x), weight)).out;
+    return norm_known(x, mean_sq(x), weight);
+  }
+
+  // rms_norm(x, weight) where x's mean of squares `ms` is already known (fused path); ATen's
+  // chain when it is undefined or the fused tail cannot take the operands.
+  at::Tensor norm_known(const at::Tensor& x, const at::Tensor& ms, const at::Tensor& weight) const {
+    if (!ms.defined() || !fuse_norm(x, {weight})) {
+      return rms_norm(x, weight, t_.rms_norm_eps);
+    }
+    return compat::fused::norm_apply(tail(x, ms, weight)).out;
   }
 
   // RMSNorm then RoPE (q and k). ref: DiffusionGemmaDecoderTextAttention.forward
@@ -306,14 +315,13 @@ class Pass {
   }
 
   // ref: DiffusionGemmaTextRouter.forward. Returns (top_k_weights fp32, top_k_index int64).
-  // fused: flat's norm may use the fused tail, with flat_ms its mean of squares (undefined: the
-  // kernel computes it).
+  // flat_ms: flat's mean of squares when the caller has it (fused path), else undefined.
   std::pair<at::Tensor, at::Tensor> router(const LayerWeights& lw, int layer,
-                                           const at::Tensor& flat, bool fused,
+                                           const at::Tensor& flat,
                                            const at::Tensor& flat_ms) const {
     const double scalar_root_size = std::pow(static_cast<double>(t_.hidden_size), -0.5);
     at::Tensor r;
-    if (fused && fuse_norm(flat, {lw.router_scale})) {
+    if (flat_ms.defined() && fuse_norm(flat, {lw.router_scale})) {
       compat::fused::NormApply a = tail(flat, flat_ms, at::Tensor());
       a.scale = lw.router_scale;
       a.scalar = scalar_root_size;
@@ -414,7 +422,6 @@ class Pass {
     // x = residual + post_attention_layernorm(h). Fused, the same kernel also squares the new
     // x for the three norms that read it (pre_feedforward_layernorm{,_2} and the router's),
     // which in ATen compute the very same mean three times.
-    bool x_fused = false;
     at::Tensor x_ms;  // [B, S, 1] fp32, fused path only
     if (fuse_norm(h, {lw.post_attention_layernorm, residual})) {
       compat::fused::NormApply a = tail(h, mean_sq(h), lw.post_attention_layernorm);
@@ -423,16 +430,13 @@ class Pass {
       compat::fused::NormResult r = compat::fused::norm_apply(a);
       x = r.out;
       x_ms = r.square.mean(-1, /*keepdim=*/true);
-      x_fused = true;
     } else {
       h = rms_norm(h, lw.post_attention_layernorm, eps);
       x = residual + h;
     }
 
     residual = x;
-    h = x_fused && fuse_norm(x, {lw.pre_feedforward_layernorm})
-            ? compat::fused::norm_apply(tail(x, x_ms, lw.pre_feedforward_layernorm)).out
-            : rms_norm(x, lw.pre_feedforward_layernorm, eps);
+    h = norm_known(x, x_ms, lw.pre_feedforward_layernorm);
     h = gated_mlp(h, lw.mlp_gate, lw.mlp_up, lw.mlp_down, OpFamily::MlpGate, OpFamily::MlpUp,
                   OpFamily::MlpDown, layer);
     record(Tap::MlpOut, layer, h);
@@ -441,11 +445,8 @@ class Pass {
     // The router sees the raw residual; the experts its pre_feedforward_layernorm_2.
     const at::Tensor flat = residual.reshape({-1, residual.size(-1)});
     const at::Tensor flat_ms = x_ms.defined() ? x_ms.view({-1, 1}) : at::Tensor();
-    const at::Tensor for_experts =
-        x_fused && fuse_norm(flat, {lw.pre_feedforward_layernorm_2})
-            ? compat::fused::norm_apply(tail(flat, flat_ms, lw.pre_feedforward_layernorm_2)).out
-            : rms_norm(flat, lw.pre_feedforward_layernorm_2, eps);
-    const auto [weights, index] = router(lw, layer, flat, x_fused, flat_ms);
+    const at::Tensor for_experts = norm_known(flat, flat_ms, lw.pre_feedforward_layernorm_2);
+    const auto [weights, index] = router(lw, layer, flat, flat_ms);
     at::Tensor h2 = model_.settings().experts == ExpertsImpl::GroupedMm
                         ? experts_grouped(lw, layer, for_experts, index, weights)
                         : experts_eager(lw, layer, for_experts, index, weights);
