@@ -5,6 +5,7 @@
 # CLI and the tests need into .deps/ (git-ignored; name it in the device tool's `carry`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# zlib (core links ZLIB::ZLIB) is not among them: the server's libhdf5-dev depends on zlib1g-dev.
 pkgs=(nlohmann-json3-dev libcli11-dev googletest)
 rm -rf .deps && mkdir -p .deps/debs
 (cd .deps/debs && apt-get download "${pkgs[@]}" >/dev/null)

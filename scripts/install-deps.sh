@@ -7,8 +7,8 @@ set -euo pipefail
 packages=(
   # toolchain
   build-essential cmake ninja-build git pkg-config dpkg-dev file
-  # core: LibTorch 1.13 (CPU), HDF5 C/C++, JSON, CLI
-  libtorch-dev libhdf5-dev nlohmann-json3-dev libcli11-dev
+  # core: LibTorch 1.13 (CPU), HDF5 C/C++, zlib (parallel chunk compression), JSON, CLI
+  libtorch-dev libhdf5-dev zlib1g-dev nlohmann-json3-dev libcli11-dev
   # ui: Qt 6 widgets and QCustomPlot built for Qt 6
   qt6-base-dev libqcustomplot-dev
   # tests, benchmarks, style checks, reading experiment files from Python
