@@ -16,7 +16,8 @@
 #      B = 4 with the issue_workaround policy;
 #   3. times one full 48-step canvas: the reference's generate (bench/reference_canvas_time.py)
 #      and BatchLens's experiment engines (batchlens-cli run, taps none: B = 1 repeat and B = 4);
-#   4. measures capture overhead: the same experiment with every tap compared on every step.
+#   4. measures capture overhead: the same experiment with every tap compared on every step
+#      (each configuration twice, alternating; the report takes the faster of each).
 # Then (ROWWISE_MIN=1, default) it checks whether row-wise selfcond_matmul alone makes B = 2, 3,
 # 4 bitwise identical to B = 1 for the preset (random preset weights, taps as the findings).
 # Leaves the logs and JSON in $OUT; bench/gpu_bench_report.py turns them into the tables of
@@ -94,8 +95,11 @@ from safetensors.torch import load_file
 print(','.join(str(int(i)) for i in load_file('$w/inputs_nosc.safetensors')['input_ids'][0]))")
   run=(--checkpoint "$w" --prompt-ids "$ids" --max-new-tokens "$canvas" --steps 48
        --batch-sizes 4 --repeats 1)
-  experiment "canvas-$preset-taps_none-wa_none" "${run[@]}" --taps none
-  experiment "canvas-$preset-taps_all-wa_none" "${run[@]}"
+  # Twice each, alternating: the report takes the faster run of each (machine noise).
+  for r in "" -r2; do
+    experiment "canvas-$preset-taps_none-wa_none$r" "${run[@]}" --taps none
+    experiment "canvas-$preset-taps_all-wa_none$r" "${run[@]}"
+  done
   if [ "${ROWWISE_MIN:-1}" = 1 ]; then
     experiment "rowwise-selfcond_matmul-$preset" --preset "$preset" --mode free --repeats 0 \
       --policy '{"name":"row_wise_selfcond_matmul","rules":[{"families":["selfcond_matmul"]}]}' \

@@ -9,6 +9,7 @@
 // core/compat/fused_ops_cuda.cpp checks every kernel against ATen on the device before use.
 #include <cub/block/block_radix_sort.cuh>
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "core/compat/fused_kernels.h"
@@ -281,6 +282,131 @@ __global__ void __launch_bounds__(kRouteThreads)
   }
 }
 
+// ---- comparison of tapped tensors (probe::position_diff) -----------------------------------
+
+constexpr int kDiffThreads = 256;
+
+// Ordered integer key of a float's bits: sign-magnitude to two's complement, so adjacent floats
+// are 1 apart and +0 / -0 share a key. `sign` = 2^(w-1) for the float's width w.
+__device__ __forceinline__ long long ordered_key(long long bits, long long sign) {
+  return bits < 0 ? -(bits + sign) : bits;
+}
+
+struct DiffAcc {
+  unsigned long long differ = 0;
+  float max_abs = 0.0F;
+  long long max_ulp = 0;
+};
+
+// |a - b| as ATen's nan_to_num((a.float() - b.float()).abs(), 0, 3e38, 3e38) gives it.
+__device__ __forceinline__ float abs_diff(float a, float b) {
+  const float d = fabsf(__fsub_rn(a, b));
+  if (isnan(d)) {
+    return 0.0F;
+  }
+  return isinf(d) ? 3.0e38F : d;
+}
+
+template <typename Bits>
+__device__ void diff_bits(const Bits* a, const Bits* b, std::int64_t n, DiffAcc& acc) {
+  for (std::int64_t i = threadIdx.x; i < n; i += kDiffThreads) {
+    acc.differ += a[i] != b[i] ? 1ULL : 0ULL;
+  }
+}
+
+// Floats stored as Bits (signed integers of the float's width); Load turns Bits into fp32.
+template <typename Bits, typename Load>
+__device__ void diff_float(const Bits* a, const Bits* b, std::int64_t n, Load load, DiffAcc& acc) {
+  constexpr long long kSign = 1LL << (sizeof(Bits) * 8 - 1);
+  for (std::int64_t i = threadIdx.x; i < n; i += kDiffThreads) {
+    const Bits x = a[i];
+    const Bits y = b[i];
+    if (x == y) {
+      continue;
+    }
+    ++acc.differ;
+    acc.max_abs = fmaxf(acc.max_abs, abs_diff(load(x), load(y)));
+    const long long d = ordered_key(x, kSign) - ordered_key(y, kSign);
+    acc.max_ulp = max(acc.max_ulp, d < 0 ? -d : d);
+  }
+}
+
+__device__ __forceinline__ float bf16_bits_to_float(short b) {
+  return __uint_as_float(static_cast<unsigned>(static_cast<unsigned short>(b)) << 16);
+}
+__device__ __forceinline__ float f16_bits_to_float(short b) {
+  return __half2float(__short_as_half(b));
+}
+
+__global__ void position_diff_kernel(const DiffPair* pairs, std::int64_t count,
+                                     std::int64_t positions, float* out) {
+  __shared__ unsigned long long s_differ[kDiffThreads / 32];
+  __shared__ float s_abs[kDiffThreads / 32];
+  __shared__ long long s_ulp[kDiffThreads / 32];
+  const std::int64_t p = blockIdx.x;
+  for (std::int64_t k = blockIdx.y; k < count; k += gridDim.y) {
+    const DiffPair pair = pairs[k];
+    const std::int64_t n = pair.inner;
+    DiffAcc acc;
+    switch (pair.kind) {
+      case DiffKind::Bits1:
+        diff_bits(static_cast<const unsigned char*>(pair.a) + p * n,
+                  static_cast<const unsigned char*>(pair.b) + p * n, n, acc);
+        break;
+      case DiffKind::Bits2:
+        diff_bits(static_cast<const unsigned short*>(pair.a) + p * n,
+                  static_cast<const unsigned short*>(pair.b) + p * n, n, acc);
+        break;
+      case DiffKind::Bits4:
+        diff_bits(static_cast<const unsigned*>(pair.a) + p * n,
+                  static_cast<const unsigned*>(pair.b) + p * n, n, acc);
+        break;
+      case DiffKind::Bits8:
+        diff_bits(static_cast<const unsigned long long*>(pair.a) + p * n,
+                  static_cast<const unsigned long long*>(pair.b) + p * n, n, acc);
+        break;
+      case DiffKind::BF16:
+        diff_float(static_cast<const short*>(pair.a) + p * n,
+                   static_cast<const short*>(pair.b) + p * n, n, bf16_bits_to_float, acc);
+        break;
+      case DiffKind::F16:
+        diff_float(static_cast<const short*>(pair.a) + p * n,
+                   static_cast<const short*>(pair.b) + p * n, n, f16_bits_to_float, acc);
+        break;
+      case DiffKind::F32:
+        diff_float(
+            static_cast<const int*>(pair.a) + p * n, static_cast<const int*>(pair.b) + p * n, n,
+            [](int b) { return __int_as_float(b); }, acc);
+        break;
+    }
+    // Block reduction: warps by shuffles, then the first warp over the warps' results.
+    for (int off = 16; off > 0; off /= 2) {
+      acc.differ += __shfl_down_sync(0xffffffffU, acc.differ, off);
+      acc.max_abs = fmaxf(acc.max_abs, __shfl_down_sync(0xffffffffU, acc.max_abs, off));
+      acc.max_ulp = max(acc.max_ulp, __shfl_down_sync(0xffffffffU, acc.max_ulp, off));
+    }
+    const int warp = static_cast<int>(threadIdx.x) / 32;
+    if (threadIdx.x % 32 == 0) {
+      s_differ[warp] = acc.differ;
+      s_abs[warp] = acc.max_abs;
+      s_ulp[warp] = acc.max_ulp;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      for (int w = 1; w < kDiffThreads / 32; ++w) {
+        s_differ[0] += s_differ[w];
+        s_abs[0] = fmaxf(s_abs[0], s_abs[w]);
+        s_ulp[0] = max(s_ulp[0], s_ulp[w]);
+      }
+      float* o = out + k * 3 * positions + p;
+      o[0] = n > 0 ? __fdiv_rn(static_cast<float>(s_differ[0]), static_cast<float>(n)) : 0.0F;
+      o[positions] = s_abs[0];
+      o[2 * positions] = __ll2float_rn(s_ulp[0]);
+    }
+    __syncthreads();
+  }
+}
+
 int status() {
   return static_cast<int>(cudaGetLastError());
 }
@@ -414,6 +540,18 @@ int softcap(Elem elem, const void* x, float inv_cap, float cap, float* out, std:
     softcap_kernel<<<blocks_for(count), kThreads, 0, s>>>(static_cast<const float*>(x), inv_cap,
                                                           cap, out, count);
   }
+  return status();
+}
+
+int position_diff(const DiffPair* pairs, std::int64_t count, std::int64_t positions, float* out,
+                  void* stream) {
+  if (count <= 0 || positions <= 0) {
+    return 0;
+  }
+  const dim3 grid(static_cast<unsigned>(positions),
+                  static_cast<unsigned>(count > 65535 ? 65535 : count));
+  position_diff_kernel<<<grid, kDiffThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+      pairs, count, positions, out);
   return status();
 }
 

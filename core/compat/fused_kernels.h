@@ -70,4 +70,26 @@ int route(const std::int64_t* ids, std::int64_t count, int experts, int top_k,
 int softcap(Elem elem, const void* x, float inv_cap, float cap, float* out, std::int64_t count,
             void* stream);
 
+/// How position_diff reads a pair's elements: floats (their bits compared, |a - b| and the ULP
+/// distance taken) or plain bit patterns of 1, 2, 4 or 8 bytes (only compared).
+enum class DiffKind : std::int32_t { Bits1, Bits2, Bits4, Bits8, BF16, F16, F32 };
+
+/// One compared pair: a and b are [positions, inner] contiguous arrays of one element kind.
+struct DiffPair {
+  const void* a = nullptr;
+  const void* b = nullptr;
+  std::int64_t inner = 0;
+  DiffKind kind = DiffKind::Bits1;
+  std::int32_t unused = 0;
+};
+
+/// For each pair (a device array of `count` DiffPairs) and position p < positions:
+///   out[(pair * 3 + 0) * positions + p] = (differing bit patterns) / inner   (fp32 division)
+///   out[(pair * 3 + 1) * positions + p] = max |float(a) - float(b)| (fp32; NaN -> 0, inf -> 3e38)
+///   out[(pair * 3 + 2) * positions + p] = max ULP distance, as fp32
+/// (both 0 for bit-pattern kinds). One block per (position, pair); probe::position_diff is the
+/// ATen definition it is tested against.
+int position_diff(const DiffPair* pairs, std::int64_t count, std::int64_t positions, float* out,
+                  void* stream);
+
 }  // namespace batchlens::compat::fused::kernels

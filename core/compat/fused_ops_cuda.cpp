@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Built when LibTorch has CUDA: the tensor side of the fused kernels (fused_kernels.cu).
+#include <cstring>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -180,6 +181,27 @@ at::Tensor softcap(const at::Tensor& logits, double cap) {
   check(kernels::softcap(elem, logits.data_ptr(), inv, cap_f, out.data_ptr<float>(), logits.numel(),
                          stream_of(logits)),
         "softcap");
+  return out;
+}
+
+at::Tensor position_diffs(const std::vector<kernels::DiffPair>& pairs, std::int64_t positions,
+                          const at::Device& device) {
+  TORCH_CHECK(device.is_cuda(), "position_diffs: not a CUDA device: ", device.str());
+  const c10::cuda::CUDAGuard guard(device);
+  const auto count = static_cast<std::int64_t>(pairs.size());
+  at::Tensor out =
+      at::empty({count, 3, positions}, at::TensorOptions().dtype(at::kFloat).device(device));
+  if (count == 0) {
+    return out;
+  }
+  // The descriptors travel with the queued work: a pinned buffer, copied without a host sync.
+  const auto bytes = static_cast<std::int64_t>(pairs.size() * sizeof(kernels::DiffPair));
+  at::Tensor host = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
+  std::memcpy(host.data_ptr(), pairs.data(), static_cast<std::size_t>(bytes));
+  const at::Tensor dev = host.to(device, /*non_blocking=*/true);
+  check(kernels::position_diff(static_cast<const kernels::DiffPair*>(dev.data_ptr()), count,
+                               positions, out.data_ptr<float>(), stream_of(dev)),
+        "position_diff");
   return out;
 }
 

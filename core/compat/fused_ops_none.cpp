@@ -36,4 +36,9 @@ at::Tensor softcap(const at::Tensor& /*logits*/, double /*cap*/) {
   unavailable();
 }
 
+at::Tensor position_diffs(const std::vector<kernels::DiffPair>& /*pairs*/,
+                          std::int64_t /*positions*/, const at::Device& /*device*/) {
+  unavailable();
+}
+
 }  // namespace batchlens::compat::fused

@@ -43,7 +43,9 @@ T take(base::Result<T> r) {
   return std::move(r).value();
 }
 
-// Keeps this step's tapped tensors (clones: the model may reuse its buffers).
+// Keeps this step's tapped tensors (clones: the model may reuse its buffers; a graph replay's
+// tap copies stay as they are until the next replay, and the comparisons that read them are
+// queued on the same stream before it).
 class StepTaps final : public probe::TapSink {
  public:
   explicit StepTaps(std::bitset<probe::kTapCount> wanted) : wanted_(wanted) {}
@@ -52,6 +54,9 @@ class StepTaps final : public probe::TapSink {
   }
   void record(Tap tap, int layer, const at::Tensor& value) override {
     taps_[{tap, layer}] = value.detach().clone();
+  }
+  void record_stable(Tap tap, int layer, const at::Tensor& value) override {
+    taps_[{tap, layer}] = value.detach();
   }
   at::Tensor get(Tap tap, int layer) const {
     const auto it = taps_.find({tap, layer});
@@ -72,11 +77,27 @@ struct Engine {
   sampling::StepTensors last;  // this tick's step (when stepped)
   bool stepped = false;        // in the current tick
   double seconds = 0;
-  // Row-0 per-tick data, appended.
+  // Row-0 per-tick data, appended; a stepped tick's values arrive at the end of the canvas.
   std::vector<std::int64_t> canvas_in, argmax, sampled;
   std::vector<std::uint8_t> accepted;
   std::vector<float> entropy;
+  // Per stepped tick: where its values go, and [5, C] fp64 on the device (canvas_in, argmax,
+  // sampled, accepted, entropy: exact in fp64).
+  std::vector<std::pair<std::size_t, at::Tensor>> pending;
   explicit Engine(std::bitset<probe::kTapCount> wanted) : taps(wanted) {}
+};
+
+// One tick of one comparison, computed on the device and read back once per canvas (flush):
+// no host synchronisation in the step loop.
+struct PendingTick {
+  std::size_t base = 0;                                      // aggregates [L+1, T]
+  std::size_t pbase = 0;                                     // per position [L+1, T, C]
+  std::size_t lbase = 0;                                     // routing [L, C]
+  std::size_t sbase = 0;                                     // sampler [C]
+  std::vector<std::pair<std::int64_t, std::int64_t>> where;  // (slot, tap) per diff row
+  at::Tensor diff;                                           // row0: [n, 3, C]; rows: [n, 3]
+  at::Tensor sampler;                                        // [C] uint8
+  at::Tensor routing;                                        // [2, L, C] fp32: flips, margins
 };
 
 struct Acc {
@@ -85,6 +106,7 @@ struct Acc {
   Engine* run = nullptr;
   std::vector<float> frac, abs, ulp, pos, pos_abs, pos_ulp, margin;
   std::vector<std::uint8_t> flips, sampler;
+  std::vector<PendingTick> pending;
 };
 
 struct Layout {
@@ -98,49 +120,38 @@ at::Tensor row0(const at::Tensor& t) {
   return t.narrow(0, 0, 1).squeeze(0);
 }
 
-// Layers (or kNoLayer for a per-step tap) whose tap is recorded in both sinks, grouped by
-// shape and dtype in layer order: each group is compared with one batch of kernels.
-struct LayerGroup {
-  std::vector<int> layers;
-};
-
-std::vector<LayerGroup> layer_groups(const StepTaps& ref, const StepTaps& run, Tap tap,
-                                     int layers) {
-  std::vector<LayerGroup> groups;
-  std::vector<std::pair<std::vector<std::int64_t>, at::ScalarType>> keys;
-  const bool per_layer = probe::tap_is_per_layer(tap);
-  for (int l = per_layer ? 0 : probe::kNoLayer; l < (per_layer ? layers : 0); ++l) {
-    const at::Tensor x = ref.get(tap, l);
-    const at::Tensor y = run.get(tap, l);
-    if (!x.defined() || !y.defined()) {
-      continue;
-    }
-    std::pair<std::vector<std::int64_t>, at::ScalarType> key{x.sizes().vec(), x.scalar_type()};
-    const auto it = std::find(keys.begin(), keys.end(), key);
-    if (it == keys.end()) {
-      keys.push_back(std::move(key));
-      groups.push_back(LayerGroup{{l}});
-    } else {
-      groups[static_cast<std::size_t>(it - keys.begin())].layers.push_back(l);
-    }
-  }
-  return groups;
-}
-
-// Row 0 of the tap of each layer, stacked along the position axis: [n * C, ...].
+// Row 0 of the tap of each layer, stacked: [n, C, ...] (one stack of the whole taps, then a
+// view: a handful of ops rather than two views per layer).
 at::Tensor stack_row0(const StepTaps& taps, Tap tap, const std::vector<int>& layers) {
-  if (layers.size() == 1) {
-    return row0(taps.get(tap, layers.front()));
-  }
-  std::vector<at::Tensor> rows;
-  rows.reserve(layers.size());
+  std::vector<at::Tensor> all;
+  all.reserve(layers.size());
   for (const int l : layers) {
-    rows.push_back(row0(taps.get(tap, l)));
+    all.push_back(taps.get(tap, l));
   }
-  return at::cat(rows, 0);
+  return at::stack(all).select(1, 0);
 }
 
-// Appends one tick of row-0 comparison data (or an uncompared tick).
+// The (slot, tap index) cells whose tap both sinks recorded this tick, in tap then layer order,
+// with the tensors to compare; `pick` maps a recorded tensor to the compared one.
+template <class Pick>
+void tapped_pairs(const StepTaps& ref, const StepTaps& run, const Layout& lay, Pick&& pick,
+                  std::vector<probe::TapRow>& xs, std::vector<probe::TapRow>& ys,
+                  std::vector<std::pair<std::int64_t, std::int64_t>>& where) {
+  for (std::size_t t = 0; t < lay.taps.size(); ++t) {
+    const Tap tap = lay.taps[t];
+    const bool per_layer = probe::tap_is_per_layer(tap);
+    for (int l = per_layer ? 0 : probe::kNoLayer; l < (per_layer ? lay.layers : 0); ++l) {
+      const at::Tensor x = ref.get(tap, l);
+      const at::Tensor y = run.get(tap, l);
+      if (!x.defined() || !y.defined()) {
+        continue;
+      }
+      pick(x, y, xs, ys);
+      where.emplace_back(l == probe::kNoLayer ? lay.layers : l, static_cast<std::int64_t>(t));
+    }
+  }
+}
+
 // Appends one tick of NaN aggregates [L+1, T]; returns where the tick starts.
 std::size_t grow_aggregates(Acc& a, const Layout& lay) {
   const std::size_t base = a.frac.size();
@@ -150,44 +161,40 @@ std::size_t grow_aggregates(Acc& a, const Layout& lay) {
   return base;
 }
 
+// Queues one tick of row-0 comparison (or an uncompared tick): the kernels run on the tensors'
+// device; flush() reads the results back once per canvas.
 void compare_row0(Acc& a, const Layout& lay, bool both) {
   const std::int64_t slots = lay.layers + 1;
   const auto ntap = static_cast<std::int64_t>(lay.taps.size());
-  const std::size_t base = grow_aggregates(a, lay);
-  const std::size_t pbase = a.pos.size();
-  a.pos.resize(pbase + static_cast<std::size_t>(slots * ntap * lay.c), kNaN);
+  PendingTick p;
+  p.base = grow_aggregates(a, lay);
+  p.pbase = a.pos.size();
+  a.pos.resize(p.pbase + static_cast<std::size_t>(slots * ntap * lay.c), kNaN);
   a.pos_abs.resize(a.pos.size(), kNaN);
   a.pos_ulp.resize(a.pos.size(), kNaN);
-  const std::size_t lbase = a.flips.size();
-  a.flips.resize(lbase + static_cast<std::size_t>(lay.layers * lay.c), 0);
+  p.lbase = a.flips.size();
+  a.flips.resize(p.lbase + static_cast<std::size_t>(lay.layers * lay.c), 0);
   a.margin.resize(a.flips.size(), kNaN);
-  const std::size_t sbase = a.sampler.size();
-  a.sampler.resize(sbase + static_cast<std::size_t>(lay.c), 0);
+  p.sbase = a.sampler.size();
+  a.sampler.resize(p.sbase + static_cast<std::size_t>(lay.c), 0);
   a.r.compared.push_back(both ? 1 : 0);
   if (!both) {
     return;
   }
-  std::vector<at::Tensor> parts;                             // [n_i, 3, C] each
-  std::vector<std::pair<std::int64_t, std::int64_t>> where;  // (slot, tap index) per row
-  for (std::int64_t t = 0; t < ntap; ++t) {
-    const Tap tap = lay.taps[static_cast<std::size_t>(t)];
-    // One position_diff per group of same-shaped layers (a few kernels per tap, not per layer
-    // and tap): the per-position results are the same elementwise ops and exact reductions.
-    for (const LayerGroup& g : layer_groups(a.ref->taps, a.run->taps, tap, lay.layers)) {
-      const auto n = static_cast<std::int64_t>(g.layers.size());
-      const at::Tensor x = stack_row0(a.ref->taps, tap, g.layers);  // [n * C, ...]
-      const at::Tensor y = stack_row0(a.run->taps, tap, g.layers);
-      parts.push_back(probe::position_diff(x, y).view({3, n, lay.c}).permute({1, 0, 2}));
-      for (const int l : g.layers) {
-        where.emplace_back(l == probe::kNoLayer ? lay.layers : l, t);
-      }
-    }
+  // Every tapped tensor of this tick, all layers and taps, in one launch.
+  std::vector<probe::TapRow> xs;
+  std::vector<probe::TapRow> ys;
+  tapped_pairs(
+      a.ref->taps, a.run->taps, lay,
+      [](const at::Tensor& x, const at::Tensor& y, auto& xv, auto& yv) {
+        xv.push_back({x, 0});
+        yv.push_back({y, 0});
+      },
+      xs, ys, p.where);
+  if (!xs.empty()) {
+    p.diff = probe::position_diffs(xs, ys);  // [n, 3, C]
   }
-  const at::Tensor ids_ref = a.ref->taps.get(Tap::RouterTopkIds, 0);
-  const bool routing = ids_ref.defined();
-  std::vector<at::Tensor> flips;    // [L, C] or L x [C]
-  std::vector<at::Tensor> margins;  // likewise
-  if (routing) {
+  if (a.ref->taps.get(Tap::RouterTopkIds, 0).defined()) {
     std::vector<int> all_layers(static_cast<std::size_t>(lay.layers));
     std::iota(all_layers.begin(), all_layers.end(), 0);
     bool scores = true;
@@ -195,113 +202,153 @@ void compare_row0(Acc& a, const Layout& lay, bool both) {
       scores = scores && a.ref->taps.get(Tap::RouterScores, l).defined();
     }
     const std::int64_t nl = lay.layers;
-    flips.push_back(
+    const at::Tensor flips =
         probe::routing_flips(
-            stack_row0(a.ref->taps, Tap::RouterTopkIds, all_layers).view({nl, lay.c, -1}),
-            stack_row0(a.run->taps, Tap::RouterTopkIds, all_layers).view({nl, lay.c, -1}))
-            .to(at::kFloat));
-    margins.push_back(
-        scores ? probe::router_margin(stack_row0(a.ref->taps, Tap::RouterScores, all_layers), lay.k)
-                     .view({nl, lay.c})
-               : at::full({nl, lay.c}, kNaN, ids_ref.options().dtype(at::kFloat)));
+            stack_row0(a.ref->taps, Tap::RouterTopkIds, all_layers).reshape({nl, lay.c, -1}),
+            stack_row0(a.run->taps, Tap::RouterTopkIds, all_layers).reshape({nl, lay.c, -1}))
+            .to(at::kFloat);
+    const at::Tensor margins =
+        scores
+            ? probe::router_margin(
+                  stack_row0(a.ref->taps, Tap::RouterScores, all_layers).reshape({nl * lay.c, -1}),
+                  lay.k)
+                  .view({nl, lay.c})
+            : at::full({nl, lay.c}, kNaN, flips.options());
+    p.routing = at::stack({flips, margins});  // [2, L, C]
   }
   // Sampler decisions at each position.
   const sampling::StepTensors& x = a.ref->last;
   const sampling::StepTensors& y = a.run->last;
-  const at::Tensor bits = ((row0(x.canvas_in) != row0(y.canvas_in)).to(at::kInt) * CanvasInDiffers +
-                           (row0(x.sampled) != row0(y.sampled)).to(at::kInt) * SampledDiffers +
-                           (row0(x.argmax) != row0(y.argmax)).to(at::kInt) * ArgmaxDiffers +
-                           (row0(x.accepted) != row0(y.accepted)).to(at::kInt) * AcceptedDiffers)
-                              .to(at::kByte)
-                              .cpu()
-                              .contiguous();
-  std::copy(bits.data_ptr<std::uint8_t>(), bits.data_ptr<std::uint8_t>() + lay.c,
-            a.sampler.begin() + static_cast<std::ptrdiff_t>(sbase));
-  if (!parts.empty()) {
-    const at::Tensor all = at::cat(parts).cpu();  // [n, 3, C] one transfer
-    const auto acc = all.accessor<float, 3>();
-    for (std::size_t i = 0; i < where.size(); ++i) {
-      const auto [slot, t] = where[i];
-      const std::size_t cell = base + static_cast<std::size_t>(slot * ntap + t);
-      float frac = 0;
-      float mabs = 0;
-      float mulp = 0;
-      for (std::int64_t p = 0; p < lay.c; ++p) {
-        const auto row = static_cast<std::int64_t>(i);
-        const float f = acc[row][0][p];
-        frac += f;
-        mabs = std::max(mabs, acc[row][1][p]);
-        mulp = std::max(mulp, acc[row][2][p]);
-        const auto at = pbase + static_cast<std::size_t>((slot * ntap + t) * lay.c + p);
-        a.pos[at] = f;
-        a.pos_abs[at] = acc[row][1][p];
-        a.pos_ulp[at] = acc[row][2][p];
-      }
-      a.frac[cell] = frac / static_cast<float>(lay.c);
-      a.abs[cell] = mabs;
-      a.ulp[cell] = mulp;
-    }
-  }
-  if (routing) {
-    const at::Tensor f = at::stack(flips).cpu().contiguous();
-    const at::Tensor m = at::stack(margins).cpu().contiguous();
-    for (std::int64_t i = 0; i < lay.layers * lay.c; ++i) {
-      a.flips[lbase + static_cast<std::size_t>(i)] = f.data_ptr<float>()[i] > 0 ? 1 : 0;
-      a.margin[lbase + static_cast<std::size_t>(i)] = m.data_ptr<float>()[i];
-    }
-  }
+  p.sampler = ((row0(x.canvas_in) != row0(y.canvas_in)).to(at::kInt) * CanvasInDiffers +
+               (row0(x.sampled) != row0(y.sampled)).to(at::kInt) * SampledDiffers +
+               (row0(x.argmax) != row0(y.argmax)).to(at::kInt) * ArgmaxDiffers +
+               (row0(x.accepted) != row0(y.accepted)).to(at::kInt) * AcceptedDiffers)
+                  .to(at::kByte);
+  a.pending.push_back(std::move(p));
 }
 
-// Rows 1.. of a batched run vs its own row 0 (aggregates only).
+// Queues rows 1.. of a batched run vs its own row 0 (aggregates only).
 void compare_rows(Acc& a, const Layout& lay, bool stepped) {
-  const auto ntap = static_cast<std::int64_t>(lay.taps.size());
-  const std::size_t base = grow_aggregates(a, lay);
+  PendingTick p;
+  p.base = grow_aggregates(a, lay);
   a.r.compared.push_back(stepped ? 1 : 0);
   if (!stepped) {
     return;
   }
-  std::vector<at::Tensor> parts;  // [n_i, 3] each
-  std::vector<std::pair<std::int64_t, std::int64_t>> where;
-  for (std::int64_t t = 0; t < ntap; ++t) {
-    const Tap tap = lay.taps[static_cast<std::size_t>(t)];
-    for (const LayerGroup& g : layer_groups(a.run->taps, a.run->taps, tap, lay.layers)) {
-      const at::Tensor first_layer = a.run->taps.get(tap, g.layers.front());
-      const std::int64_t b = first_layer.size(0);
-      if (b < 2) {
-        continue;
-      }
-      std::vector<at::Tensor> ys;
-      for (const int l : g.layers) {
-        ys.push_back(a.run->taps.get(tap, l));
-      }
-      const auto n = static_cast<std::int64_t>(g.layers.size());
-      const at::Tensor y = at::stack(ys);  // [n, B, C, ...]
-      const at::Tensor others = y.narrow(1, 1, b - 1);
-      const at::Tensor first = y.narrow(1, 0, 1).expand_as(others);
-      // Rows as extra positions: [n * (B-1) * C, ...].
-      const std::int64_t positions = n * (b - 1) * first_layer.size(1);
-      const at::Tensor d =
-          probe::position_diff(first.reshape({positions, -1}), others.reshape({positions, -1}))
-              .view({3, n, -1});
-      parts.push_back(at::stack({d[0].mean(1), d[1].amax(1), d[2].amax(1)}, 1));
-      for (const int l : g.layers) {
-        where.emplace_back(l == probe::kNoLayer ? lay.layers : l, t);
-      }
-    }
-  }
-  if (parts.empty()) {
+  std::vector<probe::TapRow> xs;
+  std::vector<probe::TapRow> ys;
+  std::int64_t others = 0;
+  tapped_pairs(
+      a.run->taps, a.run->taps, lay,
+      [&others](const at::Tensor& x, const at::Tensor& /*y*/, auto& xv, auto& yv) {
+        // Rows 1.. against row 0, as extra pairs: [B - 1] pairs per cell.
+        const std::int64_t b = x.size(0);
+        others = b - 1;
+        for (std::int64_t r = 1; r < b; ++r) {
+          xv.push_back({x, 0});
+          yv.push_back({x, r});
+        }
+      },
+      xs, ys, p.where);
+  if (xs.empty() || others < 1) {
     return;
   }
-  const at::Tensor all = at::cat(parts).cpu().contiguous();  // [n, 3]
-  const auto acc = all.accessor<float, 2>();
-  for (std::size_t i = 0; i < where.size(); ++i) {
-    const auto [slot, t] = where[i];
-    const std::size_t cell = base + static_cast<std::size_t>(slot * ntap + t);
-    const auto row = static_cast<std::int64_t>(i);
-    a.frac[cell] = acc[row][0];
-    a.abs[cell] = acc[row][1];
-    a.ulp[cell] = acc[row][2];
+  const auto n = static_cast<std::int64_t>(p.where.size());
+  const at::Tensor d = probe::position_diffs(xs, ys).view({n, others, 3, lay.c});  // [n, B-1, 3, C]
+  p.diff = at::stack(
+      {d.select(2, 0).mean({1, 2}), d.select(2, 1).amax({1, 2}), d.select(2, 2).amax({1, 2})},
+      1);  // [n, 3]
+  a.pending.push_back(std::move(p));
+}
+
+// Reads the queued ticks' results back (one transfer per kind) into the host arrays.
+void flush(Acc& a, const Layout& lay) {
+  if (a.pending.empty()) {
+    return;
   }
+  const auto host = [&a](at::Tensor PendingTick::*field) {
+    std::vector<at::Tensor> parts;
+    for (const PendingTick& p : a.pending) {
+      if ((p.*field).defined()) {
+        parts.push_back((p.*field).reshape({-1}));
+      }
+    }
+    return parts.empty() ? at::Tensor() : at::cat(parts).cpu().contiguous();
+  };
+  const at::Tensor diff = host(&PendingTick::diff);
+  const at::Tensor sampler = host(&PendingTick::sampler);
+  const at::Tensor routing = host(&PendingTick::routing);
+  const auto ntap = static_cast<std::int64_t>(lay.taps.size());
+  const auto c = static_cast<std::size_t>(lay.c);
+  std::size_t di = 0;
+  std::size_t si = 0;
+  std::size_t ri = 0;
+  for (const PendingTick& p : a.pending) {
+    if (p.diff.defined()) {
+      const float* d = diff.data_ptr<float>() + di;
+      const bool rows = p.diff.dim() == 2;  // [n, 3] aggregates, else [n, 3, C]
+      for (std::size_t i = 0; i < p.where.size(); ++i) {
+        const auto [slot, t] = p.where[i];
+        const std::size_t cell = p.base + static_cast<std::size_t>(slot * ntap + t);
+        if (rows) {
+          a.frac[cell] = d[3 * i];
+          a.abs[cell] = d[3 * i + 1];
+          a.ulp[cell] = d[3 * i + 2];
+          continue;
+        }
+        const float* f = d + 3 * c * i;
+        const std::size_t at = p.pbase + static_cast<std::size_t>(slot * ntap + t) * c;
+        std::copy(f, f + c, a.pos.begin() + static_cast<std::ptrdiff_t>(at));
+        std::copy(f + c, f + 2 * c, a.pos_abs.begin() + static_cast<std::ptrdiff_t>(at));
+        std::copy(f + 2 * c, f + 3 * c, a.pos_ulp.begin() + static_cast<std::ptrdiff_t>(at));
+        a.frac[cell] = std::accumulate(f, f + c, 0.0F) / static_cast<float>(lay.c);
+        a.abs[cell] = *std::max_element(f + c, f + 2 * c);
+        a.ulp[cell] = *std::max_element(f + 2 * c, f + 3 * c);
+      }
+      di += static_cast<std::size_t>(p.diff.numel());
+    }
+    if (p.sampler.defined()) {
+      std::copy(sampler.data_ptr<std::uint8_t>() + si, sampler.data_ptr<std::uint8_t>() + si + c,
+                a.sampler.begin() + static_cast<std::ptrdiff_t>(p.sbase));
+      si += c;
+    }
+    if (p.routing.defined()) {
+      const std::size_t lc = static_cast<std::size_t>(lay.layers) * c;
+      const float* f = routing.data_ptr<float>() + ri;
+      for (std::size_t i = 0; i < lc; ++i) {
+        a.flips[p.lbase + i] = f[i] > 0 ? 1 : 0;
+        a.margin[p.lbase + i] = f[lc + i];
+      }
+      ri += 2 * lc;
+    }
+  }
+  a.pending.clear();
+}
+
+// Reads an engine's queued row-0 tick data back in one transfer.
+void flush(Engine& e, const Layout& lay) {
+  if (e.pending.empty()) {
+    return;
+  }
+  std::vector<at::Tensor> parts;
+  parts.reserve(e.pending.size());
+  for (const auto& [at, t] : e.pending) {
+    parts.push_back(t);
+  }
+  const at::Tensor all = at::stack(parts).cpu().contiguous();  // [ticks, 5, C] fp64
+  const double* v = all.data_ptr<double>();
+  const auto c = static_cast<std::size_t>(lay.c);
+  for (const auto& [at, t] : e.pending) {
+    for (std::size_t p = 0; p < c; ++p) {
+      e.canvas_in[at + p] = static_cast<std::int64_t>(v[p]);
+      e.argmax[at + p] = static_cast<std::int64_t>(v[c + p]);
+      e.sampled[at + p] = static_cast<std::int64_t>(v[2 * c + p]);
+      e.accepted[at + p] = v[3 * c + p] != 0 ? 1 : 0;
+      e.entropy[at + p] = static_cast<float>(v[4 * c + p]);
+    }
+    v += 5 * c;
+  }
+  e.pending.clear();
 }
 
 // The first (tick, slot, tap, position) that differs, scanning each tick in model order:
@@ -644,17 +691,18 @@ base::Result<ExperimentResult> run_experiment(const ExperimentSpec& spec,
               e->entropy.insert(e->entropy.end(), c, kNaN);
               continue;
             }
-            const auto append = [&](auto& into, const at::Tensor& t, auto tag) {
-              using V = decltype(tag);
-              const at::Tensor h =
-                  row0(t).to(c10::CppTypeToScalarType<V>::value).cpu().contiguous();
-              into.insert(into.end(), h.data_ptr<V>(), h.data_ptr<V>() + lay.c);
-            };
-            append(e->canvas_in, e->last.canvas_in, std::int64_t{});
-            append(e->argmax, e->last.argmax, std::int64_t{});
-            append(e->sampled, e->last.sampled, std::int64_t{});
-            append(e->accepted, e->last.accepted, std::uint8_t{});
-            append(e->entropy, e->last.entropy, float{});
+            const sampling::StepTensors& l = e->last;
+            e->pending.emplace_back(
+                e->canvas_in.size(),
+                at::stack({l.canvas_in.to(at::kDouble), l.argmax.to(at::kDouble),
+                           l.sampled.to(at::kDouble), l.accepted.to(at::kDouble),
+                           l.entropy.to(at::kDouble)})
+                    .select(1, 0));
+            e->canvas_in.resize(e->canvas_in.size() + c);
+            e->argmax.resize(e->argmax.size() + c);
+            e->sampled.resize(e->sampled.size() + c);
+            e->accepted.resize(e->accepted.size() + c);
+            e->entropy.resize(e->entropy.size() + c);
           }
           for (Acc& a : accs) {
             if (a.r.kind == "rows") {
@@ -682,6 +730,15 @@ base::Result<ExperimentResult> run_experiment(const ExperimentSpec& spec,
             timed(*e, [&] { e->engine->end_canvas(); });
           }
         }
+        // The canvas's per-tick results, read back in one transfer per engine and comparison.
+        const auto flush_start = std::chrono::steady_clock::now();
+        for (auto& e : engines) {
+          flush(*e, lay);
+        }
+        for (Acc& a : accs) {
+          flush(a, lay);
+        }
+        out.timings.comparisons_s += since(flush_start);
       }
       // Results of the group.
       const auto results_start = std::chrono::steady_clock::now();

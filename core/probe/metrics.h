@@ -3,14 +3,36 @@
 // summaries travel to the host.
 #pragma once
 
+#include <vector>
+
 #include <ATen/core/Tensor.h>
 
 namespace batchlens::probe {
 
 /// ref [C, ...] and run [C, ...] of one row (same shape and dtype) -> [3, C] fp32 on the
 /// tensors' device: per canvas position the share of elements whose bits differ, the max |Δ|
-/// (0 for integer taps) and the max ULP distance (0 for integer taps). NaNs compare by bits.
+/// (0 for integer taps) and the max ULP distance (0 for integer taps). NaNs compare by bits;
+/// |Δ| maps NaN to 0 and an infinite difference to 3e38. The share is the count of differing
+/// elements divided by the element count in fp32. This is the definition, in ATen ops; the
+/// experiment runner uses position_diffs.
 at::Tensor position_diff(const at::Tensor& ref, const at::Tensor& run);
+
+/// Row `row` (along dim 0) of a [B, C, ...] tensor: what position_diffs compares in place.
+struct TapRow {
+  at::Tensor tensor;  ///< [B, C, ...]
+  std::int64_t row = 0;
+};
+
+/// Many position_diff in one pass: refs[i] and runs[i] are rows of [B, C, ...] tensors (one
+/// element shape and dtype per pair, the same C for every pair, on one device) -> [n, 3, C]
+/// fp32 on that device, row i equal to position_diff(refs[i] row, runs[i] row) bit for bit.
+/// No views are made: the experiment runner compares every tap of a step this way, one kernel
+/// launch on CUDA (the fused kernel of core/compat) and one read of every element on the CPU;
+/// the ATen ops on other devices.
+at::Tensor position_diffs(const std::vector<TapRow>& refs, const std::vector<TapRow>& runs);
+
+/// position_diffs of [C, ...] tensors (each its own single row).
+at::Tensor position_diffs(const std::vector<at::Tensor>& refs, const std::vector<at::Tensor>& runs);
 
 /// ULP distance |key(a) - key(b)| of two bf16, fp16 or fp32 tensors, as int64: the keys order
 /// floats like integers (sign-magnitude to two's complement), so adjacent floats are 1 apart.

@@ -29,6 +29,12 @@ class TapSink {
   virtual bool wants(Tap tap, int layer) const = 0;
   /// The tensor for `tap` of `layer`. Shapes are listed with the Tap enum.
   virtual void record(Tap tap, int layer, const at::Tensor& value) = 0;
+  /// Like record(), for a tensor nobody writes to before the next forward (a CUDA graph's tap
+  /// copy, rewritten only by the next replay): a sink that reads it before then, or queues
+  /// work on it in stream order, may keep it without copying. By default, record().
+  virtual void record_stable(Tap tap, int layer, const at::Tensor& value) {
+    record(tap, layer, value);
+  }
 };
 
 /// A TapSink that keeps copies of a chosen set of taps, for every layer, in a map.

@@ -105,7 +105,7 @@ at::Tensor GenerationEngine::graph_decode(const at::Tensor& canvas_in, probe::Ta
     graph_sc_.copy_(sc_logits_);
     graph_.replay();
     for (const auto& [tap, layer, value] : graph_taps_) {
-      taps->record(tap, layer, value);
+      taps->record_stable(tap, layer, value);
     }
     return graph_out_;
   }
