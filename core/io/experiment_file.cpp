@@ -1,17 +1,25 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/io/experiment_file.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <condition_variable>
+#include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <fstream>
+#include <functional>
 #include <mutex>
+#include <thread>
+#include <utility>
 
 #include <H5Cpp.h>
 #include <nlohmann/json.hpp>
 
 #include <fcntl.h>
 #include <unistd.h>
+#include <zlib.h>
 
 namespace batchlens::io {
 
@@ -75,51 +83,310 @@ void set_f64(H5::H5Object& obj, const std::string& name, double value) {
   a.write(H5::PredType::NATIVE_DOUBLE, &value);
 }
 
-template <class T>
-void write_array(H5::Group& g, const std::string& name, const std::vector<std::int64_t>& shape,
-                 const T* data) {
-  std::vector<hsize_t> dims(shape.begin(), shape.end());
-  std::int64_t n = 1;
-  for (std::int64_t d : shape) {
-    n *= d;
+// ---- chunked, compressed arrays -----------------------------------------------------------
+
+constexpr std::int64_t kMinChunkedElements = 4096;  // smaller arrays stay contiguous, unfiltered
+constexpr hsize_t kMaxChunkElements = hsize_t{1} << 20;
+constexpr int kDeflateLevel = 4;
+// Raw bytes compressed per batch before their chunks are written: bounds what a huge array holds
+// in compressed chunks at once (about this much, a little more if it does not compress at all).
+constexpr std::size_t kBatchBytes = std::size_t{64} << 20;
+constexpr unsigned kMaxThreads = 16;
+
+// Which chunks a filtered dataset is cut into. One tick (first dimension) per chunk; then leading
+// dimensions set to 1 until a chunk holds at most kMaxChunkElements; a last dimension that alone
+// is longer is cut to kMaxChunkElements (it used to be cut to 1: a 1-D array of 2M elements got
+// 2M chunks of one element). So the chunk is [1, ..., 1, c, dims[split+1], ...]: each chunk is
+// one contiguous row-major run of the array, and only dimension `split` has a partial edge chunk.
+struct ChunkGrid {
+  std::vector<hsize_t> dims;
+  std::vector<hsize_t> chunk;
+  std::size_t split = 0;  // the one dimension where chunk and dims may differ besides 1s
+  hsize_t rows = 1;       // product of dims[0, split)
+  hsize_t per_row = 1;    // chunks along dims[split]
+  hsize_t inner = 1;      // product of dims(split, rank)
+
+  hsize_t chunk_elements() const { return chunk[split] * inner; }
+  hsize_t count() const { return rows * per_row; }
+  // Chunk t in HDF5's (row-major) chunk order: its first element and how many it holds.
+  std::pair<hsize_t, hsize_t> span(hsize_t t) const {
+    const hsize_t r = t / per_row;
+    const hsize_t j = t % per_row;
+    const hsize_t c = chunk[split];
+    return {(r * dims[split] + j * c) * inner, std::min(c, dims[split] - j * c) * inner};
   }
-  const H5::DataSpace space(static_cast<int>(dims.size()), dims.data());
-  H5::DSetCreatPropList plist;
-  if (n >= 4096) {
-    // One tick (first dim) per chunk, capped; shuffle + gzip: the arrays are mostly zeros.
-    std::vector<hsize_t> chunk = dims;
-    if (chunk.size() > 1) {
-      chunk[0] = 1;
+  // Chunk t's offset in elements, what H5Dwrite_chunk takes.
+  void offset(hsize_t t, std::vector<hsize_t>& out) const {
+    out.assign(dims.size(), 0);
+    out[split] = (t % per_row) * chunk[split];
+    hsize_t r = t / per_row;
+    for (std::size_t k = split; k-- > 0;) {
+      out[k] = r % dims[k];
+      r /= dims[k];
     }
-    hsize_t elems = 1;
-    for (hsize_t c : chunk) {
-      elems *= c;
+  }
+};
+
+ChunkGrid chunk_grid(const std::vector<hsize_t>& dims) {
+  ChunkGrid g;
+  g.dims = dims;
+  g.chunk = dims;
+  const std::size_t rank = dims.size();
+  if (rank > 1) {
+    g.chunk[0] = 1;
+  }
+  hsize_t elems = 1;
+  for (hsize_t c : g.chunk) {
+    elems *= c;
+  }
+  for (std::size_t k = 0; elems > kMaxChunkElements && k < rank; ++k) {
+    elems /= g.chunk[k];
+    g.chunk[k] = k + 1 == rank ? kMaxChunkElements : 1;
+    elems *= g.chunk[k];
+  }
+  for (std::size_t k = 0; k < rank; ++k) {
+    if (g.chunk[k] < dims[k]) {
+      g.split = k;
     }
-    for (std::size_t k = 0; elems > (1U << 20) && k < chunk.size(); ++k) {
-      elems /= chunk[k];
-      chunk[k] = 1;
+  }
+  for (std::size_t k = 0; k < g.split; ++k) {
+    g.rows *= dims[k];
+  }
+  for (std::size_t k = g.split + 1; k < rank; ++k) {
+    g.inner *= dims[k];
+  }
+  g.per_row = (dims[g.split] + g.chunk[g.split] - 1) / g.chunk[g.split];
+  return g;
+}
+
+// Per-thread buffers for one chunk, reused from chunk to chunk.
+struct ChunkScratch {
+  std::vector<unsigned char> shuffled;
+  std::vector<unsigned char> packed;
+};
+
+// What HDF5's filter pipeline makes of one chunk with shuffle + deflate, so that any reader
+// decodes it as before: the chunk padded with zeros to `chunk_elements` (what HDF5 does to edge
+// chunks), shuffled as H5Z_filter_shuffle does (byte i of element j goes to i * N + j) and
+// compressed as H5Z_filter_deflate does (zlib's compress2, a zlib stream with its header).
+// Throws IoFailed when zlib fails.
+void shuffle_deflate(const unsigned char* src, std::size_t elements, std::size_t size,
+                     std::size_t chunk_elements, ChunkScratch& scratch,
+                     std::vector<unsigned char>& out) {
+  const std::size_t bytes = chunk_elements * size;
+  scratch.shuffled.resize(bytes);
+  unsigned char* dst = scratch.shuffled.data();
+  for (std::size_t i = 0; i < size; ++i) {
+    unsigned char* plane = dst + i * chunk_elements;
+    for (std::size_t j = 0; j < elements; ++j) {
+      plane[j] = src[j * size + i];
     }
-    plist.setChunk(static_cast<int>(chunk.size()), chunk.data());
+    std::fill(plane + elements, plane + chunk_elements, 0);
+  }
+  uLongf packed = compressBound(bytes);
+  scratch.packed.resize(packed);
+  const int status = compress2(scratch.packed.data(), &packed, dst, bytes, kDeflateLevel);
+  if (status != Z_OK) {
+    base::raise(ErrorCode::IoFailed, std::string("zlib cannot compress a chunk: ") +
+                                         zError(status) + " (" + std::to_string(status) + ")");
+  }
+  out.assign(scratch.packed.begin(), scratch.packed.begin() + static_cast<std::ptrdiff_t>(packed));
+}
+
+// Runs job(index, worker) for every index in [0, n) on the calling thread (worker 0) and up to
+// max_threads - 1 helper threads (workers 1...), started when first needed and joined by the
+// destructor. job may throw: the first exception stops the hand-out of indices and is rethrown
+// by run() on the calling thread once every helper is idle again; nothing crosses a thread
+// boundary unhandled. run() is called from one thread at a time.
+class WorkPool {
+ public:
+  using Job = std::function<void(std::size_t index, std::size_t worker)>;
+
+  explicit WorkPool(std::size_t max_threads)
+      : max_threads_(std::max<std::size_t>(1, max_threads)) {}
+  WorkPool(const WorkPool&) = delete;
+  WorkPool& operator=(const WorkPool&) = delete;
+  WorkPool(WorkPool&&) = delete;
+  WorkPool& operator=(WorkPool&&) = delete;
+  ~WorkPool() {
+    {
+      const std::lock_guard<std::mutex> lock(m_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    for (auto& t : helpers_) {
+      t.join();
+    }
+  }
+
+  std::size_t max_threads() const { return max_threads_; }
+
+  void run(std::size_t n, const Job& job) {
+    const std::size_t helpers = std::min(max_threads_, n) - (n > 0 ? 1 : 0);
+    while (helpers_.size() < helpers) {
+      const std::size_t worker = helpers_.size() + 1;
+      helpers_.emplace_back([this, worker] { helper_loop(worker); });
+    }
+    {
+      const std::lock_guard<std::mutex> lock(m_);
+      job_ = &job;
+      n_ = n;
+      next_ = 0;
+      ++generation_;
+    }
+    wake_.notify_all();
+    work(0);
+    std::unique_lock<std::mutex> lock(m_);
+    idle_.wait(lock, [this] { return busy_ == 0; });
+    job_ = nullptr;
+    if (error_) {
+      std::exception_ptr e = std::exchange(error_, nullptr);
+      std::rethrow_exception(e);
+    }
+  }
+
+ private:
+  void work(std::size_t worker) {
+    for (std::size_t i = next_++; i < n_; i = next_++) {
+      try {
+        (*job_)(i, worker);
+      } catch (...) {
+        const std::lock_guard<std::mutex> lock(m_);
+        if (!error_) {
+          error_ = std::current_exception();
+        }
+        next_ = n_;
+      }
+    }
+  }
+
+  void helper_loop(std::size_t worker) {
+    std::uint64_t seen = 0;
+    std::unique_lock<std::mutex> lock(m_);
+    for (;;) {
+      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) {
+        return;
+      }
+      seen = generation_;
+      if (job_ == nullptr) {
+        continue;  // woke after that run had finished
+      }
+      ++busy_;
+      lock.unlock();
+      work(worker);
+      lock.lock();
+      if (--busy_ == 0) {
+        idle_.notify_all();
+      }
+    }
+  }
+
+  const std::size_t max_threads_;
+  std::vector<std::thread> helpers_;
+  std::mutex m_;
+  std::condition_variable wake_;
+  std::condition_variable idle_;
+  // Set under m_ before a run's wake-up; helpers read job_ and n_ after seeing the new generation.
+  const Job* job_ = nullptr;
+  std::size_t n_ = 0;
+  std::atomic<std::size_t> next_{0};
+  std::uint64_t generation_ = 0;
+  std::size_t busy_ = 0;
+  bool stop_ = false;
+  std::exception_ptr error_;
+};
+
+// Writes a file's arrays. Arrays of kMinChunkedElements or more are chunked with shuffle +
+// deflate; their chunks are shuffled and compressed on a pool of threads and written one after
+// another with H5Dwrite_chunk by the calling thread (which holds the HDF5 mutex: the helpers
+// never call HDF5). BATCHLENS_HDF5_SERIAL=1 writes them through HDF5's own filter pipeline on one
+// thread instead (the same bytes, slower; kept to compare against).
+class ArrayWriter {
+ public:
+  ArrayWriter()
+      : serial_(serial_from_env()),
+        pool_(std::min(std::max(1U, std::thread::hardware_concurrency()), kMaxThreads)),
+        scratch_(pool_.max_threads()) {}
+
+  template <class T>
+  void write(H5::Group& g, const std::string& name, const std::vector<std::int64_t>& shape,
+             const T* data) {
+    std::vector<hsize_t> dims(shape.begin(), shape.end());
+    std::int64_t n = 1;
+    for (std::int64_t d : shape) {
+      n *= d;
+    }
+    const H5::DataSpace space(static_cast<int>(dims.size()), dims.data());
+    H5::DSetCreatPropList plist;
+    if (n < kMinChunkedElements) {
+      H5::DataSet ds = g.createDataSet(name, h5type<T>(), space, plist);
+      if (n > 0) {
+        ds.write(data, h5type<T>());
+      }
+      return;
+    }
+    // Shuffle + gzip: the arrays are mostly zeros.
+    const ChunkGrid grid = chunk_grid(dims);
+    plist.setChunk(static_cast<int>(grid.chunk.size()), grid.chunk.data());
     plist.setShuffle();
-    plist.setDeflate(4);
+    plist.setDeflate(kDeflateLevel);
+    H5::DataSet ds = g.createDataSet(name, h5type<T>(), space, plist);
+    if (serial_) {
+      ds.write(data, h5type<T>());
+    } else {
+      write_chunks(ds, grid, reinterpret_cast<const unsigned char*>(data), sizeof(T));
+    }
   }
-  H5::DataSet ds = g.createDataSet(name, h5type<T>(), space, plist);
-  if (n > 0) {
-    ds.write(data, h5type<T>());
+
+ private:
+  static bool serial_from_env() {
+    const char* env = std::getenv("BATCHLENS_HDF5_SERIAL");  // NOLINT(concurrency-mt-unsafe)
+    return env != nullptr && std::string(env) == "1";
   }
+
+  void write_chunks(const H5::DataSet& ds, const ChunkGrid& grid, const unsigned char* data,
+                    std::size_t size) {
+    const hsize_t chunk_elements = grid.chunk_elements();
+    const hsize_t per_batch = std::max<hsize_t>(1, kBatchBytes / (chunk_elements * size));
+    std::vector<hsize_t> offset;
+    for (hsize_t first = 0; first < grid.count(); first += per_batch) {
+      const auto count = static_cast<std::size_t>(std::min(per_batch, grid.count() - first));
+      packed_.resize(count);
+      pool_.run(count, [&](std::size_t i, std::size_t worker) {
+        const auto [start, elements] = grid.span(first + i);
+        shuffle_deflate(data + start * size, elements, size, chunk_elements, scratch_[worker],
+                        packed_[i]);
+      });
+      for (std::size_t i = 0; i < count; ++i) {
+        grid.offset(first + i, offset);
+        if (H5Dwrite_chunk(ds.getId(), H5P_DEFAULT, 0, offset.data(), packed_[i].size(),
+                           packed_[i].data()) < 0) {
+          base::raise(ErrorCode::IoFailed, "HDF5 cannot write chunk " + std::to_string(first + i) +
+                                               " of " + ds.getObjName());
+        }
+      }
+    }
+    packed_.clear();
+  }
+
+  bool serial_;
+  WorkPool pool_;
+  std::vector<ChunkScratch> scratch_;               // one per pool worker
+  std::vector<std::vector<unsigned char>> packed_;  // the batch's compressed chunks
+};
+
+template <class T>
+void write_nd(ArrayWriter& w, H5::Group& g, const std::string& name, const NdArray<T>& a) {
+  w.write(g, name, a.shape, a.data.data());
 }
 
 template <class T>
-void write_nd(H5::Group& g, const std::string& name, const NdArray<T>& a) {
-  write_array(g, name, a.shape, a.data.data());
+void write_vec(ArrayWriter& w, H5::Group& g, const std::string& name, const std::vector<T>& v) {
+  w.write(g, name, {static_cast<std::int64_t>(v.size())}, v.data());
 }
 
-template <class T>
-void write_vec(H5::Group& g, const std::string& name, const std::vector<T>& v) {
-  write_array(g, name, {static_cast<std::int64_t>(v.size())}, v.data());
-}
-
-void write_run(H5::Group& runs, const RunResult& r) {
+void write_run(ArrayWriter& w, H5::Group& runs, const RunResult& r) {
   H5::Group g = runs.createGroup(r.id);
   set_i64(g, "batch_size", r.batch_size);
   set_str(g, "group", r.group);
@@ -129,19 +396,19 @@ void write_run(H5::Group& runs, const RunResult& r) {
   set_f64(g, "wall_time_s", r.wall_time_s);
   set_i64(g, "stop_position", r.stop_position);
   set_str(g, "text", r.text);
-  write_nd(g, "canvas_in", r.canvas_in);
-  write_nd(g, "argmax", r.argmax);
-  write_nd(g, "sampled", r.sampled);
-  write_nd(g, "accepted", r.accepted);
-  write_nd(g, "entropy", r.entropy);
-  write_vec(g, "tick_canvas",
+  write_nd(w, g, "canvas_in", r.canvas_in);
+  write_nd(w, g, "argmax", r.argmax);
+  write_nd(w, g, "sampled", r.sampled);
+  write_nd(w, g, "accepted", r.accepted);
+  write_nd(w, g, "entropy", r.entropy);
+  write_vec(w, g, "tick_canvas",
             std::vector<std::int32_t>(r.tick_canvas.begin(), r.tick_canvas.end()));
-  write_vec(g, "tick_step", std::vector<std::int32_t>(r.tick_step.begin(), r.tick_step.end()));
-  write_vec(g, "tokens", r.tokens);
-  write_vec(g, "steps", std::vector<std::int32_t>(r.steps.begin(), r.steps.end()));
+  write_vec(w, g, "tick_step", std::vector<std::int32_t>(r.tick_step.begin(), r.tick_step.end()));
+  write_vec(w, g, "tokens", r.tokens);
+  write_vec(w, g, "steps", std::vector<std::int32_t>(r.steps.begin(), r.steps.end()));
 }
 
-void write_comparison(H5::Group& comps, const ComparisonResult& c) {
+void write_comparison(ArrayWriter& w, H5::Group& comps, const ComparisonResult& c) {
   H5::Group g = comps.createGroup(c.id);
   set_str(g, "reference", c.reference);
   set_str(g, "run", c.run);
@@ -156,24 +423,24 @@ void write_comparison(H5::Group& comps, const ComparisonResult& c) {
   set_i64(g, "first_layer", c.first.layer);
   set_str(g, "first_tap", c.first.tap);
   set_i64(g, "first_position", c.first.position);
-  write_nd(g, "frac_differ", c.frac_differ);
-  write_nd(g, "max_abs", c.max_abs);
-  write_nd(g, "max_ulp", c.max_ulp);
-  write_vec(g, "compared", c.compared);
+  write_nd(w, g, "frac_differ", c.frac_differ);
+  write_nd(w, g, "max_abs", c.max_abs);
+  write_nd(w, g, "max_ulp", c.max_ulp);
+  write_vec(w, g, "compared", c.compared);
   if (c.kind == "row0") {
-    write_nd(g, "pos_frac_differ", c.pos_frac_differ);
-    write_nd(g, "pos_max_abs", c.pos_max_abs);
-    write_nd(g, "pos_max_ulp", c.pos_max_ulp);
-    write_nd(g, "routing_flips", c.routing_flips);
-    write_nd(g, "router_margin", c.router_margin);
-    write_nd(g, "sampler_diff", c.sampler_diff);
+    write_nd(w, g, "pos_frac_differ", c.pos_frac_differ);
+    write_nd(w, g, "pos_max_abs", c.pos_max_abs);
+    write_nd(w, g, "pos_max_ulp", c.pos_max_ulp);
+    write_nd(w, g, "routing_flips", c.routing_flips);
+    write_nd(w, g, "router_margin", c.router_margin);
+    write_nd(w, g, "sampler_diff", c.sampler_diff);
     std::vector<std::int64_t> edits;
     for (const auto& e : c.token_diff) {
       edits.push_back(static_cast<std::int64_t>(e.op));
       edits.push_back(e.ref_pos);
       edits.push_back(e.run_pos);
     }
-    write_array(g, "token_diff", {static_cast<std::int64_t>(c.token_diff.size()), 3}, edits.data());
+    w.write(g, "token_diff", {static_cast<std::int64_t>(c.token_diff.size()), 3}, edits.data());
   }
 }
 
@@ -395,6 +662,7 @@ base::Result<void> write_experiment(const fs::path& path, const ExperimentResult
     const std::lock_guard<std::mutex> lock(hdf5_mutex());
     H5::Exception::dontPrint();
     {
+      ArrayWriter arrays;
       H5::H5File f(temp.string(), H5F_ACC_EXCL);
       H5::Group root = f.openGroup("/");
       set_str(root, "format", kFormat);
@@ -429,19 +697,19 @@ base::Result<void> write_experiment(const fs::path& path, const ExperimentResult
       set_i64(spec, "layers", r.layers);
       set_i64(spec, "canvas_length", r.canvas_length);
       set_i64(spec, "top_k", r.top_k);
-      write_vec(spec, "prompt_ids", r.prompt_ids);
+      write_vec(arrays, spec, "prompt_ids", r.prompt_ids);
 
       H5::Group runs = f.createGroup("runs");
       nlohmann::json run_ids = nlohmann::json::array();
       for (const auto& run : r.runs) {
-        write_run(runs, run);
+        write_run(arrays, runs, run);
         run_ids.push_back(run.id);
       }
       set_str(runs, "order_json", run_ids.dump());
       H5::Group comps = f.createGroup("comparisons");
       nlohmann::json comp_ids = nlohmann::json::array();
       for (const auto& c : r.comparisons) {
-        write_comparison(comps, c);
+        write_comparison(arrays, comps, c);
         comp_ids.push_back(c.id);
       }
       set_str(comps, "order_json", comp_ids.dump());

@@ -15,7 +15,10 @@ inline constexpr int kSchemaMinor = 1;  ///< additions that old readers may igno
 
 /// Writes `result` to `path` through a temporary file beside it, renamed into place when
 /// complete: a crash or an error never leaves a partial file at `path`. Large arrays are
-/// chunked and gzip-compressed. Errors: IoFailed (with the HDF5 or system reason). Never throws.
+/// chunked and gzip-compressed on up to 16 threads: the calling one and helpers it starts and
+/// joins before returning (BATCHLENS_HDF5_SERIAL=1: the calling thread alone, through HDF5's
+/// filter pipeline).
+/// Errors: IoFailed (with the HDF5, zlib or system reason). Never throws.
 base::Result<void> write_experiment(const std::filesystem::path& path,
                                     const experiment::ExperimentResult& result);
 
