@@ -23,7 +23,9 @@
 # Leaves the logs and JSON in $OUT; bench/gpu_bench_report.py turns them into the tables of
 # docs/benchmarks.md ($OUT/benchmarks-h200.md).
 # Environment: BUILD_DIR (/tmp/batchlens-gpu), WORK (/tmp/blbench), REPS (20 mid, 10 26B),
-# DEADLINE_S (560): later steps are skipped past it.
+# DEADLINE_S (560): later steps are skipped past it; CAPTURE_ONLY=1: only step 4, on the
+# presets' random weights and default prompt (no reference, no checkpoint), each configuration
+# CAPTURE_RUNS times (2), alternating.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 export PYTHONUNBUFFERED=1
@@ -69,6 +71,22 @@ d["process_wall_s"] = time.time() - float(sys.argv[2])
 json.dump(d, open(p, "w"), indent=1)
 PY
 }
+
+if [ "${CAPTURE_ONLY:-0}" = 1 ]; then
+  # Only step 4, on the preset's random weights (built on the device, no checkpoint to write)
+  # and its default prompt: the capture overhead without the reference's 47 GiB checkpoint.
+  for preset in "${presets[@]}"; do
+    canvas=$(python3 -c "import json;print(json.load(open('resources/models/$preset.json'))['canvas_length'])")
+    run=(--preset "$preset" --max-new-tokens "$canvas" --steps 48 --batch-sizes 4 --repeats 1)
+    for r in "" $(seq -f -r%g 2 "${CAPTURE_RUNS:-2}"); do
+      experiment "canvas-$preset-taps_none-wa_none$r" "${run[@]}" --taps none
+      experiment "canvas-$preset-taps_all-wa_none$r" "${run[@]}"
+    done
+  done
+  python3 bench/gpu_bench_report.py "$out" >"$out/benchmarks-h200.md" 2>>"$out/bench.log"
+  echo "bench: done in $(( $(date +%s) - t0 )) s" | tee -a "$out/bench.log"
+  exit 0
+fi
 
 for preset in "${presets[@]}"; do
   w="$work/$preset"

@@ -50,12 +50,15 @@ def fmt(x, digits=1):
     return "—" if x is None else f"{x:.{digits}f}"
 
 
+SUFFIXES = ("", "-r2", "-r3", "-r4", "-r5")  # repeated capture runs (gpu_bench.sh CAPTURE_RUNS)
+
+
 def phases_of(txt):
     """The `time:` line of a batchlens-cli run log as seconds: load, engines, metrics, file."""
     if not txt.exists():
         return None
     m = re.search(r"^time: load ([0-9.]+) s, engines ([0-9.]+) s, per-tick copies and comparisons "
-                  r"([0-9.]+) s, results ([0-9.]+) s, file ([0-9.]+) s", txt.read_text(), re.M)
+                  r"([0-9.]+) s(?: \(read back per canvas [0-9.]+ s\))?, results ([0-9.]+) s, file ([0-9.]+) s", txt.read_text(), re.M)
     if not m:
         return None
     load, engines, comparisons, results, file = (float(x) for x in m.groups())
@@ -138,8 +141,8 @@ def main() -> int:
           "from the `time:` line of each `batchlens-cli run`. *Engines* is the stepping of all "
           "three engines (the reference's includes its warm-up and graph capture); *metrics* is "
           "what the runner does besides stepping: queueing the per-tick comparisons, reading them "
-          "back once per canvas and assembling the results. Each configuration ran twice, "
-          "alternating; the faster run of each is shown.")
+          "back once per canvas and assembling the results. Each configuration ran two or more "
+          "times, alternating; the fastest run of each is shown.")
     print()
     print("| model | engines, taps none (s) | engines, all taps (s) | metrics none / all (s) "
           "| engines + metrics, none / all (s) | overhead, taps + metrics | file none / all (s) "
@@ -148,7 +151,7 @@ def main() -> int:
     for p in presets:
         best = {}
         for t in ("none", "all"):
-            for suffix in ("", "-r2"):
+            for suffix in SUFFIXES:
                 txt = d / f"canvas-{p}-taps_{t}-wa_none{suffix}.txt"
                 js = d / f"canvas-{p}-taps_{t}-wa_none{suffix}.json"
                 ph = phases_of(txt)
@@ -169,12 +172,12 @@ def main() -> int:
     phases = []
     for p in presets:
         for t in ("none", "all"):
-            for suffix in ("", "-r2"):
+            for suffix in SUFFIXES:
                 txt = d / f"canvas-{p}-taps_{t}-wa_none{suffix}.txt"
                 m = re.search(r"^time: (.*)$", txt.read_text(), re.M) if txt.exists() else None
                 if m:
-                    phases.append(f"- {NAMES[p]}, taps {t}{' (second run)' if suffix else ''}: "
-                                  f"{m.group(1)}")
+                    run = f" (run {suffix[2:]})" if suffix else ""
+                    phases.append(f"- {NAMES[p]}, taps {t}{run}: {m.group(1)}")
     if phases:
         print()
         print("Where each `batchlens-cli run` spent its time (`time:` line of its output):")

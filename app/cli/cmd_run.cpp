@@ -111,7 +111,8 @@ void register_run(CLI::App& app, int& exit_code) {
     std::cout << experiment::summary_text(result.value()) << "\nwrote " << opts->out << "\n"
               << std::fixed << std::setprecision(2) << "time: load " << t.load_s << " s, engines "
               << t.engines_s << " s, per-tick copies and comparisons " << t.comparisons_s
-              << " s, results " << t.results_s << " s, file " << write_s << " s\n";
+              << " s (read back per canvas " << t.readback_s << " s), results " << t.results_s
+              << " s, file " << write_s << " s\n";
     exit_code = kExitOk;
   });
 }

@@ -314,20 +314,49 @@ __device__ void diff_bits(const Bits* a, const Bits* b, std::int64_t n, DiffAcc&
   }
 }
 
-// Floats stored as Bits (signed integers of the float's width); Load turns Bits into fp32.
+// One element of a float pair, given as Bits (the signed integer of the float's width).
+template <typename Bits, typename Load>
+__device__ __forceinline__ void diff_element(Bits x, Bits y, Load load, DiffAcc& acc) {
+  constexpr long long kSign = 1LL << (sizeof(Bits) * 8 - 1);
+  if (x == y) {
+    return;
+  }
+  ++acc.differ;
+  acc.max_abs = fmaxf(acc.max_abs, abs_diff(load(x), load(y)));
+  const long long d = ordered_key(x, kSign) - ordered_key(y, kSign);
+  acc.max_ulp = max(acc.max_ulp, d < 0 ? -d : d);
+}
+
+// Floats stored as Bits; Load turns Bits into fp32. Where both rows are 16-byte aligned, each
+// thread reads 16 bytes of each at a time and skips them when equal (the common case before
+// two runs diverge); the rest element by element. Counts, maxima: the order does not matter.
 template <typename Bits, typename Load>
 __device__ void diff_float(const Bits* a, const Bits* b, std::int64_t n, Load load, DiffAcc& acc) {
-  constexpr long long kSign = 1LL << (sizeof(Bits) * 8 - 1);
-  for (std::int64_t i = threadIdx.x; i < n; i += kDiffThreads) {
-    const Bits x = a[i];
-    const Bits y = b[i];
-    if (x == y) {
-      continue;
+  constexpr int kPer = 16 / sizeof(Bits);
+  std::int64_t start = 0;
+  if (((reinterpret_cast<std::uintptr_t>(a) | reinterpret_cast<std::uintptr_t>(b)) & 15U) == 0) {
+    const std::int64_t vectors = n / kPer;
+    const auto* va = reinterpret_cast<const uint4*>(a);
+    const auto* vb = reinterpret_cast<const uint4*>(b);
+    for (std::int64_t v = threadIdx.x; v < vectors; v += kDiffThreads) {
+      const uint4 x = va[v];
+      const uint4 y = vb[v];
+      if (x.x == y.x && x.y == y.y && x.z == y.z && x.w == y.w) {
+        continue;
+      }
+      Bits xs[kPer];
+      Bits ys[kPer];
+      memcpy(xs, &x, sizeof(x));
+      memcpy(ys, &y, sizeof(y));
+#pragma unroll
+      for (int j = 0; j < kPer; ++j) {
+        diff_element(xs[j], ys[j], load, acc);
+      }
     }
-    ++acc.differ;
-    acc.max_abs = fmaxf(acc.max_abs, abs_diff(load(x), load(y)));
-    const long long d = ordered_key(x, kSign) - ordered_key(y, kSign);
-    acc.max_ulp = max(acc.max_ulp, d < 0 ? -d : d);
+    start = vectors * kPer;
+  }
+  for (std::int64_t i = start + threadIdx.x; i < n; i += kDiffThreads) {
+    diff_element(a[i], b[i], load, acc);
   }
 }
 
@@ -337,73 +366,81 @@ __device__ __forceinline__ float bf16_bits_to_float(short b) {
 __device__ __forceinline__ float f16_bits_to_float(short b) {
   return __half2float(__short_as_half(b));
 }
+__device__ __forceinline__ float f32_bits_to_float(int b) {
+  return __int_as_float(b);
+}
 
-__global__ void position_diff_kernel(const DiffPair* pairs, std::int64_t count,
+// The pairs travel as a kernel parameter (no device buffer, no host-to-device copy).
+struct DiffBatch {
+  DiffPair pairs[kDiffPairsPerLaunch];
+};
+
+__global__ void position_diff_kernel(const __grid_constant__ DiffBatch batch, int count,
                                      std::int64_t positions, float* out) {
   __shared__ unsigned long long s_differ[kDiffThreads / 32];
   __shared__ float s_abs[kDiffThreads / 32];
   __shared__ long long s_ulp[kDiffThreads / 32];
   const std::int64_t p = blockIdx.x;
-  for (std::int64_t k = blockIdx.y; k < count; k += gridDim.y) {
-    const DiffPair pair = pairs[k];
-    const std::int64_t n = pair.inner;
-    DiffAcc acc;
-    switch (pair.kind) {
-      case DiffKind::Bits1:
-        diff_bits(static_cast<const unsigned char*>(pair.a) + p * n,
-                  static_cast<const unsigned char*>(pair.b) + p * n, n, acc);
-        break;
-      case DiffKind::Bits2:
-        diff_bits(static_cast<const unsigned short*>(pair.a) + p * n,
-                  static_cast<const unsigned short*>(pair.b) + p * n, n, acc);
-        break;
-      case DiffKind::Bits4:
-        diff_bits(static_cast<const unsigned*>(pair.a) + p * n,
-                  static_cast<const unsigned*>(pair.b) + p * n, n, acc);
-        break;
-      case DiffKind::Bits8:
-        diff_bits(static_cast<const unsigned long long*>(pair.a) + p * n,
-                  static_cast<const unsigned long long*>(pair.b) + p * n, n, acc);
-        break;
-      case DiffKind::BF16:
-        diff_float(static_cast<const short*>(pair.a) + p * n,
-                   static_cast<const short*>(pair.b) + p * n, n, bf16_bits_to_float, acc);
-        break;
-      case DiffKind::F16:
-        diff_float(static_cast<const short*>(pair.a) + p * n,
-                   static_cast<const short*>(pair.b) + p * n, n, f16_bits_to_float, acc);
-        break;
-      case DiffKind::F32:
-        diff_float(
-            static_cast<const int*>(pair.a) + p * n, static_cast<const int*>(pair.b) + p * n, n,
-            [](int b) { return __int_as_float(b); }, acc);
-        break;
+  const int k = static_cast<int>(blockIdx.y);
+  if (k >= count) {
+    return;
+  }
+  const DiffPair& pair = batch.pairs[k];
+  const std::int64_t n = pair.inner;
+  DiffAcc acc;
+  switch (pair.kind) {
+    case DiffKind::Bits1:
+      diff_bits(static_cast<const unsigned char*>(pair.a) + p * n,
+                static_cast<const unsigned char*>(pair.b) + p * n, n, acc);
+      break;
+    case DiffKind::Bits2:
+      diff_bits(static_cast<const unsigned short*>(pair.a) + p * n,
+                static_cast<const unsigned short*>(pair.b) + p * n, n, acc);
+      break;
+    case DiffKind::Bits4:
+      diff_bits(static_cast<const unsigned*>(pair.a) + p * n,
+                static_cast<const unsigned*>(pair.b) + p * n, n, acc);
+      break;
+    case DiffKind::Bits8:
+      diff_bits(static_cast<const unsigned long long*>(pair.a) + p * n,
+                static_cast<const unsigned long long*>(pair.b) + p * n, n, acc);
+      break;
+    case DiffKind::BF16:
+      diff_float(static_cast<const short*>(pair.a) + p * n,
+                 static_cast<const short*>(pair.b) + p * n, n, bf16_bits_to_float, acc);
+      break;
+    case DiffKind::F16:
+      diff_float(static_cast<const short*>(pair.a) + p * n,
+                 static_cast<const short*>(pair.b) + p * n, n, f16_bits_to_float, acc);
+      break;
+    case DiffKind::F32:
+      diff_float(static_cast<const int*>(pair.a) + p * n, static_cast<const int*>(pair.b) + p * n,
+                 n, f32_bits_to_float, acc);
+      break;
+  }
+  // Block reduction: warps by shuffles, then the first thread over the warps' results.
+  for (int off = 16; off > 0; off /= 2) {
+    acc.differ += __shfl_down_sync(0xffffffffU, acc.differ, off);
+    acc.max_abs = fmaxf(acc.max_abs, __shfl_down_sync(0xffffffffU, acc.max_abs, off));
+    acc.max_ulp = max(acc.max_ulp, __shfl_down_sync(0xffffffffU, acc.max_ulp, off));
+  }
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  if (threadIdx.x % 32 == 0) {
+    s_differ[warp] = acc.differ;
+    s_abs[warp] = acc.max_abs;
+    s_ulp[warp] = acc.max_ulp;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kDiffThreads / 32; ++w) {
+      s_differ[0] += s_differ[w];
+      s_abs[0] = fmaxf(s_abs[0], s_abs[w]);
+      s_ulp[0] = max(s_ulp[0], s_ulp[w]);
     }
-    // Block reduction: warps by shuffles, then the first warp over the warps' results.
-    for (int off = 16; off > 0; off /= 2) {
-      acc.differ += __shfl_down_sync(0xffffffffU, acc.differ, off);
-      acc.max_abs = fmaxf(acc.max_abs, __shfl_down_sync(0xffffffffU, acc.max_abs, off));
-      acc.max_ulp = max(acc.max_ulp, __shfl_down_sync(0xffffffffU, acc.max_ulp, off));
-    }
-    const int warp = static_cast<int>(threadIdx.x) / 32;
-    if (threadIdx.x % 32 == 0) {
-      s_differ[warp] = acc.differ;
-      s_abs[warp] = acc.max_abs;
-      s_ulp[warp] = acc.max_ulp;
-    }
-    __syncthreads();
-    if (threadIdx.x == 0) {
-      for (int w = 1; w < kDiffThreads / 32; ++w) {
-        s_differ[0] += s_differ[w];
-        s_abs[0] = fmaxf(s_abs[0], s_abs[w]);
-        s_ulp[0] = max(s_ulp[0], s_ulp[w]);
-      }
-      float* o = out + k * 3 * positions + p;
-      o[0] = n > 0 ? __fdiv_rn(static_cast<float>(s_differ[0]), static_cast<float>(n)) : 0.0F;
-      o[positions] = s_abs[0];
-      o[2 * positions] = __ll2float_rn(s_ulp[0]);
-    }
-    __syncthreads();
+    float* o = out + static_cast<std::int64_t>(k) * 3 * positions + p;
+    o[0] = n > 0 ? __fdiv_rn(static_cast<float>(s_differ[0]), static_cast<float>(n)) : 0.0F;
+    o[positions] = s_abs[0];
+    o[2 * positions] = __ll2float_rn(s_ulp[0]);
   }
 }
 
@@ -548,11 +585,21 @@ int position_diff(const DiffPair* pairs, std::int64_t count, std::int64_t positi
   if (count <= 0 || positions <= 0) {
     return 0;
   }
-  const dim3 grid(static_cast<unsigned>(positions),
-                  static_cast<unsigned>(count > 65535 ? 65535 : count));
-  position_diff_kernel<<<grid, kDiffThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      pairs, count, positions, out);
-  return status();
+  for (std::int64_t first = 0; first < count; first += kDiffPairsPerLaunch) {
+    const int n =
+        static_cast<int>(count - first < kDiffPairsPerLaunch ? count - first : kDiffPairsPerLaunch);
+    DiffBatch batch;
+    for (int i = 0; i < n; ++i) {
+      batch.pairs[i] = pairs[first + i];
+    }
+    const dim3 grid(static_cast<unsigned>(positions), static_cast<unsigned>(n));
+    position_diff_kernel<<<grid, kDiffThreads, 0, static_cast<cudaStream_t>(stream)>>>(
+        batch, n, positions, out + first * 3 * positions);
+    if (const int code = status(); code != 0) {
+      return code;
+    }
+  }
+  return 0;
 }
 
 }  // namespace batchlens::compat::fused::kernels

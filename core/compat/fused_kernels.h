@@ -82,13 +82,16 @@ struct DiffPair {
   DiffKind kind = DiffKind::Bits1;
   std::int32_t unused = 0;
 };
+static_assert(sizeof(DiffPair) == 32, "DiffPair: 32 bytes, kDiffPairsPerLaunch depends on it");
 
-/// For each pair (a device array of `count` DiffPairs) and position p < positions:
+/// For each of `count` pairs (a host array: the launches carry them as kernel parameters, up to
+/// kDiffPairsPerLaunch per launch) and position p < positions:
 ///   out[(pair * 3 + 0) * positions + p] = (differing bit patterns) / inner   (fp32 division)
 ///   out[(pair * 3 + 1) * positions + p] = max |float(a) - float(b)| (fp32; NaN -> 0, inf -> 3e38)
 ///   out[(pair * 3 + 2) * positions + p] = max ULP distance, as fp32
 /// (both 0 for bit-pattern kinds). One block per (position, pair); probe::position_diff is the
 /// ATen definition it is tested against.
+constexpr int kDiffPairsPerLaunch = 120;  // 120 * 32 bytes: within the 4 KB of kernel parameters
 int position_diff(const DiffPair* pairs, std::int64_t count, std::int64_t positions, float* out,
                   void* stream);
 

@@ -81,10 +81,10 @@ Route route(const at::Tensor& index, std::int64_t experts, std::int64_t rows);
 /// multiplication by the fp32 reciprocal).
 at::Tensor softcap(const at::Tensor& logits, double cap);
 
-/// Comparison of tapped tensors in one launch (probe::position_diffs on CUDA): `pairs` point
-/// into CUDA tensors on `device` ([positions, inner] each, kept alive by the caller until this
-/// returns: the work is queued on the current stream); returns [n, 3, positions] fp32, per
-/// position the share of differing bit patterns, max |Δ| and max ULP distance
+/// Comparison of tapped tensors, up to 120 pairs per launch (probe::position_diffs on CUDA):
+/// `pairs` point into CUDA tensors on `device` ([positions, inner] each, kept alive by the caller
+/// until this returns: the work is queued on the current stream); returns [n, 3, positions] fp32,
+/// per position the share of differing bit patterns, max |Δ| and max ULP distance
 /// (probe::position_diff defines them).
 at::Tensor position_diffs(const std::vector<kernels::DiffPair>& pairs, std::int64_t positions,
                           const at::Device& device);

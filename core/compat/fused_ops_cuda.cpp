@@ -1,6 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
 // Built when LibTorch has CUDA: the tensor side of the fused kernels (fused_kernels.cu).
-#include <cstring>
 #include <string>
 
 #include <ATen/ATen.h>
@@ -194,13 +193,9 @@ at::Tensor position_diffs(const std::vector<kernels::DiffPair>& pairs, std::int6
   if (count == 0) {
     return out;
   }
-  // The descriptors travel with the queued work: a pinned buffer, copied without a host sync.
-  const auto bytes = static_cast<std::int64_t>(pairs.size() * sizeof(kernels::DiffPair));
-  at::Tensor host = at::empty({bytes}, at::TensorOptions().dtype(at::kByte).pinned_memory(true));
-  std::memcpy(host.data_ptr(), pairs.data(), static_cast<std::size_t>(bytes));
-  const at::Tensor dev = host.to(device, /*non_blocking=*/true);
-  check(kernels::position_diff(static_cast<const kernels::DiffPair*>(dev.data_ptr()), count,
-                               positions, out.data_ptr<float>(), stream_of(dev)),
+  // The descriptors travel as kernel parameters: no device buffer, no copy, no host sync.
+  check(kernels::position_diff(pairs.data(), count, positions, out.data_ptr<float>(),
+                               c10::cuda::getCurrentCUDAStream(device.index()).stream()),
         "position_diff");
   return out;
 }

@@ -175,6 +175,7 @@ struct ExperimentResult {
     double load_s = 0.0;         ///< loading or building the model
     double engines_s = 0.0;      ///< the engines' own work (prefill, steps, commits)
     double comparisons_s = 0.0;  ///< per tick: row-0 host copies and the tap comparisons
+    double readback_s = 0.0;     ///< of comparisons_s: reading the results back per canvas
     double results_s = 0.0;      ///< assembling runs and comparisons after each group
   } timings;
 

@@ -52,8 +52,12 @@ class StepTaps final : public probe::TapSink {
   bool wants(Tap tap, int /*layer*/) const override {
     return wanted_.test(static_cast<std::size_t>(tap));
   }
+  // Row 0 is all the row-0 comparisons read; a batched lockstep run also compares its rows.
+  bool first_row_only() const override { return first_row_only_; }
+  void set_first_row_only(bool first) { first_row_only_ = first; }
   void record(Tap tap, int layer, const at::Tensor& value) override {
-    taps_[{tap, layer}] = value.detach().clone();
+    const bool first = first_row_only_ && value.dim() > 0;
+    taps_[{tap, layer}] = (first ? value.narrow(0, 0, 1) : value).detach().clone();
   }
   void record_stable(Tap tap, int layer, const at::Tensor& value) override {
     taps_[{tap, layer}] = value.detach();
@@ -66,6 +70,7 @@ class StepTaps final : public probe::TapSink {
 
  private:
   std::bitset<probe::kTapCount> wanted_;
+  bool first_row_only_ = false;
   std::map<std::pair<Tap, int>, at::Tensor> taps_;
 };
 
@@ -96,8 +101,10 @@ struct PendingTick {
   std::size_t sbase = 0;                                     // sampler [C]
   std::vector<std::pair<std::int64_t, std::int64_t>> where;  // (slot, tap) per diff row
   at::Tensor diff;                                           // row0: [n, 3, C]; rows: [n, 3]
-  at::Tensor sampler;                                        // [C] uint8
-  at::Tensor routing;                                        // [2, L, C] fp32: flips, margins
+  bool sampler = false;  // compare the engines' sampler decisions (from their host copies)
+  // Row 0 of the router's choices, [L, C, K] each, and of the reference's scores [L, C, E]
+  // (undefined when not tapped): flips and margins are computed once per canvas.
+  at::Tensor ids_ref, ids_run, scores;
 };
 
 struct Acc {
@@ -115,10 +122,6 @@ struct Layout {
   std::int64_t c = 0;
   std::int64_t k = 0;  // top-k experts
 };
-
-at::Tensor row0(const at::Tensor& t) {
-  return t.narrow(0, 0, 1).squeeze(0);
-}
 
 // Row 0 of the tap of each layer, stacked: [n, C, ...] (one stack of the whole taps, then a
 // view: a handful of ops rather than two views per layer).
@@ -201,29 +204,13 @@ void compare_row0(Acc& a, const Layout& lay, bool both) {
     for (const int l : all_layers) {
       scores = scores && a.ref->taps.get(Tap::RouterScores, l).defined();
     }
-    const std::int64_t nl = lay.layers;
-    const at::Tensor flips =
-        probe::routing_flips(
-            stack_row0(a.ref->taps, Tap::RouterTopkIds, all_layers).reshape({nl, lay.c, -1}),
-            stack_row0(a.run->taps, Tap::RouterTopkIds, all_layers).reshape({nl, lay.c, -1}))
-            .to(at::kFloat);
-    const at::Tensor margins =
-        scores
-            ? probe::router_margin(
-                  stack_row0(a.ref->taps, Tap::RouterScores, all_layers).reshape({nl * lay.c, -1}),
-                  lay.k)
-                  .view({nl, lay.c})
-            : at::full({nl, lay.c}, kNaN, flips.options());
-    p.routing = at::stack({flips, margins});  // [2, L, C]
+    p.ids_ref = stack_row0(a.ref->taps, Tap::RouterTopkIds, all_layers);
+    p.ids_run = stack_row0(a.run->taps, Tap::RouterTopkIds, all_layers);
+    if (scores) {
+      p.scores = stack_row0(a.ref->taps, Tap::RouterScores, all_layers);
+    }
   }
-  // Sampler decisions at each position.
-  const sampling::StepTensors& x = a.ref->last;
-  const sampling::StepTensors& y = a.run->last;
-  p.sampler = ((row0(x.canvas_in) != row0(y.canvas_in)).to(at::kInt) * CanvasInDiffers +
-               (row0(x.sampled) != row0(y.sampled)).to(at::kInt) * SampledDiffers +
-               (row0(x.argmax) != row0(y.argmax)).to(at::kInt) * ArgmaxDiffers +
-               (row0(x.accepted) != row0(y.accepted)).to(at::kInt) * AcceptedDiffers)
-                  .to(at::kByte);
+  p.sampler = true;
   a.pending.push_back(std::move(p));
 }
 
@@ -261,28 +248,55 @@ void compare_rows(Acc& a, const Layout& lay, bool stepped) {
   a.pending.push_back(std::move(p));
 }
 
-// Reads the queued ticks' results back (one transfer per kind) into the host arrays.
+// Routing of the queued ticks, for all of them at once: flips [ticks with ids, L, C] and the
+// reference's margins [ticks with scores, L, C], fp32 on the host.
+std::pair<at::Tensor, at::Tensor> routing_of(const std::vector<PendingTick>& ticks,
+                                             const Layout& lay) {
+  std::vector<at::Tensor> ref;
+  std::vector<at::Tensor> run;
+  std::vector<at::Tensor> scores;
+  for (const PendingTick& p : ticks) {
+    if (p.ids_ref.defined()) {
+      ref.push_back(p.ids_ref);
+      run.push_back(p.ids_run);
+    }
+    if (p.scores.defined()) {
+      scores.push_back(p.scores);
+    }
+  }
+  at::Tensor flips;
+  at::Tensor margins;
+  if (!ref.empty()) {
+    flips = probe::routing_flips(at::cat(ref), at::cat(run)).to(at::kFloat).cpu().contiguous();
+  }
+  if (!scores.empty()) {
+    const at::Tensor all = at::cat(scores);  // [ticks * L, C, E]
+    margins =
+        probe::router_margin(all.reshape({all.size(0) * lay.c, -1}), lay.k).cpu().contiguous();
+  }
+  return {flips, margins};
+}
+
+// Reads the queued ticks' results back (one transfer per kind) into the host arrays; the
+// sampler decisions come from the engines' host copies (flushed first).
 void flush(Acc& a, const Layout& lay) {
   if (a.pending.empty()) {
     return;
   }
-  const auto host = [&a](at::Tensor PendingTick::*field) {
-    std::vector<at::Tensor> parts;
-    for (const PendingTick& p : a.pending) {
-      if ((p.*field).defined()) {
-        parts.push_back((p.*field).reshape({-1}));
-      }
+  std::vector<at::Tensor> parts;
+  for (const PendingTick& p : a.pending) {
+    if (p.diff.defined()) {
+      parts.push_back(p.diff.reshape({-1}));
     }
-    return parts.empty() ? at::Tensor() : at::cat(parts).cpu().contiguous();
-  };
-  const at::Tensor diff = host(&PendingTick::diff);
-  const at::Tensor sampler = host(&PendingTick::sampler);
-  const at::Tensor routing = host(&PendingTick::routing);
+  }
+  const at::Tensor diff = parts.empty() ? at::Tensor() : at::cat(parts).cpu().contiguous();
+  const auto [flips, margins] = routing_of(a.pending, lay);
   const auto ntap = static_cast<std::int64_t>(lay.taps.size());
   const auto c = static_cast<std::size_t>(lay.c);
+  const std::size_t lc = static_cast<std::size_t>(lay.layers) * c;
   std::size_t di = 0;
-  std::size_t si = 0;
-  std::size_t ri = 0;
+  std::size_t fi = 0;
+  std::size_t mi = 0;
   for (const PendingTick& p : a.pending) {
     if (p.diff.defined()) {
       const float* d = diff.data_ptr<float>() + di;
@@ -307,19 +321,29 @@ void flush(Acc& a, const Layout& lay) {
       }
       di += static_cast<std::size_t>(p.diff.numel());
     }
-    if (p.sampler.defined()) {
-      std::copy(sampler.data_ptr<std::uint8_t>() + si, sampler.data_ptr<std::uint8_t>() + si + c,
-                a.sampler.begin() + static_cast<std::ptrdiff_t>(p.sbase));
-      si += c;
+    if (p.sampler) {
+      // The tick's row-0 decisions of both engines sit at the same place in their arrays.
+      const Engine& x = *a.ref;
+      const Engine& y = *a.run;
+      for (std::size_t e = p.sbase; e < p.sbase + c; ++e) {
+        a.sampler[e] =
+            static_cast<std::uint8_t>((x.canvas_in[e] != y.canvas_in[e] ? CanvasInDiffers : 0) |
+                                      (x.sampled[e] != y.sampled[e] ? SampledDiffers : 0) |
+                                      (x.argmax[e] != y.argmax[e] ? ArgmaxDiffers : 0) |
+                                      (x.accepted[e] != y.accepted[e] ? AcceptedDiffers : 0));
+      }
     }
-    if (p.routing.defined()) {
-      const std::size_t lc = static_cast<std::size_t>(lay.layers) * c;
-      const float* f = routing.data_ptr<float>() + ri;
+    if (p.ids_ref.defined()) {
+      const float* f = flips.data_ptr<float>() + fi;
       for (std::size_t i = 0; i < lc; ++i) {
         a.flips[p.lbase + i] = f[i] > 0 ? 1 : 0;
-        a.margin[p.lbase + i] = f[lc + i];
       }
-      ri += 2 * lc;
+      fi += lc;
+    }
+    if (p.scores.defined()) {
+      std::copy(margins.data_ptr<float>() + mi, margins.data_ptr<float>() + mi + lc,
+                a.margin.begin() + static_cast<std::ptrdiff_t>(p.lbase));
+      mi += lc;
     }
   }
   a.pending.clear();
@@ -571,6 +595,7 @@ base::Result<ExperimentResult> run_experiment(const ExperimentSpec& spec,
           continue;
         }
         auto e = std::make_unique<Engine>(wanted);
+        e->taps.set_first_row_only(!(lockstep && p.batch > 1));
         e->result.id = p.id;
         e->result.batch_size = p.batch;
         e->result.group = group;
@@ -739,6 +764,7 @@ base::Result<ExperimentResult> run_experiment(const ExperimentSpec& spec,
           flush(a, lay);
         }
         out.timings.comparisons_s += since(flush_start);
+        out.timings.readback_s += since(flush_start);
       }
       // Results of the group.
       const auto results_start = std::chrono::steady_clock::now();

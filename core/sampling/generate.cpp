@@ -63,8 +63,9 @@ GenerationEngine::GenerationEngine(const DiffusionGemma& model, const at::Tensor
 
 namespace {
 
-// Passes `wants` through to the step's sink and keeps a copy of each recorded tap: inside a
-// capture the copies are graph memory that every replay rewrites.
+// Passes `wants` through to the step's sink and keeps a copy of each recorded tap (row 0 only
+// when the sink wants no more): inside a capture the copies are graph memory that every replay
+// rewrites.
 class CapturedTaps final : public probe::TapSink {
  public:
   CapturedTaps(const probe::TapSink* wanted,
@@ -74,7 +75,8 @@ class CapturedTaps final : public probe::TapSink {
     return wanted_ != nullptr && wanted_->wants(tap, layer);
   }
   void record(probe::Tap tap, int layer, const at::Tensor& value) override {
-    out_.emplace_back(tap, layer, value.detach().clone());
+    const bool first = wanted_ != nullptr && wanted_->first_row_only() && value.dim() > 0;
+    out_.emplace_back(tap, layer, (first ? value.narrow(0, 0, 1) : value).detach().clone());
   }
 
  private:
@@ -95,6 +97,7 @@ std::vector<bool> GenerationEngine::tap_signature(const probe::TapSink* taps) co
       key.push_back(taps->wants(t, l));
     }
   }
+  key.push_back(taps->first_row_only());
   return key;
 }
 
