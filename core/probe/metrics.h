@@ -26,9 +26,9 @@ struct TapRow {
 /// Many position_diff in one pass: refs[i] and runs[i] are rows of [B, C, ...] tensors (one
 /// element shape and dtype per pair, the same C for every pair, on one device) -> [n, 3, C]
 /// fp32 on that device, row i equal to position_diff(refs[i] row, runs[i] row) bit for bit.
-/// No views are made: the experiment runner compares every tap of a step this way, one kernel
-/// launch on CUDA (the fused kernel of core/compat) and one read of every element on the CPU;
-/// the ATen ops on other devices.
+/// No views are made: the experiment runner compares every tap of a step this way, with one
+/// kernel launch per 120 pairs on CUDA (the kernel of core/compat, no host sync) and one read
+/// of every element on the CPU; the ATen ops on other devices.
 at::Tensor position_diffs(const std::vector<TapRow>& refs, const std::vector<TapRow>& runs);
 
 /// position_diffs of [C, ...] tensors (each its own single row).
