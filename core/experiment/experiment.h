@@ -172,11 +172,14 @@ struct ExperimentResult {
   /// Where run_experiment spent its wall time, in seconds. Measured in this process and never
   /// written to files (a file read back has zeros).
   struct Timings {
-    double load_s = 0.0;         ///< loading or building the model
-    double engines_s = 0.0;      ///< the engines' own work (prefill, steps, commits)
-    double comparisons_s = 0.0;  ///< per tick: row-0 host copies and the tap comparisons
-    double readback_s = 0.0;     ///< of comparisons_s: reading the results back per canvas
-    double results_s = 0.0;      ///< assembling runs and comparisons after each group
+    double load_s = 0.0;     ///< loading or building the model
+    double engines_s = 0.0;  ///< the engines' own work (prefill, steps, commits)
+    /// Per tick: queueing the row-0 copies and the tap comparisons (on a GPU their kernels run
+    /// asynchronously: their device time shows in engines_s, at the engines' next sync), and
+    /// reading the results back once per canvas.
+    double comparisons_s = 0.0;
+    double readback_s = 0.0;  ///< of comparisons_s: reading the results back per canvas
+    double results_s = 0.0;   ///< assembling runs and comparisons after each group
   } timings;
 
   const RunResult* run(const std::string& id) const;

@@ -123,15 +123,14 @@ struct Layout {
   std::int64_t k = 0;  // top-k experts
 };
 
-// Row 0 of the tap of each layer, stacked: [n, C, ...] (one stack of the whole taps, then a
-// view: a handful of ops rather than two views per layer).
+// Row 0 of the tap of each layer, stacked (a copy of row 0 only): [n, C, ...].
 at::Tensor stack_row0(const StepTaps& taps, Tap tap, const std::vector<int>& layers) {
-  std::vector<at::Tensor> all;
-  all.reserve(layers.size());
+  std::vector<at::Tensor> rows;
+  rows.reserve(layers.size());
   for (const int l : layers) {
-    all.push_back(taps.get(tap, l));
+    rows.push_back(taps.get(tap, l).select(0, 0));
   }
-  return at::stack(all).select(1, 0);
+  return at::stack(rows);
 }
 
 // The (slot, tap index) cells whose tap both sinks recorded this tick, in tap then layer order,
@@ -228,8 +227,11 @@ void compare_rows(Acc& a, const Layout& lay, bool stepped) {
   tapped_pairs(
       a.run->taps, a.run->taps, lay,
       [&others](const at::Tensor& x, const at::Tensor& /*y*/, auto& xv, auto& yv) {
-        // Rows 1.. against row 0, as extra pairs: [B - 1] pairs per cell.
+        // Rows 1.. against row 0, as extra pairs: [B - 1] pairs per cell (every tap of a run
+        // has its batch size B as the first dimension).
         const std::int64_t b = x.size(0);
+        TORCH_CHECK(others == 0 || others == b - 1, "compare_rows: taps of one run with ",
+                    others + 1, " and ", b, " rows");
         others = b - 1;
         for (std::int64_t r = 1; r < b; ++r) {
           xv.push_back({x, 0});
@@ -241,10 +243,13 @@ void compare_rows(Acc& a, const Layout& lay, bool stepped) {
     return;
   }
   const auto n = static_cast<std::int64_t>(p.where.size());
-  const at::Tensor d = probe::position_diffs(xs, ys).view({n, others, 3, lay.c});  // [n, B-1, 3, C]
-  p.diff = at::stack(
-      {d.select(2, 0).mean({1, 2}), d.select(2, 1).amax({1, 2}), d.select(2, 2).amax({1, 2})},
-      1);  // [n, 3]
+  // [n, 3, (B-1) * C]: each cell's rows and positions in order, reduced as contiguous rows.
+  const at::Tensor d = probe::position_diffs(xs, ys)
+                           .view({n, others, 3, lay.c})
+                           .permute({0, 2, 1, 3})
+                           .reshape({n, 3, -1});
+  p.diff = at::stack({d.select(1, 0).mean(1), d.select(1, 1).amax(1), d.select(1, 2).amax(1)},
+                     1);  // [n, 3]
   a.pending.push_back(std::move(p));
 }
 
@@ -316,8 +321,10 @@ void flush(Acc& a, const Layout& lay) {
         std::copy(f + c, f + 2 * c, a.pos_abs.begin() + static_cast<std::ptrdiff_t>(at));
         std::copy(f + 2 * c, f + 3 * c, a.pos_ulp.begin() + static_cast<std::ptrdiff_t>(at));
         a.frac[cell] = std::accumulate(f, f + c, 0.0F) / static_cast<float>(lay.c);
-        a.abs[cell] = *std::max_element(f + c, f + 2 * c);
-        a.ulp[cell] = *std::max_element(f + 2 * c, f + 3 * c);
+        a.abs[cell] = std::accumulate(f + c, f + 2 * c, 0.0F,
+                                      [](float m, float v) { return std::max(m, v); });
+        a.ulp[cell] = std::accumulate(f + 2 * c, f + 3 * c, 0.0F,
+                                      [](float m, float v) { return std::max(m, v); });
       }
       di += static_cast<std::size_t>(p.diff.numel());
     }

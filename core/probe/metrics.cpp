@@ -4,7 +4,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
+#include <limits>
+#include <string>
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -55,11 +58,21 @@ float abs_diff(float a, float b) {
   return std::isinf(d) ? 3.0e38F : d;
 }
 
+// The ordered key of a float's bits (see ordered_key), in modular unsigned arithmetic: exact
+// for 16- and 32-bit floats; for doubles it wraps as ATen's int64 ops do, without UB.
 template <class Bits>
-std::int64_t key_of(Bits bits) {
-  constexpr std::int64_t kSign = std::int64_t{1} << (sizeof(Bits) * 8 - 1);
+std::uint64_t key_of(Bits bits) {
+  constexpr std::uint64_t kSign = std::uint64_t{1} << (sizeof(Bits) * 8 - 1);
   const auto v = static_cast<std::int64_t>(bits);
-  return v < 0 ? -(v + kSign) : v;
+  return v < 0 ? std::uint64_t{0} - (static_cast<std::uint64_t>(v) + kSign)
+               : static_cast<std::uint64_t>(v);
+}
+
+// |key(x) - key(y)| as ATen's int64 abs gives it.
+template <class Bits>
+std::int64_t key_distance(Bits x, Bits y) {
+  const std::uint64_t d = key_of(x) - key_of(y);
+  return static_cast<std::int64_t>(static_cast<std::int64_t>(d) < 0 ? std::uint64_t{0} - d : d);
 }
 
 // T: the element type; Bits: the signed integer of its width.
@@ -77,7 +90,7 @@ DiffAcc diff_floats(const T* a, const T* b, std::int64_t n) {
     ++acc.differ;
     acc.max_abs =
         std::max(acc.max_abs, abs_diff(static_cast<float>(a[i]), static_cast<float>(b[i])));
-    acc.max_ulp = std::max(acc.max_ulp, std::abs(key_of(x) - key_of(y)));
+    acc.max_ulp = std::max(acc.max_ulp, key_distance(x, y));
   }
   return acc;
 }
@@ -156,6 +169,32 @@ compat::fused::kernels::DiffKind kind_of(const at::Tensor& t) {
   }
 }
 
+// Whether the CUDA kernel may run: built, and not turned off with BATCHLENS_FUSED=0 or
+// BATCHLENS_FUSED_OFF=...,diff,... (then the ATen definition runs, pair by pair).
+bool kernel_enabled() {
+  static const bool enabled = [] {
+    if (!compat::fused::built()) {
+      return false;
+    }
+    const char* all = std::getenv("BATCHLENS_FUSED");
+    if (all != nullptr && std::string(all) == "0") {
+      return false;
+    }
+    const char* off = std::getenv("BATCHLENS_FUSED_OFF");
+    return off == nullptr || ("," + std::string(off) + ",").find(",diff,") == std::string::npos;
+  }();
+  return enabled;
+}
+
+// Whether the kernel reads every pair's dtype (not fp64 nor complex: those take ATen's ops).
+bool kernel_types(const std::vector<TapRow>& rows) {
+  return std::all_of(rows.begin(), rows.end(), [](const TapRow& r) {
+    const at::ScalarType t = r.tensor.scalar_type();
+    return !at::isComplexType(t) &&
+           (!at::isFloatingType(t) || t == at::kBFloat16 || t == at::kHalf || t == at::kFloat);
+  });
+}
+
 // The row's first element in a contiguous [B, C, ...] tensor.
 const void* row_pointer(const at::Tensor& t, std::int64_t row) {
   const std::int64_t per_row = t.size(0) > 0 ? t.numel() / t.size(0) : 0;
@@ -198,7 +237,7 @@ at::Tensor position_diffs(const std::vector<TapRow>& refs, const std::vector<Tap
               first.sizes());
   const std::int64_t c = first.size(1);
   const at::Device device = first.device();
-  const bool cuda = device.is_cuda() && compat::fused::built();
+  const bool cuda = device.is_cuda() && kernel_enabled() && kernel_types(refs);
   if (!cuda && !device.is_cpu()) {
     std::vector<at::Tensor> rows;
     rows.reserve(refs.size());
@@ -244,6 +283,8 @@ at::Tensor position_diffs(const std::vector<TapRow>& refs, const std::vector<Tap
     p.kind = kind_of(a);
   }
   if (cuda) {
+    TORCH_CHECK(c <= std::numeric_limits<std::int32_t>::max(),
+                "position_diffs: too many positions for one grid: ", c);
     return compat::fused::position_diffs(pairs, c, device);
   }
   at::Tensor out = at::empty({static_cast<std::int64_t>(refs.size()), 3, c}, at::kFloat);

@@ -28,7 +28,8 @@ struct TapRow {
 /// fp32 on that device, row i equal to position_diff(refs[i] row, runs[i] row) bit for bit.
 /// No views are made: the experiment runner compares every tap of a step this way, with one
 /// kernel launch per 120 pairs on CUDA (the kernel of core/compat, no host sync) and one read
-/// of every element on the CPU; the ATen ops on other devices.
+/// of every element on the CPU; the ATen ops on other devices, for fp64 taps on CUDA, and when
+/// BATCHLENS_FUSED=0 or BATCHLENS_FUSED_OFF names `diff`.
 at::Tensor position_diffs(const std::vector<TapRow>& refs, const std::vector<TapRow>& runs);
 
 /// position_diffs of [C, ...] tensors (each its own single row).

@@ -104,7 +104,7 @@ TEST(MetricsGpu, MorePairsThanOneGridColumn) {
   if (!at::hasCUDA() || !compat::fused::built()) {
     GTEST_SKIP() << "no CUDA device or no fused kernels in this build";
   }
-  // 70000 pairs: the kernel's pair loop strides past the grid's 65535 rows.
+  // 70000 pairs: 584 launches of up to 120 pairs each (the pairs travel as kernel parameters).
   const at::Tensor a = at::randn({70000, 2, 3}, at::TensorOptions().device(at::kCUDA));
   at::Tensor b = a.clone();
   b.select(0, 69999).fill_(1.0F);
