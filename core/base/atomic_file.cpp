@@ -1,11 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/base/atomic_file.h"
 
+#include <array>
+#include <atomic>
 #include <cerrno>
+#include <csignal>
+#include <cstring>
 #include <system_error>
 
+#include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 namespace batchlens::base {
@@ -16,13 +22,189 @@ std::string errno_text(int err) {
   return std::error_code(err, std::generic_category()).message();
 }
 
+// ---- the signal-cleanup registry ------------------------------------------------------------
+// Fixed slots a signal handler can read without locks or allocation: a slot is claimed with a
+// compare-exchange, its path written, then published with state 2; the handler only looks at
+// published slots.
+
+namespace {
+
+constexpr int kSlots = 64;
+constexpr std::size_t kPathMax = 4096;
+
+struct Slot {
+  std::atomic<int> state{0};  // 0 free, 1 being filled, 2 published
+  bool dir = false;
+  std::array<char, kPathMax> path{};
+};
+
+std::array<Slot, kSlots>& slots() {
+  static std::array<Slot, kSlots> s;
+  return s;
+}
+
+std::atomic<CancelToken*> g_signal_cancel{nullptr};
+std::atomic<bool> g_handlers_installed{false};
+
+int register_temp(const fs::path& p, bool dir) {
+  const std::string& s = p.native();
+  if (s.size() >= kPathMax) {
+    return -1;  // not cleaned on a signal; still removed by the destructor or the next writer
+  }
+  for (int i = 0; i < kSlots; ++i) {
+    Slot& slot = slots()[static_cast<std::size_t>(i)];
+    int expected = 0;
+    if (slot.state.compare_exchange_strong(expected, 1)) {
+      slot.dir = dir;
+      std::memcpy(slot.path.data(), s.c_str(), s.size() + 1);
+      slot.state.store(2);
+      return i;
+    }
+  }
+  return -1;
+}
+
+void unregister_temp(int i) {
+  if (i >= 0) {
+    slots()[static_cast<std::size_t>(i)].state.store(0);
+  }
+}
+
+// Async-signal-safe removal of a folder tree: raw getdents64 and unlinkat, no allocation.
+struct LinuxDirent64 {
+  ino64_t d_ino;
+  off64_t d_off;
+  unsigned short d_reclen;
+  unsigned char d_type;
+  char d_name[1];
+};
+
+void remove_tree_signal_safe(int parent_fd, const char* name, int depth) {
+  if (::unlinkat(parent_fd, name, 0) == 0 || depth > 8) {
+    return;
+  }
+  const int fd = ::openat(parent_fd, name, O_RDONLY | O_DIRECTORY | O_CLOEXEC | O_NOFOLLOW);
+  if (fd < 0) {
+    return;
+  }
+  alignas(8) char buf[4096];
+  for (;;) {
+    const long n = ::syscall(SYS_getdents64, fd, buf, sizeof(buf));
+    if (n <= 0) {
+      break;
+    }
+    for (long off = 0; off < n;) {
+      const auto* e = reinterpret_cast<const LinuxDirent64*>(buf + off);
+      off += e->d_reclen;
+      if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) {
+        continue;
+      }
+      remove_tree_signal_safe(fd, e->d_name, depth + 1);
+    }
+  }
+  ::close(fd);
+  ::unlinkat(parent_fd, name, AT_REMOVEDIR);
+}
+
+extern "C" void on_terminating_signal(int sig) {
+  const int saved = errno;
+  bool cleaned = false;
+  for (Slot& slot : slots()) {
+    if (slot.state.load() == 2) {
+      remove_tree_signal_safe(AT_FDCWD, slot.path.data(), 0);
+      cleaned = true;
+    }
+  }
+  CancelToken* cancel = g_signal_cancel.load();
+  if (sig == SIGINT && !cleaned && cancel != nullptr) {
+    cancel->cancel();  // an atomic store
+    errno = saved;
+    return;
+  }
+  ::_exit(128 + sig);
+}
+
+bool process_alive(long pid) {
+  if (pid <= 0) {
+    return false;
+  }
+  return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM;
+}
+
+void fsync_dir(const fs::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    ::fsync(fd);  // best effort: the data itself is already on disk
+    ::close(fd);
+  }
+}
+
+fs::path parent_or_dot(const fs::path& p) {
+  return p.has_parent_path() ? p.parent_path() : fs::path(".");
+}
+
+std::string temp_prefix(const fs::path& target) {
+  return target.filename().string() + ".tmp-";
+}
+
+}  // namespace
+
+void install_signal_cleanup() {
+  if (g_handlers_installed.exchange(true)) {
+    return;
+  }
+  struct sigaction sa {};
+  sa.sa_handler = on_terminating_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  ::sigaction(SIGINT, &sa, nullptr);
+  ::sigaction(SIGTERM, &sa, nullptr);
+}
+
+void set_signal_cancel(CancelToken* token) {
+  g_signal_cancel.store(token);
+}
+
+int remove_orphaned_temps(const fs::path& target) {
+  const std::string prefix = temp_prefix(target);
+  int removed = 0;
+  std::error_code ec;
+  for (fs::directory_iterator it(parent_or_dot(target), ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.compare(0, prefix.size(), prefix) != 0) {
+      continue;
+    }
+    // <target>.tmp-<pid>-<anything>: the writer's pid decides whether it is still writing.
+    const std::string rest = name.substr(prefix.size());
+    const auto dash = rest.find('-');
+    if (dash == 0 || dash == std::string::npos ||
+        rest.find_first_not_of("0123456789") != dash) {
+      continue;
+    }
+    const long pid = std::strtol(rest.substr(0, dash).c_str(), nullptr, 10);
+    if (process_alive(pid)) {
+      continue;
+    }
+    std::error_code rm;
+    if (fs::remove_all(it->path(), rm) > 0 && !rm) {
+      ++removed;
+    }
+  }
+  return removed;
+}
+
+// ---- AtomicFile ------------------------------------------------------------------------------
+
 AtomicFile::AtomicFile(fs::path target) : target_(std::move(target)) {
-  std::string pattern = target_.string() + ".tmp-XXXXXX";
+  remove_orphaned_temps(target_);
+  std::string pattern = target_.string() + ".tmp-" + std::to_string(::getpid()) + "-XXXXXX";
   fd_ = ::mkstemp(pattern.data());
   if (fd_ < 0) {
     fail("cannot create a temporary file", errno);
   }
   temp_ = pattern;
+  slot_ = register_temp(temp_, false);
   // mkstemp creates 0600; the result is as readable as any file the user writes.
   if (::fchmod(fd_, 0644) != 0) {
     fail("cannot set permissions", errno);
@@ -36,6 +218,7 @@ AtomicFile::~AtomicFile() {
   if (!committed_ && !temp_.empty()) {
     ::unlink(temp_.c_str());
   }
+  unregister_temp(slot_);
 }
 
 void AtomicFile::write(const void* data, std::size_t size) {
@@ -68,16 +251,71 @@ void AtomicFile::commit() {
     raise(ErrorCode::IoFailed, target_.string() + ": cannot rename into place: " + ec.message());
   }
   committed_ = true;
-  const fs::path dir = target_.has_parent_path() ? target_.parent_path() : fs::path(".");
-  const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    ::fsync(dir_fd);  // best effort: the data itself is already on disk
-    ::close(dir_fd);
-  }
+  unregister_temp(slot_);
+  slot_ = -1;
+  fsync_dir(parent_or_dot(target_));
 }
 
 void AtomicFile::fail(const std::string& what, int err) const {
   raise(ErrorCode::IoFailed, target_.string() + ": " + what + ": " + errno_text(err));
+}
+
+// ---- AtomicDir -------------------------------------------------------------------------------
+
+AtomicDir::AtomicDir(fs::path target) : target_(std::move(target)) {
+  remove_orphaned_temps(target_);
+  std::string pattern = target_.string() + ".tmp-" + std::to_string(::getpid()) + "-XXXXXX";
+  if (::mkdtemp(pattern.data()) == nullptr) {
+    raise(ErrorCode::IoFailed,
+          target_.string() + ": cannot create a temporary folder: " + errno_text(errno));
+  }
+  temp_ = pattern;
+  slot_ = register_temp(temp_, true);
+  ::chmod(temp_.c_str(), 0755);
+}
+
+AtomicDir::~AtomicDir() {
+  if (!committed_ && !temp_.empty()) {
+    std::error_code ec;
+    fs::remove_all(temp_, ec);
+  }
+  unregister_temp(slot_);
+}
+
+void AtomicDir::commit() {
+  std::error_code ec;
+  for (fs::recursive_directory_iterator it(temp_, ec), end; !ec && it != end; it.increment(ec)) {
+    if (!it->is_regular_file()) {
+      continue;
+    }
+    const int fd = ::open(it->path().c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0 || ::fsync(fd) != 0) {
+      const int err = errno;
+      if (fd >= 0) {
+        ::close(fd);
+      }
+      raise(ErrorCode::IoFailed,
+            it->path().string() + ": fsync failed: " + errno_text(err));
+    }
+    ::close(fd);
+  }
+  fsync_dir(temp_);
+  if (fs::is_directory(target_, ec)) {
+    if (!fs::is_empty(target_, ec) || ec) {
+      raise(ErrorCode::IoFailed, target_.string() + " exists and is not an empty folder");
+    }
+    fs::remove(target_, ec);
+  } else if (fs::exists(fs::symlink_status(target_, ec))) {
+    raise(ErrorCode::IoFailed, target_.string() + " exists and is not a folder");
+  }
+  fs::rename(temp_, target_, ec);
+  if (ec) {
+    raise(ErrorCode::IoFailed, target_.string() + ": cannot move into place: " + ec.message());
+  }
+  committed_ = true;
+  unregister_temp(slot_);
+  slot_ = -1;
+  fsync_dir(parent_or_dot(target_));
 }
 
 Result<void> write_file_atomic(const fs::path& path, std::string_view text) {
