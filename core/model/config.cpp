@@ -4,14 +4,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <fstream>
 #include <limits>
-#include <sstream>
 #include <string>
-#include <system_error>
 #include <utility>
 #include <vector>
 
+#include "core/base/input.h"
 #include "core/model/embedded_presets.h"
 
 namespace batchlens::model {
@@ -32,7 +30,7 @@ constexpr std::int64_t kMaxHeadDim = 4096;
 constexpr std::int64_t kMaxPositions = std::int64_t{1} << 24;
 constexpr std::int64_t kMaxExperts = 4096;
 constexpr std::int64_t kMaxCanvas = 65536;
-constexpr std::uintmax_t kMaxConfigFileBytes = std::uintmax_t{64} << 20;
+constexpr std::uint64_t kMaxConfigFileBytes = std::uint64_t{64} << 20;
 
 constexpr const char* kModelType = "diffusion_gemma";
 constexpr const char* kTextModelType = "diffusion_gemma_text";
@@ -44,26 +42,51 @@ constexpr const char* kBidiChoices = R"(null, "vision" or "all")";
 
 // ---- Messages ----------------------------------------------------------------------------
 
-/// Compact JSON text; invalid UTF-8 is replaced rather than thrown about (messages must not
-/// throw).
-std::string dump(const json& value) {
+constexpr std::size_t kMaxShown = 60;  // characters of a value a message shows
+
+/// Compact JSON text of a value that is not an array or object (dump of a scalar never
+/// recurses); invalid UTF-8 is replaced rather than thrown about (messages must not throw).
+std::string dump_scalar(const json& value) {
   return value.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
-/// A JSON value as the message shows it: compact, cut after 60 characters.
-std::string describe(const json* value) {
-  if (value == nullptr) {
-    return "nothing (the field is missing)";
-  }
-  std::string text = dump(*value);
-  if (text.size() > 60) {
-    text = text.substr(0, 57) + "...";
+std::string cut(std::string text) {
+  if (text.size() > kMaxShown) {
+    text = text.substr(0, kMaxShown - 3) + "...";
   }
   return text;
 }
 
 std::string quoted(const std::string& text) {
-  return dump(json(text));
+  // Cut before quoting: a message never copies more of the input than it shows.
+  return cut(dump_scalar(json(text.size() > kMaxShown ? text.substr(0, kMaxShown) : text)));
+}
+
+/// A JSON value as the message shows it: scalars compact and cut after 60 characters, a short
+/// list of scalars as written, any other list or object by its size. Never walks into nested
+/// values, so an adversarial document cannot make building a message recurse or grow.
+std::string describe(const json* value) {
+  if (value == nullptr) {
+    return "nothing (the field is missing)";
+  }
+  if (value->is_string()) {
+    return quoted(value->get_ref<const std::string&>());
+  }
+  if (value->is_object()) {
+    return "an object with " + std::to_string(value->size()) + " member(s)";
+  }
+  if (value->is_array()) {
+    std::string text = "[";
+    for (const json& item : *value) {
+      if (item.is_structured() || text.size() > kMaxShown) {
+        return "a list of " + std::to_string(value->size()) + " item(s)";
+      }
+      text += (text.size() > 1 ? "," : "") +
+              (item.is_string() ? quoted(item.get_ref<const std::string&>()) : dump_scalar(item));
+    }
+    return cut(text + "]");
+  }
+  return cut(dump_scalar(*value));
 }
 
 /// Throws InvalidArgument "<path>: expected <expected>, got <actual>".
@@ -93,7 +116,7 @@ void check_positive(const std::string& path, double value, bool allow_zero = fal
   if (std::isfinite(value) && (value > 0.0 || (allow_zero && value == 0.0))) {
     return;
   }
-  fail(path, allow_zero ? "a finite number >= 0" : "a finite number > 0", json(value).dump());
+  fail(path, allow_zero ? "a finite number >= 0" : "a finite number > 0", dump_scalar(json(value)));
 }
 
 // ---- Typed field readers -----------------------------------------------------------------
@@ -111,7 +134,7 @@ std::int64_t as_int(const json& value, const std::string& path) {
   if (value.is_number_unsigned()) {
     const auto u = value.get<std::uint64_t>();
     if (u > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
-      fail(path, "an integer below 2^63", value.dump());
+      fail(path, "an integer below 2^63", dump_scalar(value));
     }
     return static_cast<std::int64_t>(u);
   }
@@ -160,6 +183,13 @@ class FieldReader {
         fail(path(key), "a string", describe(v));
       }
       out = v->get<std::string>();
+    }
+  }
+
+  /// An integer or null (the reference's `int | None`); absent keeps `out`.
+  void read(const std::string& key, std::optional<std::int64_t>& out) const {
+    if (const json* v = find(key)) {
+      out = v->is_null() ? std::nullopt : std::optional<std::int64_t>(as_int(*v, path(key)));
     }
   }
 
@@ -398,19 +428,22 @@ json token_ids_to_json(const std::vector<std::int64_t>& ids) {
   return ids.size() == 1 ? json(ids.front()) : json(ids);
 }
 
+json optional_to_json(const std::optional<std::int64_t>& id) {
+  return id ? json(*id) : json(nullptr);
+}
+
 // ---- Validation --------------------------------------------------------------------------
 
 void validate_token_id(const std::string& path, std::int64_t id, std::int64_t vocab) {
   check_range(path, id, 0, vocab, "vocab_size=" + std::to_string(vocab), /*hi_open=*/true);
 }
 
-void validate_token_ids(const std::string& path, const std::vector<std::int64_t>& ids,
-                        std::int64_t vocab) {
+/// eos_token_id lists: non-empty. The ids themselves are not range-checked: BatchLens stops on
+/// generation_config.json's eos ids, not on these, and transformers only warns about special
+/// ids outside the vocabulary (configs on the Hub carry such ids, e.g. -1).
+void validate_token_ids(const std::string& path, const std::vector<std::int64_t>& ids) {
   if (ids.empty()) {
     fail(path, "an integer or a non-empty list of integers", "[]");
-  }
-  for (std::size_t i = 0; i < ids.size(); ++i) {
-    validate_token_id(ids.size() == 1 ? path : path + "[" + std::to_string(i) + "]", ids[i], vocab);
   }
 }
 
@@ -421,7 +454,7 @@ void validate_rope(const std::string& path, const RopeParams& rope) {
   check_positive(path + ".rope_theta", rope.rope_theta);
   if (!(rope.partial_rotary_factor > 0.0 && rope.partial_rotary_factor <= 1.0)) {
     fail(path + ".partial_rotary_factor", "a number in (0, 1]",
-         json(rope.partial_rotary_factor).dump());
+         dump_scalar(json(rope.partial_rotary_factor)));
   }
   check_positive(path + ".factor", rope.factor);
 }
@@ -462,9 +495,10 @@ void validate_text(const TextConfig& t) {
   check_range(p + "max_position_embeddings", t.max_position_embeddings, 1, kMaxPositions);
   check_positive(p + "initializer_range", t.initializer_range, /*allow_zero=*/true);
   check_positive(p + "rms_norm_eps", t.rms_norm_eps);
+  // pad_token_id is the embedding's padding row (zeroed in random weights), so it must be a row;
+  // transformers' nn.Embedding refuses it outside the vocabulary too. bos is not used.
   validate_token_id(p + "pad_token_id", t.pad_token_id, t.vocab_size);
-  validate_token_id(p + "bos_token_id", t.bos_token_id, t.vocab_size);
-  validate_token_ids(p + "eos_token_id", t.eos_token_ids, t.vocab_size);
+  validate_token_ids(p + "eos_token_id", t.eos_token_ids);
   if (!t.tie_word_embeddings) {
     fail(p + "tie_word_embeddings", "true (the lm_head is the embedding)", "false");
   }
@@ -504,28 +538,6 @@ void validate_text(const TextConfig& t) {
 }
 
 // ---- Files -------------------------------------------------------------------------------
-
-std::string read_text_file(const std::filesystem::path& path) {
-  std::error_code ec;
-  if (!std::filesystem::is_regular_file(path, ec)) {
-    base::raise(ErrorCode::FileNotFound, "no such config file: " + path.string());
-  }
-  const auto size = std::filesystem::file_size(path, ec);
-  if (!ec && size > kMaxConfigFileBytes) {
-    base::raise(ErrorCode::FileUnrecognised, path.string() + ": " + std::to_string(size) +
-                                                 " bytes is far too large for a config.json");
-  }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    base::raise(ErrorCode::FileNotFound, "cannot open config file: " + path.string());
-  }
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) {
-    base::raise(ErrorCode::IoFailed, "cannot read config file: " + path.string());
-  }
-  return text.str();
-}
 
 /// parse_config() that throws base::ErrorException.
 ModelConfig parse_or_throw(const json& doc) {
@@ -580,15 +592,17 @@ base::Result<ModelConfig> parse_config(const json& doc) {
 
 base::Result<ModelConfig> load_config_file(const std::filesystem::path& path) {
   return base::guarded([&]() -> base::Result<ModelConfig> {
-    const std::string text = read_text_file(path);
-    json doc;
-    try {
-      doc = json::parse(text);
-    } catch (const json::parse_error& e) {
-      base::raise(ErrorCode::FileCorrupted, path.string() + ": invalid JSON at byte " +
-                                                std::to_string(e.byte) + ": " + e.what());
+    // Refuses a FIFO, a device or a directory without blocking, and silly sizes.
+    auto text = base::read_input_file(path, "config file", kMaxConfigFileBytes);
+    if (!text.ok()) {
+      return text.error();
     }
-    auto parsed = parse_config(doc);
+    // Depth-limited, no exceptions; the message names the byte, never echoes the input.
+    auto doc = base::parse_json(text.value(), path.string(), ErrorCode::FileCorrupted);
+    if (!doc.ok()) {
+      return doc.error();
+    }
+    auto parsed = parse_config(doc.value());
     if (!parsed.ok()) {
       return base::Error{parsed.error().code, path.string() + ": " + parsed.error().message};
     }
@@ -603,8 +617,11 @@ base::Result<ModelConfig> load_preset(const std::string& name) {
     if (preset.name != name) {
       continue;
     }
-    const json doc = json::parse(preset.json, nullptr, /*allow_exceptions=*/false);
-    auto parsed = parse_config(doc);
+    auto doc = base::parse_json(preset.json, "model preset \"" + name + "\"", ErrorCode::Internal);
+    if (!doc.ok()) {
+      return doc.error();
+    }
+    auto parsed = parse_config(doc.value());
     if (!parsed.ok()) {
       // The presets are tested; a failure here is a build or resource bug.
       return base::Error{ErrorCode::Internal,
@@ -676,9 +693,9 @@ json to_json(const ModelConfig& config) {
       {"architectures", json::array({kArchitecture})},
       {"canvas_length", config.canvas_length},
       {"eos_token_id", token_ids_to_json(config.eos_token_ids)},
-      {"boi_token_id", config.boi_token_id},
-      {"eoi_token_id", config.eoi_token_id},
-      {"image_token_id", config.image_token_id},
+      {"boi_token_id", optional_to_json(config.boi_token_id)},
+      {"eoi_token_id", optional_to_json(config.eoi_token_id)},
+      {"image_token_id", optional_to_json(config.image_token_id)},
       {"tie_word_embeddings", true},
       {"dtype", config.dtype},
       {"text_config", std::move(text)},
@@ -689,10 +706,8 @@ void validate(const ModelConfig& config) {
   const TextConfig& t = config.text;
   validate_text(t);
   check_range("canvas_length", config.canvas_length, 1, kMaxCanvas);
-  validate_token_ids("eos_token_id", config.eos_token_ids, t.vocab_size);
-  validate_token_id("boi_token_id", config.boi_token_id, t.vocab_size);
-  validate_token_id("eoi_token_id", config.eoi_token_id, t.vocab_size);
-  validate_token_id("image_token_id", config.image_token_id, t.vocab_size);
+  validate_token_ids("eos_token_id", config.eos_token_ids);
+  // boi/eoi/image_token_id are vision tokens the text model never sees: any value is kept as is.
   if (config.dtype != "bfloat16" && config.dtype != "float16" && config.dtype != "float32") {
     fail("dtype", R"("bfloat16", "float16" or "float32")", quoted(config.dtype));
   }

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -75,22 +76,30 @@ struct ModelConfig {
   TextConfig text;
   std::int64_t canvas_length = 256;
   std::vector<std::int64_t> eos_token_ids{1};  ///< top level (e.g. [1, 106])
-  std::int64_t boi_token_id = 255999;
-  std::int64_t eoi_token_id = 258882;
-  std::int64_t image_token_id = 258880;
+  // Vision tokens: unused by the text model, kept for writing config.json back. Any integer or
+  // null (absent) is accepted, inside the text vocabulary or not: transformers only warns, and
+  // its save_pretrained keeps them when the vocabulary shrinks.
+  std::optional<std::int64_t> boi_token_id = 255999;
+  std::optional<std::int64_t> eoi_token_id = 258882;
+  std::optional<std::int64_t> image_token_id = 258880;
   std::string dtype = "bfloat16";  ///< the checkpoint's parameter dtype
   std::string name;                ///< preset name or checkpoint directory, for display
 };
 
 /// Parses an HF config.json document (top level with `text_config`). Missing optional fields
-/// take the reference's defaults. Errors (ErrorCode::InvalidArgument) name the field, the
-/// expected and the actual value, e.g. "text_config.top_k_experts: expected an integer in
-/// [1, num_experts=128], got 200". Never throws.
+/// take the reference's defaults. Fields BatchLens uses are validated; fields it does not use are
+/// accepted wherever transformers accepts them (vision token ids and bos/eos ids outside the text
+/// vocabulary, which transformers only warns about). Messages show at most 60 characters of a
+/// value and never walk into nested lists or objects. Errors (ErrorCode::InvalidArgument) name the
+/// field, the expected and the actual value, e.g. "text_config.top_k_experts: expected an integer
+/// in [1, num_experts=128], got 200". Never throws.
 base::Result<ModelConfig> parse_config(const nlohmann::json& doc);
 
-/// Reads and parses a config.json file: FileNotFound, FileCorrupted on bad JSON (the message names
-/// the file and nlohmann's position), otherwise parse_config()'s errors prefixed with the path.
-/// Sets ModelConfig::name to the file's parent directory name. Never throws.
+/// Reads and parses a config.json file: FileNotFound, FileUnrecognised for a FIFO, device or
+/// directory (refused without blocking), FileCorrupted on bad JSON or nesting deeper than
+/// base::kMaxJsonDepth (the message names the file and the byte, never echoes the input),
+/// otherwise parse_config()'s errors prefixed with the path. Sets ModelConfig::name to the
+/// file's parent directory name. Never throws.
 base::Result<ModelConfig> load_config_file(const std::filesystem::path& path);
 
 /// A preset shipped with BatchLens ("tiny", "demo", "mid", "26b-a4b"); embedded in the binary
