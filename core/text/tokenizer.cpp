@@ -8,15 +8,15 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
-#include <fstream>
 #include <functional>
 #include <queue>
 #include <regex>
-#include <sstream>
 #include <unordered_map>
 #include <utility>
 
 #include <nlohmann/json.hpp>
+
+#include "core/base/input.h"
 
 namespace batchlens::text {
 
@@ -26,6 +26,13 @@ using json = nlohmann::json;
 using base::ErrorCode;
 
 constexpr std::int64_t kMaxVocab = 1 << 24;  // 16 M ids: far above any real tokenizer
+
+/// A string from the file as a message shows it: at most 60 bytes, so that a message never
+/// copies a large part of an untrusted file.
+std::string shown(const std::string& text) {
+  constexpr std::size_t kMax = 60;
+  return text.size() <= kMax ? text : text.substr(0, kMax - 3) + "...";
+}
 
 [[noreturn]] void corrupt(const std::string& message) {
   base::raise(ErrorCode::FileCorrupted, "tokenizer.json: " + message);
@@ -170,7 +177,7 @@ void parse_normalizer(const json& j, std::vector<Normalizer>& out) {
     n.from = j.value("prepend", std::string());
     out.push_back(std::move(n));
   } else {
-    unsupported("the normalizer type '" + type + "'");
+    unsupported("the normalizer type '" + shown(type) + "'");
   }
 }
 
@@ -191,7 +198,7 @@ void parse_pre_tokenizer(const json& j, std::vector<PreTokenizer>& out) {
       try {
         p.regex.emplace(p.pattern, std::regex::ECMAScript);
       } catch (const std::regex_error&) {
-        unsupported("the Split regex '" + p.pattern + "'");
+        unsupported("the Split regex '" + shown(p.pattern) + "'");
       }
     }
     const std::string b = j.value("behavior", std::string("Isolated"));
@@ -206,7 +213,7 @@ void parse_pre_tokenizer(const json& j, std::vector<PreTokenizer>& out) {
     } else if (b == "Contiguous") {
       p.behavior = SplitBehavior::Contiguous;
     } else {
-      corrupt("unknown Split behavior '" + b + "'");
+      corrupt("unknown Split behavior '" + shown(b) + "'");
     }
     if (j.value("invert", false)) {
       unsupported("an inverted Split pre-tokenizer");
@@ -224,12 +231,12 @@ void parse_pre_tokenizer(const json& j, std::vector<PreTokenizer>& out) {
     } else if (scheme == "never") {
       p.prepend = PreTokenizer::Prepend::Never;
     } else {
-      corrupt("unknown Metaspace prepend_scheme '" + scheme + "'");
+      corrupt("unknown Metaspace prepend_scheme '" + shown(scheme) + "'");
     }
     p.split = j.value("split", true);
     out.push_back(std::move(p));
   } else {
-    unsupported("the pre_tokenizer type '" + type + "'");
+    unsupported("the pre_tokenizer type '" + shown(type) + "'");
   }
 }
 
@@ -267,7 +274,7 @@ void parse_decoder(const json& j, std::vector<Decoder>& out) {
     d.from = j.value("replacement", std::string("\xE2\x96\x81"));
     d.prepend = j.value("prepend_scheme", std::string("always")) != "never";
   } else {
-    unsupported("the decoder type '" + type + "'");
+    unsupported("the decoder type '" + shown(type) + "'");
   }
   out.push_back(std::move(d));
 }
@@ -401,7 +408,8 @@ struct Tokenizer::Impl {
 
   void set_piece(std::int64_t id, const std::string& piece, const std::string& where) {
     if (id < 0 || id >= kMaxVocab) {
-      corrupt(where + " '" + piece + "' has the id " + std::to_string(id) + " (out of range)");
+      corrupt(where + " '" + shown(piece) + "' has the id " + std::to_string(id) +
+              " (out of range)");
     }
     if (static_cast<std::size_t>(id) >= pieces.size()) {
       pieces.resize(static_cast<std::size_t>(id) + 1);
@@ -410,13 +418,13 @@ struct Tokenizer::Impl {
     }
     const auto at = static_cast<std::size_t>(id);
     if (known[at] != 0 && pieces[at] != piece) {
-      corrupt("the id " + std::to_string(id) + " is given to both '" + pieces[at] + "' and '" +
-              piece + "'");
+      corrupt("the id " + std::to_string(id) + " is given to both '" + shown(pieces[at]) +
+              "' and '" + shown(piece) + "'");
     }
     const auto [it, inserted] = ids.emplace(piece, id);
     if (!inserted && it->second != id) {
-      corrupt(where + " '" + piece + "' has two ids, " + std::to_string(it->second) + " and " +
-              std::to_string(id));
+      corrupt(where + " '" + shown(piece) + "' has two ids, " + std::to_string(it->second) +
+              " and " + std::to_string(id));
     }
     pieces[at] = piece;
     known[at] = 1;
@@ -565,12 +573,12 @@ struct Tokenizer::Impl {
 
 base::Result<Tokenizer> Tokenizer::from_json(std::string_view json_text) {
   return base::guarded([&]() -> Tokenizer {
-    json j;
-    try {
-      j = json::parse(json_text);
-    } catch (const json::parse_error& e) {
-      corrupt(std::string("not valid JSON (") + e.what() + ")");
+    // Depth-limited (a tokenizer nests about 5 deep), no exceptions, no input in the message.
+    auto parsed = base::parse_json(json_text, "tokenizer.json", ErrorCode::FileCorrupted);
+    if (!parsed.ok()) {
+      throw base::ErrorException(parsed.error());
     }
+    const json j = std::move(parsed).value();
     if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) {
       corrupt("no \"model\" object: this is not a Hugging Face tokenizer.json");
     }
@@ -580,7 +588,7 @@ base::Result<Tokenizer> Tokenizer::from_json(std::string_view json_text) {
       const json& m = j["model"];
       const std::string type = m.value("type", std::string("BPE"));
       if (type != "BPE") {
-        unsupported("the model type '" + type + "'");
+        unsupported("the model type '" + shown(type) + "'");
       }
       for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
         if (m.contains(key) && !m[key].is_null() && !m[key].get<std::string>().empty()) {
@@ -592,7 +600,7 @@ base::Result<Tokenizer> Tokenizer::from_json(std::string_view json_text) {
       }
       for (const auto& [piece, id] : m["vocab"].items()) {
         if (!id.is_number_integer()) {
-          corrupt("model.vocab['" + piece + "'] is not an integer");
+          corrupt("model.vocab['" + shown(piece) + "'] is not an integer");
         }
         impl->set_piece(id.get<std::int64_t>(), piece, "the piece");
       }
@@ -608,7 +616,7 @@ base::Result<Tokenizer> Tokenizer::from_json(std::string_view json_text) {
         const std::string unk = m["unk_token"].get<std::string>();
         auto it = impl->ids.find(unk);
         if (it == impl->ids.end()) {
-          corrupt("model.unk_token '" + unk + "' is not in the vocabulary");
+          corrupt("model.unk_token '" + shown(unk) + "' is not in the vocabulary");
         }
         impl->unk = it->second;
       }
@@ -624,7 +632,7 @@ base::Result<Tokenizer> Tokenizer::from_json(std::string_view json_text) {
           const std::string s = merge.get<std::string>();
           const std::size_t sp = s.find(' ');
           if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos) {
-            corrupt("the merge \"" + s + "\" is not two pieces separated by one space");
+            corrupt("the merge \"" + shown(s) + "\" is not two pieces separated by one space");
           }
           a = s.substr(0, sp);
           b = s.substr(sp + 1);
@@ -640,7 +648,7 @@ base::Result<Tokenizer> Tokenizer::from_json(std::string_view json_text) {
         const auto iab = impl->ids.find(a + b);
         if (ia == impl->ids.end() || ib == impl->ids.end() || iab == impl->ids.end()) {
           std::string what = "merge " + std::to_string(rank) + " (";
-          what.append(a).append(" + ").append(b).append(
+          what.append(shown(a)).append(" + ").append(shown(b)).append(
               ") names a piece that is not in the vocabulary");
           corrupt(what);
         }
@@ -685,16 +693,12 @@ base::Result<Tokenizer> Tokenizer::from_json(std::string_view json_text) {
 }
 
 base::Result<Tokenizer> Tokenizer::from_file(const std::filesystem::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    return base::Error{ErrorCode::FileNotFound, "cannot open " + path.string()};
+  // Refuses a FIFO, a device or a directory without blocking on it.
+  auto text = base::read_input_file(path, "tokenizer file");
+  if (!text.ok()) {
+    return text.error();
   }
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) {
-    return base::Error{ErrorCode::IoFailed, "cannot read " + path.string()};
-  }
-  auto t = from_json(text.str());
+  auto t = from_json(text.value());
   if (!t.ok()) {
     return base::Error{t.error().code, path.string() + ": " + t.error().message};
   }

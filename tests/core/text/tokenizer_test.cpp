@@ -2,6 +2,7 @@
 #include "core/text/tokenizer.h"
 
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -12,6 +13,7 @@
 #include "core/text/chat_template.h"
 #include "core/text/tokenizer_builder.h"
 #include "tests/support/gemma_tokenizer.h"
+#include "tests/support/special_files.h"
 
 namespace batchlens::text {
 namespace {
@@ -220,6 +222,48 @@ TEST(Tokenizer, TruncatedFileNamesThePath) {
   ASSERT_FALSE(t.ok());
   EXPECT_EQ(t.error().code, base::ErrorCode::FileCorrupted);
   EXPECT_NE(t.error().message.find(path), std::string::npos);
+}
+
+// issue #14: every JSON reader limits nesting; deep documents are refused before parsing, and
+// the message neither recurses over nor echoes the document.
+TEST(Tokenizer, DeeplyNestedJsonIsRefused) {
+  const std::size_t depth = 100000;
+  for (const std::string& text :
+       {std::string(depth, '[') + std::string(depth, ']'),
+        R"({"model": {"type": "BPE", "vocab": {"a": 0}}, "normalizer": )" +
+            std::string(depth, '{') + std::string(depth, '}') + "}"}) {
+    const auto t = Tokenizer::from_json(text);
+    ASSERT_FALSE(t.ok());
+    EXPECT_EQ(t.error().code, base::ErrorCode::FileCorrupted);
+    EXPECT_NE(t.error().message.find("more than 64 deep"), std::string::npos) << t.error().message;
+    EXPECT_LT(t.error().message.size(), 200U);
+  }
+  // A long piece in a bad entry is cut in the message.
+  const std::string long_piece(100000, 'x');
+  const auto bad = Tokenizer::from_json(R"({"model": {"type": "BPE", "vocab": {")" + long_piece +
+                                        R"(": "not an id"}}})");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_LT(bad.error().message.size(), 200U) << bad.error().message.substr(0, 200);
+}
+
+// issue #14: a FIFO given as a checkpoint's tokenizer.json is refused, not waited on.
+TEST(Tokenizer, FifoIsRefusedWithoutBlocking) {
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) / "bl_tok_fifo";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const auto path = dir / "tokenizer.json";
+  batchlens::test::make_fifo(path);
+  const base::Error error =
+      batchlens::test::expect_refused_without_blocking(path, [&]() -> base::Result<void> {
+        auto t = Tokenizer::from_file(path);
+        if (!t.ok()) {
+          return t.error();
+        }
+        return {};
+      });
+  EXPECT_EQ(error.code, base::ErrorCode::FileUnrecognised);
+  EXPECT_NE(error.message.find("FIFO"), std::string::npos) << error.message;
+  std::filesystem::remove_all(dir);
 }
 
 TEST(PresetTokenizer, CoversThePresetVocabularyWithReadableWords) {
