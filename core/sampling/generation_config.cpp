@@ -2,10 +2,11 @@
 #include "core/sampling/generation_config.h"
 
 #include <cmath>
-#include <fstream>
-#include <sstream>
+#include <cstdint>
 
 #include <nlohmann/json.hpp>
+
+#include "core/base/input.h"
 
 namespace batchlens::sampling {
 
@@ -59,8 +60,13 @@ base::Result<void> validate(const GenerationConfig& c) {
 base::Result<GenerationConfig> parse_generation_config(std::string_view json_text,
                                                        const GenerationConfig& defaults) {
   GenerationConfig c = defaults;
+  // Depth-limited, no exceptions, and the message never echoes the input.
+  auto parsed = base::parse_json(json_text, "generation config", ErrorCode::FileCorrupted);
+  if (!parsed.ok()) {
+    return parsed.error();
+  }
   try {
-    const json j = json::parse(json_text);
+    const json& j = parsed.value();
     if (!j.is_object()) {
       return base::Error{ErrorCode::FileCorrupted, "generation config: not a JSON object"};
     }
@@ -81,8 +87,9 @@ base::Result<GenerationConfig> parse_generation_config(std::string_view json_tex
       const json& sc = j["sampler_config"];
       const std::string cls = sc.value("_cls_name", std::string("EntropyBoundSamplerConfig"));
       if (cls != "EntropyBoundSamplerConfig") {
+        const std::string shown = cls.size() > 60 ? cls.substr(0, 57) + "..." : cls;
         return base::Error{ErrorCode::InvalidArgument,
-                           "generation config: sampler_config '" + cls +
+                           "generation config: sampler_config '" + shown +
                                "' is not EntropyBoundSamplerConfig (the only sampler there is)"};
       }
       if (sc.contains("entropy_bound")) {
@@ -109,13 +116,12 @@ base::Result<GenerationConfig> load_generation_config(const std::filesystem::pat
   if (!std::filesystem::exists(path, ec)) {
     return GenerationConfig{};
   }
-  std::ifstream in(path, std::ios::binary);
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (!in || in.bad()) {
-    return base::Error{ErrorCode::IoFailed, "cannot read " + path.string()};
+  // Refuses a FIFO, a device or a directory without blocking on it.
+  auto text = base::read_input_file(path, "generation config file", std::uint64_t{64} << 20);
+  if (!text.ok()) {
+    return text.error();
   }
-  auto c = parse_generation_config(text.str());
+  auto c = parse_generation_config(text.value());
   if (!c.ok()) {
     return base::Error{c.error().code, path.string() + ": " + c.error().message};
   }

@@ -56,7 +56,9 @@ base::Result<GenerationConfig> parse_generation_config(std::string_view json_tex
                                                        const GenerationConfig& defaults = {});
 
 /// `dir`/generation_config.json over the defaults, or the defaults when the file is absent.
-/// Errors as parse_generation_config, naming the file, plus IoFailed.
+/// Errors as parse_generation_config, naming the file (nesting deeper than base::kMaxJsonDepth
+/// is FileCorrupted), plus IoFailed and FileUnrecognised for a FIFO, device or directory in its
+/// place (refused without blocking).
 base::Result<GenerationConfig> load_generation_config(const std::filesystem::path& dir);
 
 /// The same checks on a config built in code (e.g. from command-line overrides).

@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include "tests/support/special_files.h"
+
 namespace batchlens::sampling {
 namespace {
 
@@ -88,6 +90,45 @@ TEST(GenerationConfig, FileRoundTripAndMissingFileGivesDefaults) {
   auto broken = load_generation_config(dir);
   ASSERT_FALSE(broken.ok());
   EXPECT_NE(broken.error().message.find("generation_config.json"), std::string::npos);
+}
+
+// issue #14: nesting is limited, and nothing of the document goes into the message.
+TEST(GenerationConfig, DeeplyNestedJsonIsRefused) {
+  const std::size_t depth = 100000;
+  for (const std::string& text :
+       {std::string(depth, '[') + std::string(depth, ']'),
+        R"({"sampler_config": )" + std::string(depth, '[') + std::string(depth, ']') + "}",
+        R"({"t_min": ")" + std::string(depth, '[') + "\"}"}) {  // brackets in a string are fine
+    auto c = parse_generation_config(text);
+    ASSERT_FALSE(c.ok());
+    EXPECT_EQ(c.error().code, base::ErrorCode::FileCorrupted);
+    EXPECT_EQ(c.error().message.find("[["), std::string::npos) << c.error().message;
+    EXPECT_LT(c.error().message.size(), 200U);
+  }
+  EXPECT_NE(parse_generation_config(std::string(depth, '[') + std::string(depth, ']'))
+                .error()
+                .message.find("more than 64 deep"),
+            std::string::npos);
+}
+
+// issue #14: a FIFO as generation_config.json is refused, not waited on.
+TEST(GenerationConfig, FifoIsRefusedWithoutBlocking) {
+  const auto dir = std::filesystem::path(::testing::TempDir()) / "gencfg_fifo";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const auto path = dir / "generation_config.json";
+  batchlens::test::make_fifo(path);
+  const base::Error error =
+      batchlens::test::expect_refused_without_blocking(path, [&]() -> base::Result<void> {
+        auto c = load_generation_config(dir);
+        if (!c.ok()) {
+          return c.error();
+        }
+        return {};
+      });
+  EXPECT_EQ(error.code, base::ErrorCode::FileUnrecognised);
+  EXPECT_NE(error.message.find("FIFO"), std::string::npos) << error.message;
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
