@@ -6,7 +6,6 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <set>
 #include <string_view>
@@ -17,6 +16,7 @@
 
 #include "core/base/atomic_file.h"
 #include "core/base/error.h"
+#include "core/base/input.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -138,16 +138,19 @@ std::vector<std::int64_t> parse_shape(const fs::path& file, const std::string& n
   }
   std::vector<std::int64_t> shape;
   shape.reserve(value.size());
-  for (const auto& dim : value) {
+  // Messages name the dimension, never dump the value (it could be any JSON).
+  for (std::size_t i = 0; i < value.size(); ++i) {
+    const Json& dim = value[i];
+    const std::string which = "index " + std::to_string(i);
     if (!dim.is_number_integer()) {
-      tensor_error(file, name, "shape " + value.dump() + " has a non-integer dimension");
+      tensor_error(file, name, "shape has a non-integer dimension (" + which + ")");
     }
     if (!dim.is_number_unsigned()) {
-      tensor_error(file, name, "shape " + value.dump() + " has a negative dimension");
+      tensor_error(file, name, "shape has a negative dimension (" + which + ")");
     }
     const auto d = dim.get<std::uint64_t>();
     if (d > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max())) {
-      tensor_error(file, name, "shape " + value.dump() + " has a dimension too large");
+      tensor_error(file, name, "shape has a dimension too large (" + which + ")");
     }
     shape.push_back(static_cast<std::int64_t>(d));
   }
@@ -161,10 +164,23 @@ std::pair<std::uint64_t, std::uint64_t> parse_offsets(const fs::path& file, cons
   }
   for (const auto& v : value) {
     if (!v.is_number_unsigned()) {
-      tensor_error(file, name, "data_offsets " + value.dump() + " are not non-negative integers");
+      tensor_error(file, name, "data_offsets are not non-negative integers");
     }
   }
   return {value[0].get<std::uint64_t>(), value[1].get<std::uint64_t>()};
+}
+
+/// "[2, 3]"; at most 8 dimensions are shown.
+std::string shape_text(const std::vector<std::int64_t>& shape) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    if (i == 8) {
+      out += ", ... (" + std::to_string(shape.size()) + " dimensions)";
+      break;
+    }
+    out += (i > 0 ? ", " : "") + std::to_string(shape[i]);
+  }
+  return out + "]";
 }
 
 /// Parses one header entry and checks it on its own: begin <= end, inside the data section,
@@ -207,7 +223,7 @@ TensorInfo parse_entry(const fs::path& file, const std::string& name, const Json
     tensor_error(file, name,
                  "data_offsets " + offsets + " hold " + std::to_string(info.end - info.begin) +
                      " bytes but " + c10::toString(info.dtype) + " shape " +
-                     Json(info.shape).dump() + " needs " + std::to_string(bytes));
+                     shape_text(info.shape) + " needs " + std::to_string(bytes));
   }
   return info;
 }
@@ -240,9 +256,15 @@ ParsedHeader parse_file(const fs::path& file, const unsigned char* bytes, std::u
     file_error(ErrorCode::FileUnrecognised, file,
                "header does not start with '{': not a safetensors file");
   }
-  // Parses without exceptions; trailing spaces (the writer's padding) are whitespace to JSON.
-  const Json header = Json::parse(text, text + n, nullptr, /*allow_exceptions=*/false);
-  if (header.is_discarded() || !header.is_object()) {
+  // Depth-limited (a header nests 3 deep), without exceptions; trailing spaces (the writer's
+  // padding) are whitespace to JSON.
+  auto parsed_json = base::parse_json(std::string_view(text, static_cast<std::size_t>(n)),
+                                      file.string() + ": header", ErrorCode::FileUnrecognised);
+  if (!parsed_json.ok()) {
+    throw base::ErrorException(parsed_json.error());
+  }
+  const Json& header = parsed_json.value();
+  if (!header.is_object()) {
     file_error(ErrorCode::FileUnrecognised, file, "header is not a JSON object");
   }
 
@@ -357,7 +379,12 @@ SafetensorsFile::~SafetensorsFile() {
 }
 
 std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(const std::filesystem::path& path) {
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // A FIFO, device or directory is refused before open (which would wait for a FIFO's writer)
+  // and mmap; O_NONBLOCK and the fstat below catch a path swapped in between.
+  if (auto checked = base::check_input_file(path, "safetensors file"); !checked.ok()) {
+    throw base::ErrorException(checked.error());
+  }
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) {
     const int err = errno;
     file_error(ErrorCode::FileNotFound, path, "cannot open: " + errno_text(err));
@@ -457,13 +484,19 @@ Checkpoint Checkpoint::open(const std::filesystem::path& path) {
     return ckpt;
   }
 
-  // Sharded: the index is small JSON, read through a stream; shards are mapped.
-  std::ifstream in(index_path);
-  if (!in) {
-    file_error(ErrorCode::IoFailed, index_path, "cannot read");
+  // Sharded: the index is small JSON, read whole (special files refused without blocking,
+  // nesting limited); shards are mapped.
+  auto index_text = base::read_input_file(index_path, "safetensors index", kMaxHeaderBytes);
+  if (!index_text.ok()) {
+    throw base::ErrorException(index_text.error());
   }
-  const Json index = Json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (index.is_discarded() || !index.is_object()) {
+  auto index_json =
+      base::parse_json(index_text.value(), index_path.string(), ErrorCode::FileCorrupted);
+  if (!index_json.ok()) {
+    throw base::ErrorException(index_json.error());
+  }
+  const Json& index = index_json.value();
+  if (!index.is_object()) {
     file_error(ErrorCode::FileCorrupted, index_path, "not a JSON object");
   }
   const auto map_it = index.find("weight_map");

@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/base/error.h"
+#include "tests/support/special_files.h"
 
 #include <unistd.h>
 
@@ -890,6 +891,71 @@ TEST(SafetensorsDtypeName, MapsEverySupportedDtype) {
   }
   EXPECT_TRUE(fails_with([] { (void)safetensors_dtype_name(at::kComplexDouble); },
                          ErrorCode::InvalidArgument, {"ComplexDouble"}));
+}
+
+// ---------------------------------------------------------------------------------------------
+// issue #14: nesting limits and special files
+
+TEST_F(SafetensorsCorruption, DeeplyNestedHeaderIsRefusedWithoutRecursing) {
+  const std::size_t depth = 100000;
+  const fs::path deep = dir_ / "deep.safetensors";
+  const std::string nested = std::string(depth, '[') + std::string(depth, ']');
+  write_raw(deep, R"({"w":{"dtype":"F32","shape":)" + nested + R"(,"data_offsets":[0,8]}})",
+            f32_bytes({1, 2}));
+  EXPECT_TRUE(open_fails(deep, ErrorCode::FileUnrecognised, {"header", "more than 64 deep"}));
+
+  // Within the limit, a nested shape is refused by naming the dimension, not by dumping it.
+  const fs::path nested_shape = dir_ / "nested_shape.safetensors";
+  write_raw(nested_shape,
+            R"({"w":{"dtype":"F32","shape":[2,)" + std::string(50, '[') + std::string(50, ']') +
+                R"(],"data_offsets":[0,8]}})",
+            f32_bytes({1, 2}));
+  try {
+    (void)SafetensorsFile::open(nested_shape);
+    ADD_FAILURE() << "opened";
+  } catch (const base::ErrorException& e) {
+    EXPECT_EQ(e.error().code, ErrorCode::FileCorrupted);
+    EXPECT_NE(std::string(e.what()).find("non-integer dimension (index 1)"), std::string::npos)
+        << e.what();
+    EXPECT_EQ(std::string(e.what()).find("[["), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(CheckpointTest, DeeplyNestedIndexIsRefused) {
+  write_checkpoint(dir_, six_tensors(kSeed + 11), 150);
+  std::ofstream(dir_ / "model.safetensors.index.json", std::ios::trunc)
+      << R"({"weight_map": )" << std::string(100000, '{') << std::string(100000, '}') << "}";
+  EXPECT_TRUE(fails_with([&] { (void)Checkpoint::open(dir_); }, ErrorCode::FileCorrupted,
+                         {"model.safetensors.index.json", "more than 64 deep"}));
+}
+
+/// Expects Checkpoint::open(dir) to fail with FileUnrecognised naming a FIFO, without blocking.
+void expect_fifo_refused(const fs::path& fifo, const fs::path& open_path) {
+  const base::Error error =
+      batchlens::test::expect_refused_without_blocking(fifo, [&]() -> base::Result<void> {
+        return base::guarded([&] { (void)Checkpoint::open(open_path); });
+      });
+  EXPECT_EQ(error.code, ErrorCode::FileUnrecognised) << error.message;
+  EXPECT_NE(error.message.find("FIFO"), std::string::npos) << error.message;
+  EXPECT_NE(error.message.find(fifo.filename().string()), std::string::npos) << error.message;
+}
+
+TEST_F(CheckpointTest, FifosAreRefusedWithoutBlocking) {
+  // model.safetensors, the file given directly, the index and a shard.
+  const fs::path single = dir_ / "model.safetensors";
+  batchlens::test::make_fifo(single);
+  expect_fifo_refused(single, dir_);
+  expect_fifo_refused(single, single);
+  fs::remove(single);
+
+  write_checkpoint(dir_, six_tensors(kSeed + 12), 150);
+  const fs::path shard = dir_ / "model-00002-of-00003.safetensors";
+  batchlens::test::make_fifo(shard);
+  expect_fifo_refused(shard, dir_);
+
+  const fs::path index = dir_ / "model.safetensors.index.json";
+  batchlens::test::make_fifo(index);
+  expect_fifo_refused(index, dir_);
 }
 
 }  // namespace
