@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/ops/policy.h"
 
-#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/base/input.h"
 
 namespace batchlens::ops {
 
@@ -142,7 +144,9 @@ nlohmann::json to_json(const OpPolicy& policy) {
           {"emulate_split_k", family_names(policy.emulate_split_k)}};
 }
 
-base::Result<OpPolicy> policy_from_json(const nlohmann::json& doc) {
+namespace {
+
+base::Result<OpPolicy> policy_from_json_or_throw(const nlohmann::json& doc) {
   const auto bad = [](const std::string& what) {
     return base::Error{base::ErrorCode::InvalidArgument, "op policy: " + what};
   };
@@ -175,13 +179,16 @@ base::Result<OpPolicy> policy_from_json(const nlohmann::json& doc) {
       }
       rule.last_layer = r["last_layer"].get<int>();
     }
+    if (r.contains("strategy") && !r["strategy"].is_string()) {
+      return bad("strategy must be a string (batched or row_wise)");
+    }
     const std::string strategy = r.value("strategy", std::string("row_wise"));
     if (strategy == "row_wise") {
       rule.strategy = Strategy::RowWise;
     } else if (strategy == "batched") {
       rule.strategy = Strategy::Batched;
     } else {
-      return bad("unknown strategy '" + strategy + "' (known: batched, row_wise)");
+      return bad("unknown strategy '" + strategy.substr(0, 60) + "' (known: batched, row_wise)");
     }
     p.rules.push_back(rule);
   }
@@ -196,6 +203,17 @@ base::Result<OpPolicy> policy_from_json(const nlohmann::json& doc) {
     p.emulate_split_k = families.value();
   }
   return p;
+}
+
+}  // namespace
+
+base::Result<OpPolicy> policy_from_json(const nlohmann::json& doc) {
+  try {
+    return policy_from_json_or_throw(doc);
+  } catch (const nlohmann::json::exception&) {
+    // A field of the wrong type that the checks missed: still a bad policy, not a crash.
+    return base::Error{base::ErrorCode::InvalidArgument, "op policy: a field has the wrong type"};
+  }
 }
 
 base::Result<OpPolicy> policy_by_name(const std::string& name_or_file) {
@@ -223,26 +241,35 @@ base::Result<OpPolicy> policy_by_name(const std::string& name_or_file) {
     return OpPolicy::row_wise_all();
   }
   if (!name_or_file.empty() && name_or_file.front() == '{') {
-    // Inline policy JSON (the GUI's per-family, per-layer-range workaround editor).
-    const auto doc = nlohmann::json::parse(name_or_file, nullptr, /*allow_exceptions=*/false);
-    if (doc.is_discarded()) {
-      return base::Error{base::ErrorCode::InvalidArgument, "inline policy is not valid JSON"};
+    // Inline policy JSON (the GUI's per-family, per-layer-range workaround editor); nesting is
+    // limited and the message never echoes the text.
+    auto doc = base::parse_json(name_or_file, "inline policy");
+    if (!doc.ok()) {
+      return doc.error();
     }
-    return policy_from_json(doc);
+    return policy_from_json(doc.value());
   }
-  std::ifstream in(name_or_file);
-  if (!in) {
+  // A policy file: a FIFO, device or directory is refused without blocking on it.
+  if (auto checked = base::check_input_file(name_or_file, "policy file"); !checked.ok()) {
+    if (checked.error().code != base::ErrorCode::FileNotFound) {
+      return checked.error();
+    }
+    const std::string shown =
+        name_or_file.size() > 100 ? name_or_file.substr(0, 97) + "..." : name_or_file;
     return base::Error{base::ErrorCode::InvalidArgument,
-                       "policy '" + name_or_file +
+                       "policy '" + shown +
                            "': expected default, issue_workaround, row_wise_all, emulated_split_k, "
                            "names joined with + or a JSON file"};
   }
-  const auto doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (doc.is_discarded()) {
-    return base::Error{base::ErrorCode::InvalidArgument,
-                       "policy file '" + name_or_file + "' is not valid JSON"};
+  auto text = base::read_input_file(name_or_file, "policy file", std::uint64_t{16} << 20);
+  if (!text.ok()) {
+    return text.error();
   }
-  return policy_from_json(doc);
+  auto doc = base::parse_json(text.value(), "policy file '" + name_or_file + "'");
+  if (!doc.ok()) {
+    return doc.error();
+  }
+  return policy_from_json(doc.value());
 }
 
 std::string describe(const OpPolicy& policy) {

@@ -2,11 +2,14 @@
 #include "core/ops/policy.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
 
 #include <gtest/gtest.h>
+
+#include "tests/support/special_files.h"
 
 namespace batchlens::ops {
 namespace {
@@ -126,6 +129,52 @@ TEST(OpPolicy, InlineJson) {
   const auto bad = policy_by_name("{ not json");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message.find("inline policy"), std::string::npos);
+}
+
+// issue #14: inline and file policies are depth-limited; the message does not echo them.
+TEST(OpPolicy, DeeplyNestedJsonIsRefused) {
+  const std::string deep =
+      "{\"rules\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+  const auto inline_policy = policy_by_name(deep);
+  ASSERT_FALSE(inline_policy.ok());
+  EXPECT_EQ(inline_policy.error().code, base::ErrorCode::InvalidArgument);
+  EXPECT_NE(inline_policy.error().message.find("more than 64 deep"), std::string::npos)
+      << inline_policy.error().message;
+  EXPECT_EQ(inline_policy.error().message.find("[["), std::string::npos);
+
+  const std::string path = ::testing::TempDir() + "/bl_policy_deep.json";
+  { std::ofstream(path) << deep; }
+  const auto from_file = policy_by_name(path);
+  ASSERT_FALSE(from_file.ok());
+  EXPECT_NE(from_file.error().message.find("more than 64 deep"), std::string::npos);
+  EXPECT_NE(from_file.error().message.find(path), std::string::npos);
+  std::remove(path.c_str());
+
+  // Fields of the wrong type are refused, not thrown.
+  const auto typed = policy_by_name(R"({"rules": [{"families": ["lm_head"], "strategy": 3}]})");
+  ASSERT_FALSE(typed.ok());
+  EXPECT_EQ(typed.error().code, base::ErrorCode::InvalidArgument);
+  const auto huge_layer =
+      policy_by_name(R"({"rules": [{"families": ["lm_head"], "first_layer": 1e300}]})");
+  ASSERT_FALSE(huge_layer.ok());
+}
+
+// issue #14: a FIFO given as the policy file is refused, not waited on.
+TEST(OpPolicy, FifoIsRefusedWithoutBlocking) {
+  const std::filesystem::path path =
+      std::filesystem::path(::testing::TempDir()) / "bl_policy_fifo.json";
+  batchlens::test::make_fifo(path);
+  const base::Error error =
+      batchlens::test::expect_refused_without_blocking(path, [&]() -> base::Result<void> {
+        auto p = policy_by_name(path.string());
+        if (!p.ok()) {
+          return p.error();
+        }
+        return {};
+      });
+  EXPECT_EQ(error.code, base::ErrorCode::FileUnrecognised);
+  EXPECT_NE(error.message.find("FIFO"), std::string::npos) << error.message;
+  std::filesystem::remove(path);
 }
 
 }  // namespace
