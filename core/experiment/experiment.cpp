@@ -4,6 +4,7 @@
 #include <iomanip>
 #include <sstream>
 
+#include "core/base/input.h"
 #include "core/ops/policy.h"
 #include "core/probe/tap_names.h"
 
@@ -116,6 +117,9 @@ nlohmann::json to_json(const ExperimentSpec& s) {
 
 base::Result<ExperimentSpec> spec_from_json(const nlohmann::json& doc) {
   const nlohmann::json& j = doc;
+  if (!j.is_object()) {
+    return base::Error{ErrorCode::FileCorrupted, "experiment spec: not a JSON object"};
+  }
   try {
     ExperimentSpec s;
     s.model.preset = j.value("preset", std::string());
@@ -150,6 +154,14 @@ base::Result<ExperimentSpec> spec_from_json(const nlohmann::json& doc) {
   } catch (const nlohmann::json::exception& e) {
     return base::Error{ErrorCode::FileCorrupted, std::string("experiment spec: ") + e.what()};
   }
+}
+
+base::Result<ExperimentSpec> spec_from_json_text(std::string_view text) {
+  auto doc = base::parse_json(text, "experiment spec", ErrorCode::FileCorrupted);
+  if (!doc.ok()) {
+    return doc.error();
+  }
+  return spec_from_json(doc.value());
 }
 
 const RunResult* ExperimentResult::run(const std::string& id) const {

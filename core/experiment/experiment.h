@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -69,6 +70,10 @@ struct ExperimentSpec {
 base::Result<void> validate(const ExperimentSpec& spec);
 nlohmann::json to_json(const ExperimentSpec& spec);
 base::Result<ExperimentSpec> spec_from_json(const nlohmann::json& doc);
+/// spec_from_json of a spec's JSON text (an experiment file's /spec/@spec_json), parsed by
+/// base::parse_json: nesting deeper than base::kMaxJsonDepth and malformed JSON are
+/// FileCorrupted, and messages never echo the text. Never throws.
+base::Result<ExperimentSpec> spec_from_json_text(std::string_view text);
 
 /// Where and with what the experiment ran.
 struct Provenance {
