@@ -178,8 +178,7 @@ int remove_orphaned_temps(const fs::path& target) {
     // <target>.tmp-<pid>-<anything>: the writer's pid decides whether it is still writing.
     const std::string rest = name.substr(prefix.size());
     const auto dash = rest.find('-');
-    if (dash == 0 || dash == std::string::npos ||
-        rest.find_first_not_of("0123456789") != dash) {
+    if (dash == 0 || dash == std::string::npos || rest.find_first_not_of("0123456789") != dash) {
       continue;
     }
     const long pid = std::strtol(rest.substr(0, dash).c_str(), nullptr, 10);
@@ -294,8 +293,7 @@ void AtomicDir::commit() {
       if (fd >= 0) {
         ::close(fd);
       }
-      raise(ErrorCode::IoFailed,
-            it->path().string() + ": fsync failed: " + errno_text(err));
+      raise(ErrorCode::IoFailed, it->path().string() + ": fsync failed: " + errno_text(err));
     }
     ::close(fd);
   }

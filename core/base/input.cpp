@@ -5,11 +5,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "core/base/atomic_file.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-
-#include "core/base/atomic_file.h"
 
 namespace batchlens::base {
 
@@ -43,8 +43,7 @@ Result<std::uint64_t> check_input_file(const std::filesystem::path& path, std::s
   if (::stat(path.c_str(), &st) != 0) {
     const int err = errno;
     return Error{err == ENOENT || err == ENOTDIR ? ErrorCode::FileNotFound : ErrorCode::IoFailed,
-                 "cannot open " + std::string(what) + " " + path.string() + ": " +
-                     errno_text(err)};
+                 "cannot open " + std::string(what) + " " + path.string() + ": " + errno_text(err)};
   }
   if (!S_ISREG(st.st_mode)) {
     return not_regular(path, what, st.st_mode);
@@ -142,8 +141,8 @@ Result<nlohmann::json> parse_json(std::string_view text, std::string_view what, 
   try {
     return nlohmann::json::parse(text.begin(), text.end());
   } catch (const nlohmann::json::parse_error& e) {
-    return Error{code, std::string(what) + " is not valid JSON (byte " +
-                           std::to_string(e.byte) + ")"};
+    return Error{code,
+                 std::string(what) + " is not valid JSON (byte " + std::to_string(e.byte) + ")"};
   } catch (const std::bad_alloc&) {
     return Error{ErrorCode::OutOfMemory, std::string(what) + ": out of memory while parsing"};
   } catch (const std::exception& e) {

@@ -11,21 +11,26 @@ namespace batchlens::io {
 
 inline constexpr const char* kFormat = "batchlens-experiment";
 inline constexpr int kSchemaMajor = 1;  ///< readers refuse other majors
-inline constexpr int kSchemaMinor = 1;  ///< additions that old readers may ignore
+inline constexpr int kSchemaMinor = 2;  ///< additions that old readers may ignore
 
-/// Writes `result` to `path` through a temporary file beside it, renamed into place when
-/// complete: a crash or an error never leaves a partial file at `path`. Large arrays are
-/// chunked and gzip-compressed on up to 16 threads: the calling one and helpers it starts and
-/// joins before returning (BATCHLENS_HDF5_SERIAL=1: the calling thread alone, through HDF5's
-/// filter pipeline).
-/// Errors: IoFailed (with the HDF5, zlib or system reason). Never throws.
+/// Writes `result` to `path` through a base::AtomicFile beside it, renamed into place only after
+/// every HDF5 write, the flush and the close succeeded and the file read back whole: a crash, an
+/// error (ENOSPC named), SIGINT or SIGTERM never leaves a partial file at `path` nor replaces a
+/// good one. Schema 1.2: fixed-length strings (every byte kept), Fletcher-32 on every dataset,
+/// a checksum over each group's attributes, HDF5 1.10 file-format objects (checksummed metadata).
+/// Large arrays are chunked and gzip-compressed on up to 16 threads: the calling one and helpers it
+/// starts and joins before returning (BATCHLENS_HDF5_SERIAL=1: the calling thread alone, through
+/// HDF5's filter pipeline). Errors: IoFailed (with the HDF5, zlib or system reason). Never throws.
 base::Result<void> write_experiment(const std::filesystem::path& path,
                                     const experiment::ExperimentResult& result);
 
 /// Reads and validates a file. Errors: FileNotFound; FileUnrecognised (not HDF5, or an HDF5
 /// file of another kind); FileIncompatibleVersion (schema major != kSchemaMajor);
-/// FileCorrupted (truncated, a missing group/dataset/attribute or a shape that does not fit,
-/// named in the message). Never throws, never crashes on bad input.
+/// FileCorrupted (truncated, a missing group/dataset/attribute, a shape, type or size that does
+/// not fit, a checksum that does not match, or datasets that disagree with each other: named in
+/// the message). Every attribute and dataset is checked before it is read; sizes are bounded by
+/// the file's size and a ceiling. Reads schema 1.0 to 1.2. Never throws, never crashes on bad
+/// input; refuses FIFOs, devices and folders without blocking.
 base::Result<experiment::ExperimentResult> read_experiment(const std::filesystem::path& path);
 
 }  // namespace batchlens::io

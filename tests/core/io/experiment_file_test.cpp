@@ -41,6 +41,8 @@ struct Sizes {
   std::int64_t prompt;  // prompt_ids, int64, 1-D
 };
 
+constexpr std::uint64_t kVocab = 262144;
+
 // Every array under 4096 elements: contiguous, unfiltered.
 constexpr Sizes kSmall{3, 2, 3, 16, 40, 3, 5, 30};
 // [40, 128] and [40, 4, 5, 128] arrays: 40 chunks each, one tick per chunk.
@@ -87,6 +89,9 @@ ExperimentResult synthetic(const Sizes& z, std::uint64_t seed) {
     r.taps.push_back("tap" + std::to_string(t));
   }
   r.prompt_ids = random_vec<std::int64_t>(z.prompt, rng);
+  for (auto& x : r.prompt_ids) {
+    x = static_cast<std::int64_t>(static_cast<std::uint64_t>(x) % kVocab);
+  }
   const std::int64_t s = z.ticks;
   const std::int64_t c = z.canvas;
   for (const char* id : {"ref", "b2"}) {
@@ -102,6 +107,18 @@ ExperimentResult synthetic(const Sizes& z, std::uint64_t seed) {
     run.tick_step = random_vec<int>(s, rng);
     run.tokens = random_vec<std::int64_t>(z.tokens, rng);
     run.steps = random_vec<int>(z.steps, rng);
+    // Ids and indices stay in the ranges the reader checks (token ids in the vocabulary, ticks
+    // and steps >= -1); the float arrays keep random bit patterns.
+    for (auto* ids : {&run.canvas_in.data, &run.argmax.data, &run.sampled.data, &run.tokens}) {
+      for (auto& x : *ids) {
+        x = static_cast<std::int64_t>(static_cast<std::uint64_t>(x) % kVocab);
+      }
+    }
+    for (auto* ticks : {&run.tick_canvas, &run.tick_step, &run.steps}) {
+      for (auto& x : *ticks) {
+        x = static_cast<int>(static_cast<unsigned>(x) % 1000U);
+      }
+    }
     r.runs.push_back(std::move(run));
   }
   ComparisonResult cmp;
@@ -121,8 +138,8 @@ ExperimentResult synthetic(const Sizes& z, std::uint64_t seed) {
   cmp.compared = random_vec<std::uint8_t>(s, rng);
   for (std::int64_t e = 0; e < z.edits; ++e) {
     cmp.token_diff.push_back({static_cast<text::TokenEdit::Op>(rng() % 4),
-                              static_cast<std::int64_t>(rng() % 100000),
-                              static_cast<std::int64_t>(rng() % 100000)});
+                              static_cast<std::int64_t>(rng() % z.tokens),
+                              static_cast<std::int64_t>(rng() % z.tokens)});
   }
   r.comparisons.push_back(std::move(cmp));
   return r;
@@ -351,12 +368,15 @@ TEST(ExperimentFileArrays, ChunkShapesAndFilters) {
   ASSERT_TRUE(write_experiment(small, small_experiment()).ok());
   ASSERT_TRUE(write_experiment(multi, multi_chunk_experiment()).ok());
   ASSERT_TRUE(write_experiment(huge, huge_experiment()).ok());
-  const std::vector<H5Z_filter_t> shuffle_deflate{H5Z_FILTER_SHUFFLE, H5Z_FILTER_DEFLATE};
+  const std::vector<H5Z_filter_t> shuffle_deflate{H5Z_FILTER_SHUFFLE, H5Z_FILTER_DEFLATE,
+                                                  H5Z_FILTER_FLETCHER32};
+  const std::vector<H5Z_filter_t> fletcher{H5Z_FILTER_FLETCHER32};
 
+  // Schema 1.2: small arrays are one chunk with a checksum (they were contiguous, unchecked).
   for (const auto& name : dataset_names()) {
     const Storage s = storage_of(small, name);
-    EXPECT_FALSE(s.chunked) << name;
-    EXPECT_TRUE(s.filters.empty()) << name;
+    EXPECT_TRUE(s.chunked) << name;
+    EXPECT_EQ(s.filters, fletcher) << name;
   }
   Storage s = storage_of(multi, "runs/ref/canvas_in");
   EXPECT_EQ(s.chunk, (std::vector<hsize_t>{1, 128}));

@@ -1,0 +1,525 @@
+// SPDX-License-Identifier: Apache-2.0
+// Experiment files are untrusted input and must never be lost: crafted attributes and datasets,
+// seeded byte mutations, a full disk, special files, orphaned temporaries and text that is not
+// UTF-8 (issue 14, docs/reliability.md). The experiment is a real one: the tiny preset on the CPU
+// with emulated split-K, so its strings and arrays are what users exchange.
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <hdf5.h>
+
+#include "core/experiment/experiment.h"
+#include "core/io/experiment_file.h"
+
+#include <fcntl.h>
+#include <sys/mount.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+namespace batchlens::io {
+namespace {
+
+namespace fs = std::filesystem;
+using base::ErrorCode;
+using experiment::ComparisonResult;
+using experiment::ExperimentResult;
+using experiment::RunResult;
+
+const ExperimentResult& tiny_experiment() {
+  static const ExperimentResult r = [] {
+    experiment::ExperimentSpec s;
+    s.model.preset = "tiny";
+    s.prompt = "Files travel between people.";
+    s.seed = 3;
+    s.overrides.max_denoising_steps = 3;
+    s.overrides.max_new_tokens = 16;
+    s.batch_sizes = {2};
+    s.policy = "emulated_split_k";
+    auto out = experiment::run_experiment(s);
+    EXPECT_TRUE(out.ok()) << (out.ok() ? "" : out.error().message);
+    return out.ok() ? out.value() : ExperimentResult{};
+  }();
+  return r;
+}
+
+fs::path temp_dir() {
+  static const fs::path dir = [] {
+    fs::path d = fs::path(::testing::TempDir()) / ("io_hardening_" + std::to_string(::getpid()));
+    fs::create_directories(d);
+    return d;
+  }();
+  return dir;
+}
+
+std::string temp_path(const std::string& name) {
+  return (temp_dir() / (name + ".h5")).string();
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+void spit(const std::string& path, const std::string& bytes) {
+  std::ofstream(path, std::ios::binary | std::ios::trunc)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+}
+
+template <class T>
+bool same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0);
+}
+
+template <class T>
+bool same_bits(const experiment::NdArray<T>& a, const experiment::NdArray<T>& b) {
+  return a.shape == b.shape && same_bits(a.data, b.data);
+}
+
+// The first field where two results differ ("" when everything a file holds is equal, bit for
+// bit). Timings are not part of files.
+std::string first_difference(const ExperimentResult& a, const ExperimentResult& b) {
+  const auto& p = a.provenance;
+  const auto& q = b.provenance;
+  if (p.tool_version != q.tool_version || p.created_utc != q.created_utc || p.host != q.host ||
+      p.device != q.device || p.device_name != q.device_name || p.driver != q.driver ||
+      p.cuda != q.cuda || p.cublas != q.cublas || p.libtorch != q.libtorch || p.blas != q.blas ||
+      p.dtype != q.dtype || p.threads != q.threads || p.emulated != q.emulated) {
+    return "provenance";
+  }
+  if (experiment::to_json(a.spec) != experiment::to_json(b.spec)) {
+    return "spec";
+  }
+  if (a.config_json != b.config_json || a.generation_config_json != b.generation_config_json ||
+      a.prompt_text != b.prompt_text || a.taps != b.taps || a.layers != b.layers ||
+      a.canvas_length != b.canvas_length || a.top_k != b.top_k ||
+      !same_bits(a.prompt_ids, b.prompt_ids)) {
+    return "spec attributes";
+  }
+  if (a.runs.size() != b.runs.size() || a.comparisons.size() != b.comparisons.size()) {
+    return "counts";
+  }
+  for (std::size_t i = 0; i < a.runs.size(); ++i) {
+    const RunResult& x = a.runs[i];
+    const RunResult& y = b.runs[i];
+    if (x.id != y.id || x.batch_size != y.batch_size || x.group != y.group ||
+        x.policy_json != y.policy_json || x.policy_text != y.policy_text ||
+        x.emulated != y.emulated ||
+        std::memcmp(&x.wall_time_s, &y.wall_time_s, sizeof(double)) != 0 ||
+        x.stop_position != y.stop_position || x.text != y.text) {
+      return "run " + x.id + " attributes";
+    }
+    if (!same_bits(x.canvas_in, y.canvas_in) || !same_bits(x.argmax, y.argmax) ||
+        !same_bits(x.sampled, y.sampled) || !same_bits(x.accepted, y.accepted) ||
+        !same_bits(x.entropy, y.entropy) || x.tick_canvas != y.tick_canvas ||
+        x.tick_step != y.tick_step || x.tokens != y.tokens || x.steps != y.steps) {
+      return "run " + x.id + " arrays";
+    }
+  }
+  for (std::size_t i = 0; i < a.comparisons.size(); ++i) {
+    const ComparisonResult& x = a.comparisons[i];
+    const ComparisonResult& y = b.comparisons[i];
+    if (x.id != y.id || x.reference != y.reference || x.run != y.run || x.kind != y.kind ||
+        x.tokens_identical != y.tokens_identical || x.tokens_changed != y.tokens_changed ||
+        x.stop_changed != y.stop_changed || x.steps_changed != y.steps_changed ||
+        x.first.tick != y.first.tick || x.first.canvas != y.first.canvas ||
+        x.first.step != y.first.step || x.first.layer != y.first.layer ||
+        x.first.tap != y.first.tap || x.first.position != y.first.position) {
+      return "comparison " + x.id + " attributes";
+    }
+    if (!same_bits(x.frac_differ, y.frac_differ) || !same_bits(x.max_abs, y.max_abs) ||
+        !same_bits(x.max_ulp, y.max_ulp) || !same_bits(x.pos_frac_differ, y.pos_frac_differ) ||
+        !same_bits(x.pos_max_abs, y.pos_max_abs) || !same_bits(x.pos_max_ulp, y.pos_max_ulp) ||
+        !same_bits(x.routing_flips, y.routing_flips) ||
+        !same_bits(x.router_margin, y.router_margin) ||
+        !same_bits(x.sampler_diff, y.sampler_diff) || !same_bits(x.compared, y.compared) ||
+        x.token_diff.size() != y.token_diff.size()) {
+      return "comparison " + x.id + " arrays";
+    }
+    for (std::size_t e = 0; e < x.token_diff.size(); ++e) {
+      if (x.token_diff[e].op != y.token_diff[e].op ||
+          x.token_diff[e].ref_pos != y.token_diff[e].ref_pos ||
+          x.token_diff[e].run_pos != y.token_diff[e].run_pos) {
+        return "comparison " + x.id + " token_diff";
+      }
+    }
+  }
+  return "";
+}
+
+// Runs read_experiment(path) in a forked child under a time limit: 0 = read and equal to
+// `want`, 1 = refused with an error, 2 = read but different (silent corruption), 3 = timed out,
+// 128 + signal = crashed.
+int read_in_child(const std::string& path, const ExperimentResult& want, int seconds) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::alarm(static_cast<unsigned>(seconds));
+    const auto r = read_experiment(path);
+    if (!r.ok()) {
+      ::_exit(1);
+    }
+    ::_exit(first_difference(r.value(), want).empty() ? 0 : 2);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (WIFSIGNALED(status)) {
+    return WTERMSIG(status) == SIGALRM ? 3 : 128 + WTERMSIG(status);
+  }
+  return WEXITSTATUS(status);
+}
+
+// ---- crafted attributes and datasets (HDF5's C API edits a good file) ----------------------
+
+// Replaces attribute `name` of object `obj` (a path in the file) with an array attribute.
+void replace_attribute(const std::string& file, const std::string& obj, const std::string& name,
+                       hid_t type, const std::vector<hsize_t>& dims, const void* data) {
+  const hid_t f = H5Fopen(file.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  const hid_t o = H5Oopen(f, obj.c_str(), H5P_DEFAULT);
+  ASSERT_GE(o, 0) << obj;
+  if (H5Aexists(o, name.c_str()) > 0) {
+    ASSERT_GE(H5Adelete(o, name.c_str()), 0);
+  }
+  const hid_t space = dims.empty()
+                          ? H5Screate(H5S_SCALAR)
+                          : H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
+  const hid_t a = H5Acreate2(o, name.c_str(), type, space, H5P_DEFAULT, H5P_DEFAULT);
+  ASSERT_GE(a, 0) << name;
+  ASSERT_GE(H5Awrite(a, type, data), 0);
+  H5Aclose(a);
+  H5Sclose(space);
+  H5Oclose(o);
+  H5Fclose(f);
+}
+
+class Crafted : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_FALSE(tiny_experiment().runs.empty());
+    good_ = temp_path("crafted_good");
+    ASSERT_TRUE(write_experiment(good_, tiny_experiment()).ok());
+  }
+  std::string copy(const std::string& name) const {
+    const std::string p = temp_path(name);
+    fs::copy_file(good_, p, fs::copy_options::overwrite_existing);
+    return p;
+  }
+  std::string good_;
+};
+
+TEST_F(Crafted, ArrayAttributesAreRefusedNotReadIntoOneValue) {
+  // The stack overwrite of the issue: attributes stored as arrays were read into one int64,
+  // double or char*. Each is refused now, naming the attribute.
+  std::vector<std::int64_t> ints(64, 0x4141414141414141);
+  std::vector<double> doubles(64, 1.5);
+  struct Case {
+    const char* obj;
+    const char* name;
+    hid_t type;
+    const void* data;
+  };
+  const std::vector<Case> cases{{"/", "schema_major", H5T_NATIVE_INT64, ints.data()},
+                                {"/spec", "layers", H5T_NATIVE_INT64, ints.data()},
+                                {"/runs/ref", "wall_time_s", H5T_NATIVE_DOUBLE, doubles.data()},
+                                {"/runs/ref", "batch_size", H5T_NATIVE_INT64, ints.data()}};
+  for (const Case& c : cases) {
+    const std::string p = copy("crafted_array");
+    replace_attribute(p, c.obj, c.name, c.type, {64}, c.data);
+    const auto r = read_experiment(p);
+    ASSERT_FALSE(r.ok()) << c.obj << "@" << c.name;
+    EXPECT_NE(r.error().message.find(c.name), std::string::npos) << r.error().message;
+  }
+  // `format` as an array of 64 variable-length strings.
+  std::vector<const char*> strings(64, "batchlens-experiment");
+  const hid_t vlen = H5Tcopy(H5T_C_S1);
+  H5Tset_size(vlen, H5T_VARIABLE);
+  const std::string p = copy("crafted_strings");
+  replace_attribute(p, "/", "format", vlen, {64}, strings.data());
+  H5Tclose(vlen);
+  const auto r = read_experiment(p);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("format"), std::string::npos) << r.error().message;
+}
+
+TEST_F(Crafted, WrongAttributeTypesAndHugeStringsAreRefused) {
+  // An integer attribute stored as a 16-byte integer, a string as a float, a string claiming
+  // more bytes than the file has.
+  const std::int64_t big[2] = {1, 2};
+  const hid_t wide = H5Tcopy(H5T_STD_I64LE);
+  H5Tset_precision(wide, 128);
+  H5Tset_size(wide, 16);
+  std::string p = copy("crafted_wide");
+  replace_attribute(p, "/spec", "layers", wide, {}, big);
+  H5Tclose(wide);
+  EXPECT_FALSE(read_experiment(p).ok());
+
+  const double x = 1.0;
+  p = copy("crafted_float_string");
+  replace_attribute(p, "/runs/ref", "text", H5T_NATIVE_DOUBLE, {}, &x);
+  auto r = read_experiment(p);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("text"), std::string::npos) << r.error().message;
+
+  // A 4 MiB string in place of the run's text (the file grows to hold it): read within bounds,
+  // then the group's attribute checksum refuses it.
+  const std::size_t huge = 4U << 20U;
+  std::string text(huge, 'x');
+  const hid_t fixed = H5Tcopy(H5T_C_S1);
+  H5Tset_size(fixed, huge);
+  p = copy("crafted_huge_string");
+  replace_attribute(p, "/runs/ref", "text", fixed, {}, text.data());
+  H5Tclose(fixed);
+  r = read_experiment(p);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("/runs/ref"), std::string::npos) << r.error().message;
+}
+
+TEST_F(Crafted, DatasetsClaimingMoreThanTheFileHoldsAreRefusedBeforeAllocating) {
+  // 2^31 int64 elements (16 GiB) declared in a file of a few hundred KB: refused from the
+  // declared size, without allocating it.
+  const std::string p = copy("crafted_huge_dataset");
+  const hid_t f = H5Fopen(p.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  ASSERT_GE(H5Ldelete(f, "/spec/prompt_ids", H5P_DEFAULT), 0);
+  const hsize_t dims[1] = {hsize_t{1} << 31U};
+  const hsize_t chunk[1] = {1U << 20U};
+  const hid_t space = H5Screate_simple(1, dims, nullptr);
+  const hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  H5Pset_chunk(dcpl, 1, chunk);
+  H5Pset_deflate(dcpl, 9);
+  const hid_t ds =
+      H5Dcreate2(f, "/spec/prompt_ids", H5T_NATIVE_INT64, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+  ASSERT_GE(ds, 0);
+  H5Dclose(ds);
+  H5Pclose(dcpl);
+  H5Sclose(space);
+  H5Fclose(f);
+  EXPECT_LT(fs::file_size(p), 1U << 20U);
+  const auto start = std::chrono::steady_clock::now();
+  const auto r = read_experiment(p);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::FileCorrupted);
+  EXPECT_NE(r.error().message.find("prompt_ids"), std::string::npos) << r.error().message;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+}
+
+TEST_F(Crafted, WrongDatasetElementTypesAreRefused) {
+  // tokens stored as uint64 (the reader wants int64): refused, not reinterpreted.
+  const std::string p = copy("crafted_dtype");
+  const hid_t f = H5Fopen(p.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(H5Ldelete(f, "/runs/ref/tokens", H5P_DEFAULT), 0);
+  const std::vector<std::uint64_t> tokens(16, 1);
+  const hsize_t dims[1] = {tokens.size()};
+  const hid_t space = H5Screate_simple(1, dims, nullptr);
+  const hid_t ds = H5Dcreate2(f, "/runs/ref/tokens", H5T_NATIVE_UINT64, space, H5P_DEFAULT,
+                              H5P_DEFAULT, H5P_DEFAULT);
+  H5Dwrite(ds, H5T_NATIVE_UINT64, H5S_ALL, H5S_ALL, H5P_DEFAULT, tokens.data());
+  H5Dclose(ds);
+  H5Sclose(space);
+  H5Fclose(f);
+  const auto r = read_experiment(p);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("element type"), std::string::npos) << r.error().message;
+}
+
+// ---- consistency across datasets: the writer refuses, the reader refuses ------------------
+
+TEST(ExperimentFileConsistency, InconsistentResultsAreRefusedNamingWhat) {
+  const ExperimentResult& good = tiny_experiment();
+  ASSERT_GE(good.runs.size(), 2U);
+  ASSERT_FALSE(good.comparisons.empty());
+  struct Case {
+    const char* label;
+    void (*damage)(ExperimentResult&);
+    const char* says;
+  };
+  const std::vector<Case> cases{
+      {"tick counts differ",
+       [](ExperimentResult& r) {
+         RunResult& b = r.runs[1];
+         b.tick_canvas.pop_back();
+         b.tick_step.pop_back();
+         for (auto* a : {&b.canvas_in, &b.argmax, &b.sampled}) {
+           a->shape[0] -= 1;
+           a->data.resize(a->data.size() - static_cast<std::size_t>(a->shape[1]));
+         }
+         b.accepted.shape[0] -= 1;
+         b.accepted.data.resize(b.accepted.data.size() - static_cast<std::size_t>(r.canvas_length));
+         b.entropy.shape[0] -= 1;
+         b.entropy.data.resize(b.entropy.data.size() - static_cast<std::size_t>(r.canvas_length));
+       },
+       "ticks"},
+      {"compared with itself",
+       [](ExperimentResult& r) { r.comparisons[0].run = r.comparisons[0].reference; }, "itself"},
+      {"token out of the vocabulary", [](ExperimentResult& r) { r.runs[0].tokens[0] = 1 << 30; },
+       "tokens"},
+      {"duplicate run ids", [](ExperimentResult& r) { r.runs[1].id = r.runs[0].id; }, "twice"},
+      {"token diff beyond the tokens",
+       [](ExperimentResult& r) {
+         r.comparisons[0].token_diff.push_back({text::TokenEdit::Op::Replace, 1 << 20, 0});
+       },
+       "token_diff"},
+      {"first divergence beyond the ticks",
+       [](ExperimentResult& r) { r.comparisons[0].first.tick = 1 << 20; }, "first divergence"},
+  };
+  for (const Case& c : cases) {
+    ExperimentResult bad = good;
+    c.damage(bad);
+    const std::string p = temp_path("inconsistent");
+    const auto w = write_experiment(p, bad);
+    ASSERT_FALSE(w.ok()) << c.label;
+    EXPECT_NE(w.error().message.find(c.says), std::string::npos)
+        << c.label << ": " << w.error().message;
+    EXPECT_FALSE(fs::exists(p)) << c.label;
+  }
+}
+
+// ---- strings keep every byte ---------------------------------------------------------------
+
+TEST(ExperimentFileStrings, TextWithNulBytesAndInvalidUtf8RoundTripsByteForByte) {
+  ExperimentResult r = tiny_experiment();
+  const std::string nasty("a\0b\xff\xfe<0x00>\0", 12);
+  r.runs[0].text = nasty;
+  r.runs[1].text = std::string(1, '\0');
+  r.prompt_text = std::string("\xc3\x28 broken", 9);
+  r.provenance.host = "";
+  const std::string p = temp_path("strings");
+  const auto w = write_experiment(p, r);
+  ASSERT_TRUE(w.ok()) << w.error().message;
+  const auto back = read_experiment(p);
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(back.value().runs[0].text, nasty);
+  EXPECT_EQ(back.value().runs[1].text, std::string(1, '\0'));
+  EXPECT_EQ(back.value().prompt_text, r.prompt_text);
+  EXPECT_EQ(first_difference(back.value(), r), "");
+}
+
+// ---- no silent corruption ------------------------------------------------------------------
+
+TEST(ExperimentFileMutations, EveryMutationIsAnErrorOrChangesNothing) {
+  const ExperimentResult& r = tiny_experiment();
+  const std::string good = temp_path("mutation_good");
+  ASSERT_TRUE(write_experiment(good, r).ok());
+  const std::string bytes = slurp(good);
+  ASSERT_GT(bytes.size(), 1000U);
+  std::mt19937_64 rng(20261203);
+  const std::string p = temp_path("mutated");
+  int refused = 0;
+  int equal = 0;
+  constexpr int kMutations = 520;
+  for (int i = 0; i < kMutations; ++i) {
+    std::string m = bytes;
+    const std::size_t at = rng() % m.size();
+    // Half flip one bit, half overwrite 1 to 8 bytes with random values.
+    if (i % 2 == 0) {
+      m[at] = static_cast<char>(m[at] ^ (1U << (rng() % 8)));
+    } else {
+      const std::size_t n = 1 + rng() % 8;
+      for (std::size_t k = at; k < std::min(m.size(), at + n); ++k) {
+        m[k] = static_cast<char>(rng());
+      }
+    }
+    spit(p, m);
+    const int outcome = read_in_child(p, r, 20);
+    ASSERT_TRUE(outcome == 0 || outcome == 1)
+        << "mutation " << i << " at byte " << at << ": "
+        << (outcome == 2   ? "read without error but contents differ"
+            : outcome == 3 ? "hung"
+                           : "crashed with signal " + std::to_string(outcome - 128));
+    (outcome == 0 ? equal : refused) += 1;
+  }
+  RecordProperty("refused", refused);
+  RecordProperty("unchanged", equal);
+  EXPECT_GT(refused, kMutations / 4);  // the checksums see most of them
+}
+
+// ---- writes that cannot lose data ----------------------------------------------------------
+
+TEST(ExperimentFileWrites, NearlyFullDiskKeepsTheGoodFileAndSaysWhy) {
+  if (::geteuid() != 0) {
+    GTEST_SKIP() << "needs root to mount a small tmpfs";
+  }
+  const fs::path mnt = temp_dir() / "small_disk";
+  fs::create_directories(mnt);
+  const ExperimentResult& r = tiny_experiment();
+  const std::string probe = temp_path("disk_probe");
+  ASSERT_TRUE(write_experiment(probe, r).ok());
+  const auto size = fs::file_size(probe);
+  ExperimentResult bigger = r;
+  bigger.runs[0].text = std::string(2 * size, 'x');  // never fits beside the good file
+  // Room for the good file and a part of a second one: the disk fills at different points of the
+  // write (datasets, attributes, the final flush).
+  for (const std::uintmax_t room : {size / 16, size / 4, size / 2, size, size + size / 2}) {
+    SCOPED_TRACE("room " + std::to_string(room));
+    const std::string opts = "size=" + std::to_string(size + room + 4096);
+    if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, opts.c_str()) != 0) {
+      GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror(errno);
+    }
+    const fs::path target = mnt / "experiment.h5";
+    const auto w1 = write_experiment(target, r);
+    ASSERT_TRUE(w1.ok()) << w1.error().message;
+    const std::string before = slurp(target.string());
+
+    const auto w2 = write_experiment(target, bigger);
+    ASSERT_FALSE(w2.ok());
+    EXPECT_EQ(w2.error().code, ErrorCode::IoFailed);
+    EXPECT_NE(w2.error().message.find("No space left on device"), std::string::npos)
+        << w2.error().message;
+    EXPECT_EQ(slurp(target.string()), before);  // the good file is untouched
+    int entries = 0;
+    for ([[maybe_unused]] const auto& e : fs::directory_iterator(mnt)) {
+      ++entries;
+    }
+    EXPECT_EQ(entries, 1);  // no temporary left
+    const auto back = read_experiment(target);
+    ASSERT_TRUE(back.ok()) << back.error().message;
+    EXPECT_EQ(first_difference(back.value(), r), "");
+    ASSERT_EQ(::umount(mnt.c_str()), 0);
+  }
+  // This process exits cleanly afterwards (HDF5 1.10.8 crashed at exit on a file whose close
+  // had failed): ctest sees the exit status.
+}
+
+TEST(ExperimentFileWrites, OrphanedTemporariesOfDeadWritersAreRemovedLiveOnesKept) {
+  const std::string target = temp_path("orphans");
+  // A pid that cannot be alive (above pid_max) and this process's own.
+  const std::string dead = target + ".tmp-99999999-abcdef";
+  const std::string live = target + ".tmp-" + std::to_string(::getpid()) + "-ghijkl";
+  spit(dead, "partial");
+  spit(live, "in flight");
+  ASSERT_TRUE(write_experiment(target, tiny_experiment()).ok());
+  EXPECT_FALSE(fs::exists(dead));
+  EXPECT_TRUE(fs::exists(live));
+  fs::remove(live);
+}
+
+// ---- special files -------------------------------------------------------------------------
+
+TEST(ExperimentFileInputs, FifoDeviceAndFolderAreRefusedWithoutBlocking) {
+  const std::string fifo = temp_path("fifo");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const auto start = std::chrono::steady_clock::now();
+  auto r = read_experiment(fifo);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("FIFO"), std::string::npos) << r.error().message;
+  r = read_experiment("/dev/zero");
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("device"), std::string::npos) << r.error().message;
+  r = read_experiment(temp_dir());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("directory"), std::string::npos) << r.error().message;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
+  fs::remove(fifo);
+}
+
+}  // namespace
+}  // namespace batchlens::io
