@@ -64,6 +64,16 @@ std::string temp_path(const std::string& name) {
   return (temp_dir() / (name + ".h5")).string();
 }
 
+// Removes this program's scratch folder when the tests end.
+class ScratchCleanup : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    std::error_code ec;
+    fs::remove_all(temp_dir(), ec);
+  }
+};
+const auto* const kCleanup = ::testing::AddGlobalTestEnvironment(new ScratchCleanup);
+
 std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
@@ -464,6 +474,14 @@ TEST(ExperimentFileWrites, NearlyFullDiskKeepsTheGoodFileAndSaysWhy) {
     if (::mount("tmpfs", mnt.c_str(), "tmpfs", 0, opts.c_str()) != 0) {
       GTEST_SKIP() << "cannot mount a tmpfs here: " << std::strerror(errno);
     }
+    struct Unmount {
+      const fs::path& at;
+      Unmount(const Unmount&) = delete;
+      Unmount& operator=(const Unmount&) = delete;
+      Unmount(Unmount&&) = delete;
+      Unmount& operator=(Unmount&&) = delete;
+      ~Unmount() { ::umount2(at.c_str(), MNT_DETACH); }  // also when an assertion returns early
+    } unmount{mnt};
     const fs::path target = mnt / "experiment.h5";
     const auto w1 = write_experiment(target, r);
     ASSERT_TRUE(w1.ok()) << w1.error().message;
@@ -483,7 +501,6 @@ TEST(ExperimentFileWrites, NearlyFullDiskKeepsTheGoodFileAndSaysWhy) {
     const auto back = read_experiment(target);
     ASSERT_TRUE(back.ok()) << back.error().message;
     EXPECT_EQ(first_difference(back.value(), r), "");
-    ASSERT_EQ(::umount(mnt.c_str()), 0);
   }
   // This process exits cleanly afterwards (HDF5 1.10.8 crashed at exit on a file whose close
   // had failed): ctest sees the exit status.
@@ -500,6 +517,19 @@ TEST(ExperimentFileWrites, OrphanedTemporariesOfDeadWritersAreRemovedLiveOnesKep
   EXPECT_FALSE(fs::exists(dead));
   EXPECT_TRUE(fs::exists(live));
   fs::remove(live);
+}
+
+// ---- files written before schema 1.2 --------------------------------------------------------
+
+TEST(ExperimentFileOldSchema, TheEmbeddedSchema11SampleStillReads) {
+  // Variable-length strings, contiguous small arrays, no checksums: read as before.
+  const auto r =
+      read_experiment(std::string(BL_SOURCE_DIR) + "/resources/samples/mid-h200-free.h5");
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r.value().provenance.device, "cuda");
+  EXPECT_FALSE(r.value().runs.empty());
+  EXPECT_FALSE(r.value().runs.front().text.empty());
+  EXPECT_FALSE(r.value().comparisons.empty());
 }
 
 // ---- special files -------------------------------------------------------------------------
