@@ -254,6 +254,7 @@ herr_t record_hdf5_error(hid_t stack, void* /*data*/) {
 // Routes HDF5's errors to record_hdf5_error, never to stderr. Call with hdf5_mutex() held.
 void quiet_hdf5() {
   H5::Exception::dontPrint();
+  H5PLset_loading_state(0);  // files never make this process load filter plugins
   H5Eset_auto2(H5E_DEFAULT, record_hdf5_error, nullptr);
   last_hdf5_error().clear();
 }
@@ -996,12 +997,46 @@ class Reader {
     AttrDigest digest_;
   };
 
+  /// Soft and external links are refused: a file must not make the reader open other files or
+  /// follow paths of its choosing.
+  void check_hard_link(hid_t parent, const std::string& name, const std::string& at) const {
+    H5L_info_t info{};
+    if (H5Lget_info(parent, name.c_str(), &info, H5P_DEFAULT) < 0 || info.type != H5L_TYPE_HARD) {
+      fail(at + " is a link, not an object of this file");
+    }
+  }
+
+  /// Only the layouts and filters BatchLens writes: no external raw-data files, no virtual
+  /// datasets (both read other files), no filter that would load a plugin.
+  void check_storage(hid_t ds, const std::string& at) const {
+    const Hid dcpl(H5Dget_create_plist(ds));
+    const H5D_layout_t layout = dcpl.ok() ? H5Pget_layout(dcpl.get()) : H5D_LAYOUT_ERROR;
+    if (layout != H5D_COMPACT && layout != H5D_CONTIGUOUS && layout != H5D_CHUNKED) {
+      fail(at + " has a storage layout BatchLens does not write");
+    }
+    if (H5Pget_external_count(dcpl.get()) != 0) {
+      fail(at + " keeps its data in external files");
+    }
+    const int filters = H5Pget_nfilters(dcpl.get());
+    for (int i = 0; i < filters; ++i) {
+      unsigned flags = 0;
+      std::size_t n = 0;
+      unsigned config = 0;
+      const H5Z_filter_t id = H5Pget_filter2(dcpl.get(), static_cast<unsigned>(i), &flags, &n,
+                                             nullptr, 0, nullptr, &config);
+      if (id != H5Z_FILTER_SHUFFLE && id != H5Z_FILTER_DEFLATE && id != H5Z_FILTER_FLETCHER32) {
+        fail(at + " uses HDF5 filter " + std::to_string(id) + ", which BatchLens does not write");
+      }
+    }
+  }
+
   /// Opens a group that must exist.
   Group group(const Group& parent, const std::string& name) const {
     const std::string where = (parent.where() == "/" ? "" : parent.where()) + "/" + name;
     if (!exists(parent.id(), name)) {
       fail("missing group " + where);
     }
+    check_hard_link(parent.id(), name, where);
     const hid_t g = H5Gopen2(parent.id(), name.c_str(), H5P_DEFAULT);
     if (g < 0) {
       fail(where + " cannot be opened (" + hdf5_error_text() + ")");
@@ -1017,10 +1052,12 @@ class Reader {
     if (!exists(g.id(), name)) {
       fail("missing dataset " + at);
     }
+    check_hard_link(g.id(), name, at);
     const Hid ds(H5Dopen2(g.id(), name.c_str(), H5P_DEFAULT));
     if (!ds.ok()) {
       fail(at + " cannot be opened (" + hdf5_error_text() + ")");
     }
+    check_storage(ds.get(), at);
     const Hid space(H5Dget_space(ds.get()));
     const int rank = space.ok() ? H5Sget_simple_extent_ndims(space.get()) : -1;
     if (rank != static_cast<int>(expect.size())) {

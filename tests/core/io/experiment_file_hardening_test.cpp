@@ -341,6 +341,38 @@ TEST_F(Crafted, WrongDatasetElementTypesAreRefused) {
   EXPECT_NE(r.error().message.find("element type"), std::string::npos) << r.error().message;
 }
 
+TEST_F(Crafted, LinksAndExternalStorageThatReachOtherFilesAreRefused) {
+  // A dataset whose raw data lives in another file of this machine, and a run group that is an
+  // external link to another HDF5 file: the reader reads neither.
+  std::string p = copy("crafted_external_data");
+  hid_t f = H5Fopen(p.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(H5Ldelete(f, "/spec/prompt_ids", H5P_DEFAULT), 0);
+  const hsize_t dims[1] = {4};
+  hid_t space = H5Screate_simple(1, dims, nullptr);
+  hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  ASSERT_GE(H5Pset_external(dcpl, "/etc/hostname", 0, 32), 0);
+  hid_t ds =
+      H5Dcreate2(f, "/spec/prompt_ids", H5T_NATIVE_INT64, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+  ASSERT_GE(ds, 0);
+  H5Dclose(ds);
+  H5Pclose(dcpl);
+  H5Sclose(space);
+  H5Fclose(f);
+  auto r = read_experiment(p);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("external"), std::string::npos) << r.error().message;
+
+  p = copy("crafted_external_link");
+  f = H5Fopen(p.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(H5Ldelete(f, "/runs/ref", H5P_DEFAULT), 0);
+  ASSERT_GE(
+      H5Lcreate_external(good_.c_str(), "/runs/ref", f, "/runs/ref", H5P_DEFAULT, H5P_DEFAULT), 0);
+  H5Fclose(f);
+  r = read_experiment(p);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.error().message.find("link"), std::string::npos) << r.error().message;
+}
+
 // ---- consistency across datasets: the writer refuses, the reader refuses ------------------
 
 TEST(ExperimentFileConsistency, InconsistentResultsAreRefusedNamingWhat) {
