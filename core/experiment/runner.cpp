@@ -530,6 +530,16 @@ base::Result<ExperimentResult> run_experiment(const ExperimentSpec& spec,
     model::LoadOptions load = spec.load;
     load.progress = control.load_progress;
     load.cancel = control.cancel;
+    // What will run, for the memory check before loading: a group's engines coexist (its B=1
+    // reference and repeats and every batch), the groups one after the other.
+    load.workload.rows = 1 + spec.repeats;
+    load.workload.max_batch = 1;
+    for (const std::int64_t b : spec.batch_sizes) {
+      load.workload.rows += b;
+      load.workload.max_batch = std::max(load.workload.max_batch, b);
+    }
+    load.workload.prompt_tokens = static_cast<std::int64_t>(out.prompt_ids.size());
+    load.workload.new_tokens = gc.max_new_tokens;
     const auto load_start = std::chrono::steady_clock::now();
     const auto loaded = take(model::load_model(spec.model, load));
     out.timings.load_s = since(load_start);

@@ -69,7 +69,12 @@ base::Result<GenerateReport> run_generation(const model::ModelSource& source,
       base::raise(ErrorCode::InvalidArgument, "generate: the prompt is empty");
     }
 
-    auto loaded = take(model::load_model(source, load));
+    model::LoadOptions sized = load;  // what will run, for the memory check before loading
+    sized.workload.rows = request.batch_size;
+    sized.workload.max_batch = request.batch_size;
+    sized.workload.prompt_tokens = static_cast<std::int64_t>(report.prompt_ids.size());
+    sized.workload.new_tokens = report.config.max_new_tokens;
+    auto loaded = take(model::load_model(source, sized));
     const model::DiffusionGemma& m = *loaded;
     const std::int64_t vocab = m.config().text.vocab_size;
     for (std::int64_t id : report.prompt_ids) {

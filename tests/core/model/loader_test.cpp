@@ -1,0 +1,163 @@
+// SPDX-License-Identifier: Apache-2.0
+// load_model's memory check before loading (issue #14).
+#include "core/model/loader.h"
+
+#include <chrono>
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include "core/base/error.h"
+#include "core/model/config.h"
+#include "core/model/diffusion_gemma.h"
+#include "core/model/weights.h"
+
+namespace batchlens::model {
+namespace {
+
+namespace fs = std::filesystem;
+using base::ErrorCode;
+
+constexpr std::uint64_t kGiB = std::uint64_t{1} << 30;
+
+ModelConfig preset(const std::string& name) {
+  auto c = load_preset(name);
+  EXPECT_TRUE(c.ok()) << c.error().message;
+  return c.value();
+}
+
+std::uint64_t parameter_count(const ModelConfig& config) {
+  std::uint64_t total = 0;
+  for (const auto& spec : weight_specs(config.text)) {
+    std::uint64_t n = 1;
+    for (const auto d : spec.shape) {
+      n *= static_cast<std::uint64_t>(d);
+    }
+    total += n;
+  }
+  return total;
+}
+
+/// A free-memory source that reports `bytes`, as a machine with that much free would.
+FreeMemoryFn fake_free(std::uint64_t bytes) {
+  return [bytes](const std::string&) {
+    return std::optional<FreeMemory>(FreeMemory{bytes, "fake"});
+  };
+}
+
+// ---- Estimate ------------------------------------------------------------------------------
+
+TEST(MemoryEstimate, WeightsAreTheParametersInTheRunDtype) {
+  for (const auto& name : preset_names()) {
+    SCOPED_TRACE(name);
+    const ModelConfig c = preset(name);
+    const MemoryEstimate bf16 = estimate_memory(c, "bf16");
+    const MemoryEstimate fp32 = estimate_memory(c, "fp32");
+    EXPECT_EQ(bf16.weights, parameter_count(c) * 2);
+    EXPECT_EQ(fp32.weights, parameter_count(c) * 4);
+    EXPECT_GT(bf16.total(), bf16.weights);
+    EXPECT_GT(bf16.kv_cache, 0U);
+    EXPECT_GT(bf16.logits, 0U);
+    EXPECT_GT(bf16.activations, 0U);
+  }
+  // The weights the loader builds for a small preset are exactly what the estimate says.
+  const ModelConfig demo = preset("demo");
+  EXPECT_EQ(static_cast<std::uint64_t>(random_weights(demo, 0, at::kCPU, at::kBFloat16).bytes()),
+            estimate_memory(demo, "bf16").weights);
+}
+
+TEST(MemoryEstimate, ReleasedModelIsWithinSaneBounds) {
+  // DiffusionGemma 26B-A4B: about 25-26 billion parameters, ~48 GiB in bf16.
+  const ModelConfig c = preset("26b-a4b");
+  const MemoryEstimate m = estimate_memory(c, "bf16");
+  EXPECT_GT(m.weights, 45 * kGiB);
+  EXPECT_LT(m.weights, 55 * kGiB);
+  // One row of one canvas: the working set is a small share on top of the weights.
+  EXPECT_GT(m.total(), m.weights + kGiB);
+  EXPECT_LT(m.total(), m.weights + 8 * kGiB) << m.describe();
+  // Logits [1, 256, 262144]: 256 MiB each in fp32; a step keeps a handful.
+  EXPECT_GT(m.logits, std::uint64_t{1} << 30);
+  EXPECT_LT(m.logits, std::uint64_t{4} << 30);
+
+  // More rows and longer sequences cost more, in proportion where the cost is per row.
+  Workload big;
+  big.rows = 10;  // ref + repeat + B=2,3,4
+  big.max_batch = 4;
+  big.prompt_tokens = 1000;
+  big.new_tokens = 1024;
+  const MemoryEstimate b = estimate_memory(c, "bf16", big);
+  EXPECT_EQ(b.weights, m.weights);
+  EXPECT_GT(b.kv_cache, 10 * m.kv_cache);
+  EXPECT_GT(b.logits, 4 * m.logits);
+  EXPECT_LT(b.total(), m.weights + 40 * kGiB) << b.describe();
+  EXPECT_EQ(b.sequence, 1000 + 1024);
+  EXPECT_NE(b.describe().find("10 row(s) x 2024 tokens"), std::string::npos) << b.describe();
+}
+
+TEST(MemoryEstimate, HostFreeMemoryIsReadOnLinux) {
+  const auto free = query_free_memory("cpu");
+  ASSERT_TRUE(free.has_value());
+  EXPECT_GT(free->bytes, 16U << 20);
+  EXPECT_FALSE(free->source.empty());
+  EXPECT_FALSE(query_free_memory("tpu").has_value());
+}
+
+TEST(MemoryEstimate, CheckComparesWithTheFreeMemory) {
+  const MemoryEstimate m = estimate_memory(preset("tiny"), "bf16");
+  EXPECT_TRUE(check_memory(m, "tiny", "cpu", fake_free(m.total())).ok());
+  const auto refused = check_memory(m, "tiny", "cpu", fake_free(m.total() - 1));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code, ErrorCode::OutOfMemory);
+  // Unknown free memory refuses nothing.
+  EXPECT_TRUE(check_memory(m, "tiny", "cpu", [](const std::string&) {
+                return std::optional<FreeMemory>();
+              }).ok());
+}
+
+// ---- load_model ----------------------------------------------------------------------------
+
+// issue #14: `--preset 26b-a4b` on a CPU was killed by the OOM killer halfway through building
+// the weights; now it is refused before anything large is allocated.
+TEST(LoadModel, ReleasedPresetOnASmallMachineIsRefusedUpFront) {
+  LoadOptions options;
+  options.free_memory = fake_free(16 * kGiB);
+  const auto start = std::chrono::steady_clock::now();
+  const auto model = load_model(ModelSource{"26b-a4b", {}, 0}, options);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_FALSE(model.ok());
+  EXPECT_EQ(model.error().code, ErrorCode::OutOfMemory);
+  const std::string& message = model.error().message;
+  EXPECT_NE(message.find("26b-a4b"), std::string::npos) << message;
+  EXPECT_NE(message.find("on cpu"), std::string::npos) << message;
+  EXPECT_NE(message.find("weights"), std::string::npos) << message;
+  EXPECT_NE(message.find("16.0 GiB is free (fake)"), std::string::npos) << message;
+  EXPECT_LT(seconds, 5.0) << "refused only after allocating";
+}
+
+TEST(LoadModel, FitsWhenTheFreeMemoryIsEnoughAndTheWorkloadCounts) {
+  const MemoryEstimate one = estimate_memory(preset("tiny"), "bf16");
+  LoadOptions options;
+  options.free_memory = fake_free(one.total());
+  ASSERT_TRUE(load_model(ModelSource{"tiny", {}, 0}, options).ok());
+  // The same free memory is too little for a larger workload.
+  options.workload.rows = 64;
+  options.workload.max_batch = 32;
+  const auto refused = load_model(ModelSource{"tiny", {}, 0}, options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code, ErrorCode::OutOfMemory);
+  EXPECT_NE(refused.error().message.find("64 row(s)"), std::string::npos)
+      << refused.error().message;
+  // fp32 weights are twice the size.
+  LoadOptions fp32;
+  fp32.dtype = "fp32";
+  fp32.free_memory = fake_free(one.total());
+  EXPECT_EQ(load_model(ModelSource{"tiny", {}, 0}, fp32).error().code, ErrorCode::OutOfMemory);
+}
+
+}  // namespace
+}  // namespace batchlens::model
