@@ -1,10 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// load_model's memory check before loading (issue #14).
+// load_model's memory check before loading and save_random_model's all-or-nothing folder
+// (issue #14).
 #include "core/model/loader.h"
 
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <fstream>
 #include <optional>
 #include <string>
 
@@ -15,6 +17,9 @@
 #include "core/model/config.h"
 #include "core/model/diffusion_gemma.h"
 #include "core/model/weights.h"
+
+#include <sys/stat.h>
+#include <unistd.h>
 
 namespace batchlens::model {
 namespace {
@@ -157,6 +162,95 @@ TEST(LoadModel, FitsWhenTheFreeMemoryIsEnoughAndTheWorkloadCounts) {
   fp32.dtype = "fp32";
   fp32.free_memory = fake_free(one.total());
   EXPECT_EQ(load_model(ModelSource{"tiny", {}, 0}, fp32).error().code, ErrorCode::OutOfMemory);
+}
+
+class SaveModelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    root_ = fs::temp_directory_path() /
+            ("bl_loader_" + std::to_string(::getpid()) + "_" + info->name());
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+  }
+  void TearDown() override {
+    ::chmod(root_.c_str(), 0755);
+    fs::remove_all(root_);
+  }
+  /// Entries directly in `dir` (temporaries of a failed save would show here).
+  static int entries(const fs::path& dir) {
+    int n = 0;
+    for ([[maybe_unused]] const auto& e : fs::directory_iterator(dir)) {
+      ++n;
+    }
+    return n;
+  }
+  fs::path root_;
+};
+
+TEST_F(SaveModelTest, WritesACompleteCheckpointThatLoads) {
+  const fs::path dir = root_ / "new" / "ckpt";  // parents are made
+  ASSERT_TRUE(save_random_model("tiny", 3, dir).ok());
+  for (const char* f :
+       {"config.json", "tokenizer.json", "generation_config.json", "model.safetensors"}) {
+    EXPECT_TRUE(fs::is_regular_file(dir / f)) << f;
+  }
+  EXPECT_EQ(entries(dir.parent_path()), 1);  // no temporaries beside it
+  LoadOptions options;
+  const auto model = load_model(ModelSource{{}, dir, 0}, options);
+  ASSERT_TRUE(model.ok()) << model.error().message;
+  // The memory check covers checkpoints too, before their weights are opened.
+  options.free_memory = fake_free(1 << 20);
+  fs::remove(dir / "model.safetensors");
+  EXPECT_EQ(load_model(ModelSource{{}, dir, 0}, options).error().code, ErrorCode::OutOfMemory);
+}
+
+// issue #14: a failure midway left a half-written checkpoint folder behind.
+TEST_F(SaveModelTest, AFailureMidwayLeavesNothing) {
+  for (const int after : {0, 1, 3}) {
+    SCOPED_TRACE(after);
+    const fs::path dir = root_ / "made" / "for" / "ckpt";
+    const auto saved = save_random_model("tiny", 3, dir, 4ULL << 30, after);
+    ASSERT_FALSE(saved.ok());
+    EXPECT_NE(saved.error().message.find("injected"), std::string::npos) << saved.error().message;
+    EXPECT_FALSE(fs::exists(dir));
+    EXPECT_FALSE(fs::exists(root_ / "made")) << "parent folders it made are removed";
+    EXPECT_EQ(entries(root_), 0);
+  }
+  // Sharded: a failure after the shards and the index were written.
+  const fs::path dir = root_ / "sharded";
+  ASSERT_FALSE(save_random_model("tiny", 3, dir, 1 << 16, 0).ok());
+  EXPECT_EQ(entries(root_), 0);
+}
+
+TEST_F(SaveModelTest, ReadOnlyParentLeavesNothing) {
+  if (::geteuid() == 0) {
+    GTEST_SKIP() << "root ignores the read-only permission this test relies on";
+  }
+  const fs::path parent = root_ / "readonly";
+  fs::create_directories(parent);
+  ::chmod(parent.c_str(), 0555);
+  const auto saved = save_random_model("tiny", 3, parent / "ckpt");
+  ::chmod(parent.c_str(), 0755);
+  ASSERT_FALSE(saved.ok());
+  EXPECT_EQ(saved.error().code, ErrorCode::IoFailed) << saved.error().message;
+  EXPECT_EQ(entries(parent), 0);
+}
+
+TEST_F(SaveModelTest, RefusesAFolderThatHoldsFiles) {
+  const fs::path dir = root_ / "busy";
+  fs::create_directories(dir);
+  { std::ofstream(dir / "keep.txt") << "mine"; }
+  const auto saved = save_random_model("tiny", 3, dir);
+  ASSERT_FALSE(saved.ok());
+  EXPECT_EQ(saved.error().code, ErrorCode::InvalidArgument);
+  EXPECT_EQ(entries(dir), 1);
+  EXPECT_EQ(entries(root_), 1);
+  // An empty folder is filled.
+  const fs::path empty = root_ / "empty";
+  fs::create_directories(empty);
+  ASSERT_TRUE(save_random_model("tiny", 3, empty).ok());
+  EXPECT_TRUE(fs::is_regular_file(empty / "config.json"));
 }
 
 }  // namespace
