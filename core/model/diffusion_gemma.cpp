@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <initializer_list>
+#include <mutex>
 #include <tuple>
 
 #include <ATen/ATen.h>
@@ -515,9 +516,34 @@ void check_ids(const at::Tensor& ids, std::int64_t vocab, const char* what, bool
 
 }  // namespace
 
+bool ensure_cpu_bf16_matmul() {
+  static std::once_flag once;
+  static bool fallback = false;
+  std::call_once(once, [] {
+    // Big enough for LibTorch to pick oneDNN (a tiny product takes ATen's path either way).
+    const auto probe = [] {
+      const at::Tensor a = at::ones({1, 64, 128}, at::TensorOptions().dtype(at::kBFloat16));
+      (void)at::linear(a, at::ones({128, 128}, at::TensorOptions().dtype(at::kBFloat16)));
+    };
+    try {
+      probe();
+    } catch (const std::exception&) {
+      if (!at::globalContext().userEnabledMkldnn()) {
+        return;  // not oneDNN's refusal: the model's own calls will report it
+      }
+      at::globalContext().setUserEnabledMkldnn(false);
+      fallback = true;
+    }
+  });
+  return fallback;
+}
+
 DiffusionGemma::DiffusionGemma(ModelConfig config, ModelWeights weights, RunSettings settings)
     : config_(std::move(config)), weights_(std::move(weights)), settings_(settings) {
   validate(config_);
+  if (device().is_cpu() && dtype() == at::kBFloat16) {
+    ensure_cpu_bf16_matmul();
+  }
   if (weights_.layers.size() != static_cast<std::size_t>(config_.text.num_hidden_layers)) {
     base::raise(base::ErrorCode::InvalidArgument,
                 "weights have " + std::to_string(weights_.layers.size()) + " layers, config " +

@@ -98,6 +98,14 @@ class DiffusionGemma {
   FusedKernels fused_;
 };
 
+/// LibTorch sends CPU bf16 matmuls to oneDNN when its own CPU check (AVX-512 BW/VL/DQ) passes;
+/// a oneDNN limited below that (ONEDNN_MAX_CPU_ISA=AVX2, e.g. to emulate an older CPU) then
+/// refuses them ("could not create a primitive descriptor iterator"). Probes once per process
+/// and in that case turns LibTorch's oneDNN use off, so that bf16 runs on ATen's own kernels as
+/// on a CPU without AVX-512. Returns whether that fallback is in use. The DiffusionGemma
+/// constructor calls it for CPU bf16 models. Thread-safe.
+bool ensure_cpu_bf16_matmul();
+
 /// Inverse RoPE frequencies of a layer type, computed on the CPU in fp32 as the reference
 /// does at init (default: 1 / theta^(arange(0, d, 2) / d); proportional: the rotated
 /// 2*floor(p*d/2) dims, then zeros up to d/2, divided by factor).

@@ -2,6 +2,8 @@
 #include "core/model/diffusion_gemma.h"
 
 #include <cmath>
+#include <cstdlib>
+#include <iostream>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -265,6 +267,23 @@ TEST(DiffusionGemma, RejectsBadInputsWithClearErrors) {
       [&] { return DiffusionGemma(m.config(), m.weights(), RunSettings{ExpertsImpl::GroupedMm}); });
   ASSERT_FALSE(grouped.ok());
   EXPECT_NE(grouped.error().message.find("grouped_mm"), std::string::npos);
+}
+
+// issue #14: with oneDNN limited to AVX2 on an AVX-512 machine (ONEDNN_MAX_CPU_ISA=AVX2, the
+// way to emulate an older CPU), LibTorch still sends bf16 matmuls to oneDNN, which refuses
+// them; a bf16 model then falls back to ATen's kernels, as on a CPU without AVX-512.
+TEST(DiffusionGemma, Bf16MatmulsRunWhateverOneDnnSupports) {
+  const DiffusionGemma m = make_model(at::kBFloat16);  // probes once per process
+  const bool fallback = ensure_cpu_bf16_matmul();
+  EXPECT_EQ(fallback, !at::globalContext().userEnabledMkldnn());
+  const char* isa = std::getenv("ONEDNN_MAX_CPU_ISA");
+  std::cout << "oneDNN ISA limit " << (isa != nullptr ? isa : "(none)") << ": bf16 matmuls on "
+            << (fallback ? "ATen's kernels (fallback)" : "LibTorch's default route") << "\n";
+  const auto& t = m.config().text;
+  const at::Tensor x = at::randn({2, m.config().canvas_length, t.hidden_size}).to(at::kBFloat16);
+  EXPECT_NO_THROW((void)at::linear(x, m.weights().embed));
+  KvCache cache;
+  EXPECT_NO_THROW(m.encode(random_ids(1, 4, t.vocab_size, 2), cache));
 }
 
 }  // namespace
