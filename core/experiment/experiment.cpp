@@ -275,8 +275,10 @@ std::string summary_text(const ExperimentResult& r) {
   if (r.provenance.emulated) {
     o << "NOTE: EMULATED split-K kernels (a CPU emulation of GPU batch-shape divergence)\n";
   } else if (r.provenance.device == "cpu" && r.provenance.dtype == "fp32") {
-    o << "NOTE: real CPU kernels in fp32 (not emulated): LibTorch's fp32 GEMMs here reduce in an "
-         "order that depends on the row count\n";
+    // Whether this CPU's fp32 kernels depend on the row count varies with the CPU and the BLAS;
+    // the comparisons below are the measurement.
+    o << "NOTE: real CPU kernels in fp32 (not emulated): any divergence below comes from this "
+         "CPU's own fp32 kernels\n";
   }
   o << "mode " << r.spec.mode << ", rng " << r.spec.rng << ", prefill " << r.spec.prefill
     << ", seed " << r.spec.seed << ", " << r.layers << " layers, taps " << r.taps.size() << "\n\n";
