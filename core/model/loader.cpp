@@ -256,7 +256,7 @@ MemoryEstimate estimate_memory(const ModelConfig& config, const std::string& dty
   const std::uint64_t e = dtype == "fp32" || dtype == "float32" ? 4 : 2;
   const std::uint64_t rows = u(std::max<std::int64_t>(workload.rows, 1));
   const std::uint64_t batch = u(std::max<std::int64_t>(workload.max_batch, 1));
-  const std::uint64_t c = u(config.canvas_length);
+  const std::uint64_t c = u(std::max<std::int64_t>(config.canvas_length, 1));
   const std::uint64_t v = u(t.vocab_size);
   const std::uint64_t prompt =
       u(workload.prompt_tokens > 0 ? workload.prompt_tokens : kDefaultPromptTokens);
