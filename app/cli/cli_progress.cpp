@@ -4,19 +4,9 @@
 #include <cstdio>
 #include <string>
 
+#include "core/base/atomic_file.h"
+
 namespace batchlens::cli {
-
-namespace {
-
-base::CancelToken* g_cancel = nullptr;
-
-extern "C" void on_sigint(int /*signal*/) {
-  if (g_cancel != nullptr) {
-    g_cancel->cancel();  // an atomic store: async-signal-safe
-  }
-}
-
-}  // namespace
 
 void draw_progress(const base::Progress& p) {
   const int width = 30;
@@ -30,13 +20,11 @@ void draw_progress(const base::Progress& p) {
 }
 
 SigintCancel::SigintCancel() {
-  g_cancel = &token_;
-  previous_ = std::signal(SIGINT, on_sigint);
+  base::set_signal_cancel(&token_);
 }
 
 SigintCancel::~SigintCancel() {
-  std::signal(SIGINT, previous_);
-  g_cancel = nullptr;
+  base::set_signal_cancel(nullptr);
 }
 
 }  // namespace batchlens::cli

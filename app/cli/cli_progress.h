@@ -2,8 +2,6 @@
 // Progress bar on stderr and Ctrl-C as cancellation, for long-running commands.
 #pragma once
 
-#include <csignal>
-
 #include "core/base/cancel.h"
 #include "core/base/progress.h"
 
@@ -12,7 +10,9 @@ namespace batchlens::cli {
 /// "[#####.....]  40%  canvas 1 step 12/48  ETA 3.2s" on stderr, redrawn in place.
 void draw_progress(const base::Progress& p);
 
-/// While alive, SIGINT fires token() instead of killing the process (one at a time).
+/// While alive, SIGINT fires token() instead of ending the process (one at a time), through
+/// base::set_signal_cancel: base::install_signal_cleanup() must have been called (main does).
+/// A SIGINT while a file is being written still removes its temporary and exits 130.
 class SigintCancel {
  public:
   SigintCancel();
@@ -26,7 +26,6 @@ class SigintCancel {
 
  private:
   base::CancelToken token_;
-  void (*previous_)(int) = nullptr;
 };
 
 }  // namespace batchlens::cli

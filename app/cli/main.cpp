@@ -3,12 +3,16 @@
 #include <iostream>
 
 #include "app/cli/command.h"
+#include "core/base/atomic_file.h"
 #include "core/base/system_info.h"
 
 namespace {
 
 int run(int argc, char** argv) {
   using namespace batchlens;
+  // First: a SIGINT or SIGTERM at any later point removes the temporary of a file being written
+  // and exits 130 / 143; commands that can cancel (SigintCancel) turn SIGINT into a cancel.
+  base::install_signal_cleanup();
   base::configure_threads(0);
 
   CLI::App app{
