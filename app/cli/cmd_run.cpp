@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -9,10 +11,76 @@
 #include "app/cli/cli_progress.h"
 #include "app/cli/command.h"
 #include "app/cli/model_options.h"
+#include "app/cli/preflight.h"
+#include "core/base/atomic_file.h"
 #include "core/experiment/experiment.h"
 #include "core/io/experiment_file.h"
 
 namespace batchlens::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// The checks before a run: texts the file stores, --out, free space. False (with the exit code
+// set and the reason printed) when the run must not start.
+bool preflight(const experiment::ExperimentSpec& spec, const fs::path& out, int& exit_code) {
+  if (auto ok = check_spec_text(spec); !ok.ok()) {
+    std::cerr << "batchlens-cli run: " << ok.error().message << "\n";
+    exit_code = kExitUsage;
+    return false;
+  }
+  if (auto ok = check_output_path(out); !ok.ok()) {
+    std::cerr << "batchlens-cli run: " << ok.error().message << "\n";
+    exit_code = kExitUsage;
+    return false;
+  }
+  const auto estimate = estimate_file_size(spec);
+  const auto free = free_bytes_for(out);
+  if (!estimate || !free) {
+    return true;
+  }
+  const std::string folder = out.has_parent_path() ? out.parent_path().string() : ".";
+  if (*free < estimate->low) {
+    std::cerr << "batchlens-cli run: not enough space for " << out.string() << ": "
+              << format_bytes(*free) << " free in " << folder << ", the experiment file needs "
+              << "at least " << format_bytes(estimate->low) << " (" << base::errno_text(ENOSPC)
+              << "; IoFailed)\n";
+    exit_code = kExitFailure;
+    return false;
+  }
+  if (*free < estimate->high) {
+    std::cerr << "batchlens-cli run: warning: " << format_bytes(*free) << " free in " << folder
+              << "; the experiment file may need up to " << format_bytes(estimate->high)
+              << " (uncompressed bound). If it does not fit, the result is saved to "
+              << rescue_paths().front().parent_path().string() << " instead.\n";
+  }
+  return true;
+}
+
+// Writes `result` to `out`; when that fails, to the first rescue path that works, so a computed
+// result is never thrown away. Returns the path written, empty when every write failed.
+fs::path write_or_rescue(const fs::path& out, const experiment::ExperimentResult& result) {
+  const auto written = io::write_experiment(out, result);
+  if (written.ok()) {
+    return out;
+  }
+  report_error(written.error());
+  for (const fs::path& rescue : rescue_paths()) {
+    const auto saved = io::write_experiment(rescue, result);
+    if (saved.ok()) {
+      std::cerr << "batchlens-cli: the computed experiment was saved to " << rescue.string()
+                << " instead; move it where you want it\n";
+      return rescue;
+    }
+    std::cerr << "batchlens-cli: could not save it to " << rescue.string()
+              << " either: " << saved.error().message << "\n";
+  }
+  std::cerr << "batchlens-cli: the computed experiment could not be saved anywhere\n";
+  return {};
+}
+
+}  // namespace
 
 void register_run(CLI::App& app, int& exit_code) {
   struct Options {
@@ -87,6 +155,11 @@ void register_run(CLI::App& app, int& exit_code) {
     spec.model = mo.source;
     spec.load = mo.load;
     spec.chat_template = !opts->raw;
+    // Everything the write needs is checked before the run, which may take hours.
+    const fs::path out = opts->out;
+    if (!preflight(spec, out, exit_code)) {
+      return;
+    }
     base::Result<experiment::ExperimentResult> result = base::Error{};
     {
       const SigintCancel sigint;
@@ -101,19 +174,22 @@ void register_run(CLI::App& app, int& exit_code) {
       return;
     }
     const auto write_start = std::chrono::steady_clock::now();
-    if (auto w = io::write_experiment(opts->out, result.value()); !w.ok()) {
-      exit_code = report_error(w.error());
-      return;
-    }
+    const auto written = write_or_rescue(out, result.value());
     const double write_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - write_start).count();
     const auto& t = result.value().timings;
-    std::cout << experiment::summary_text(result.value()) << "\nwrote " << opts->out << "\n"
+    std::cout << experiment::summary_text(result.value()) << "\n";
+    if (written.empty()) {
+      exit_code = kExitFailure;
+      return;
+    }
+    std::cout << "wrote " << written.string() << "\n"
               << std::fixed << std::setprecision(2) << "time: load " << t.load_s << " s, engines "
               << t.engines_s << " s, per-tick copies and comparisons " << t.comparisons_s
               << " s (read back per canvas " << t.readback_s << " s), results " << t.results_s
               << " s, file " << write_s << " s\n";
-    exit_code = kExitOk;
+    // A rescued result is kept, but the command did not do what it was asked.
+    exit_code = written == out ? kExitOk : kExitFailure;
   });
 }
 
