@@ -37,8 +37,8 @@ const experiment::NdArray<float>& positionArray(const experiment::ComparisonResu
 }
 
 bool compared(const experiment::ComparisonResult& c, int tick) {
-  return tick >= 0 && static_cast<std::size_t>(tick) < c.compared.size() &&
-         c.compared[static_cast<std::size_t>(tick)] != 0;
+  const auto* flag = elementAt(c.compared, tick);
+  return flag != nullptr && *flag != 0;
 }
 
 }  // namespace
@@ -57,22 +57,50 @@ QString metricLabel(Metric metric) {
 
 double cellValue(const experiment::ComparisonResult& comparison, Metric metric, int tick, int slot,
                  int tap) {
-  const auto& a = cellArray(comparison, metric);
-  if (a.shape.size() != 3 || !compared(comparison, tick) || slot < 0 || slot >= a.shape[1] ||
-      tap < 0 || tap >= a.shape[2]) {
-    return kNaN;
-  }
-  return a.at({tick, slot, tap});
+  const float* v = compared(comparison, tick)
+                       ? elementAt(cellArray(comparison, metric), {tick, slot, tap})
+                       : nullptr;
+  return v == nullptr ? kNaN : *v;
 }
 
 double positionValue(const experiment::ComparisonResult& comparison, Metric metric, int tick,
                      int slot, int tap, int position) {
-  const auto& a = positionArray(comparison, metric);
-  if (a.shape.size() != 4 || !compared(comparison, tick) || slot < 0 || slot >= a.shape[1] ||
-      tap < 0 || tap >= a.shape[2] || position < 0 || position >= a.shape[3]) {
-    return kNaN;
+  const float* v = compared(comparison, tick)
+                       ? elementAt(positionArray(comparison, metric), {tick, slot, tap, position})
+                       : nullptr;
+  return v == nullptr ? kNaN : *v;
+}
+
+bool lastStepDiffReadable(const experiment::ExperimentResult& result,
+                          const experiment::ComparisonResult& comparison) {
+  const auto& f = comparison.frac_differ;
+  const auto& pf = comparison.pos_frac_differ;
+  if (f.empty() || pf.empty()) {
+    return true;  // it returns zeros without reading
   }
-  return a.at({tick, slot, tap, position});
+  if (f.shape.size() != 3 || pf.shape.size() != 4 || result.layers < 0 ||
+      result.canvas_length < 0) {
+    return false;
+  }
+  const std::int64_t ticks = f.shape[0];
+  const std::int64_t slots = f.shape[1];
+  const std::int64_t taps = f.shape[2];
+  // It reads the last compared tick, slot `layers`, the logits tap and every canvas position.
+  return ticks >= 0 && static_cast<std::uint64_t>(ticks) <= comparison.compared.size() &&
+         result.layers < slots && static_cast<std::uint64_t>(taps) >= result.taps.size() &&
+         pf.shape[0] == ticks && pf.shape[1] == slots && pf.shape[2] == taps &&
+         pf.shape[3] >= result.canvas_length &&
+         (ticks == 0 ||
+          (elementAt(f, {ticks - 1, slots - 1, taps - 1}) != nullptr &&
+           elementAt(pf, {ticks - 1, slots - 1, taps - 1, pf.shape[3] - 1}) != nullptr));
+}
+
+experiment::LastStepDiff lastStepDiff(const experiment::ExperimentResult& result,
+                                      const experiment::ComparisonResult& comparison) {
+  if (!lastStepDiffReadable(result, comparison)) {
+    return {};
+  }
+  return experiment::last_step_logit_diff(result, comparison);
 }
 
 int tapIndex(const experiment::ExperimentResult& result, const char* name) {
@@ -247,13 +275,12 @@ QString ExplorerState::tickLabel(int tick) const {
     return {};
   }
   const auto* ref = result()->run(c->reference);
-  if (ref == nullptr || tick < 0 || static_cast<std::size_t>(tick) >= ref->tick_canvas.size() ||
-      ref->tick_canvas[static_cast<std::size_t>(tick)] < 0) {
+  const int* canvas = ref == nullptr ? nullptr : elementAt(ref->tick_canvas, tick);
+  const int* step = ref == nullptr ? nullptr : elementAt(ref->tick_step, tick);
+  if (canvas == nullptr || step == nullptr || *canvas < 0) {
     return tr("tick %1").arg(tick);
   }
-  return tr("canvas %1 · step %2")
-      .arg(ref->tick_canvas[static_cast<std::size_t>(tick)])
-      .arg(ref->tick_step[static_cast<std::size_t>(tick)]);
+  return tr("canvas %1 · step %2").arg(*canvas).arg(*step);
 }
 
 void ExplorerState::selectFirstDivergence() {
@@ -264,13 +291,16 @@ void ExplorerState::selectFirstDivergence() {
   if (!c->first.found()) {
     return;
   }
-  tick_ = c->first.tick;
+  // A file's divergence may point outside its own arrays: select only what exists.
+  tick_ = c->first.tick < ticks() ? c->first.tick : 0;
   const int tap = tapIndex(*result(), c->first.tap.c_str());
   if (tap >= 0) {
     tap_ = tap;
   }
-  layer_slot_ = c->first.layer >= 0 ? c->first.layer : layers();
-  position_ = static_cast<int>(c->first.position);
+  layer_slot_ = c->first.layer >= 0 && c->first.layer < layers() ? c->first.layer : layers();
+  position_ = c->first.position >= 0 && c->first.position < canvasLength()
+                  ? static_cast<int>(c->first.position)
+                  : -1;
 }
 
 }  // namespace batchlens::ui

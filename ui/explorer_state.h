@@ -3,8 +3,12 @@
 // selected cell. Every view follows ExplorerState; none of them talk to each other.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include <QObject>
 #include <QString>
@@ -114,6 +118,38 @@ class ExplorerState : public QObject {
   int position_ = -1;
 };
 
+/// The element of `array` at `index`, or null when the index has another rank than the array,
+/// lies outside its shape, or the array's data does not hold its shape. Views read every result
+/// array through this (or the helpers below): the ticks, layers and positions they index with
+/// come from another run, another comparison, the slider or a file, and runs of one file may
+/// have different lengths.
+template <class T>
+const T* elementAt(const experiment::NdArray<T>& array, std::initializer_list<std::int64_t> index) {
+  if (index.size() != array.shape.size()) {
+    return nullptr;
+  }
+  std::size_t count = 1;
+  std::size_t offset = 0;
+  auto dim = array.shape.begin();
+  for (const std::int64_t i : index) {
+    const std::int64_t d = *dim++;
+    if (d <= 0 || i < 0 || i >= d ||
+        __builtin_mul_overflow(count, static_cast<std::size_t>(d), &count)) {
+      return nullptr;
+    }
+    offset = offset * static_cast<std::size_t>(d) + static_cast<std::size_t>(i);
+  }
+  return count == array.data.size() ? &array.data[offset] : nullptr;
+}
+
+/// The element `i` of `values`, or null outside it.
+template <class T>
+const T* elementAt(const std::vector<T>& values, std::int64_t i) {
+  return i >= 0 && static_cast<std::uint64_t>(i) < values.size()
+             ? &values[static_cast<std::size_t>(i)]
+             : nullptr;
+}
+
 /// The value of `metric` for a comparison at (tick, slot, tap), or NaN where the comparison did
 /// not compare that tick or the tap has no such slot.
 double cellValue(const experiment::ComparisonResult& comparison, Metric metric, int tick, int slot,
@@ -121,6 +157,13 @@ double cellValue(const experiment::ComparisonResult& comparison, Metric metric, 
 /// The per-position value of `metric` at (tick, slot, tap, position), NaN likewise.
 double positionValue(const experiment::ComparisonResult& comparison, Metric metric, int tick,
                      int slot, int tap, int position);
+/// Whether experiment::last_step_logit_diff can read `comparison` without leaving its arrays
+/// (it trusts their shapes; a damaged file or a result built elsewhere may not hold them).
+bool lastStepDiffReadable(const experiment::ExperimentResult& result,
+                          const experiment::ComparisonResult& comparison);
+/// experiment::last_step_logit_diff, or zeros where lastStepDiffReadable says no.
+experiment::LastStepDiff lastStepDiff(const experiment::ExperimentResult& result,
+                                      const experiment::ComparisonResult& comparison);
 /// The tap index of a name in the result, or -1.
 int tapIndex(const experiment::ExperimentResult& result, const char* name);
 

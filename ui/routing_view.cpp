@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Routing: where row 0's tokens are sent to a different expert set than in the reference, and
 // how close the reference's router was to a tie there.
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -21,8 +22,20 @@ bool hasRouting(const experiment::ComparisonResult& c) {
 }
 
 bool comparedAt(const experiment::ComparisonResult& c, int tick) {
-  return tick >= 0 && static_cast<std::size_t>(tick) < c.compared.size() &&
-         c.compared[static_cast<std::size_t>(tick)] != 0;
+  const auto* flag = elementAt(c.compared, tick);
+  return flag != nullptr && *flag != 0;
+}
+
+// Whether the expert set of `position` differs at (tick, layer); false outside the arrays.
+bool flipped(const experiment::ComparisonResult& c, int tick, int layer, std::int64_t position) {
+  const auto* flip = elementAt(c.routing_flips, {tick, layer, position});
+  return flip != nullptr && *flip != 0;
+}
+
+// The reference's router margin at (tick, layer, position), NaN outside the array.
+double margin(const experiment::ComparisonResult& c, int tick, int layer, std::int64_t position) {
+  const auto* m = elementAt(c.router_margin, {tick, layer, position});
+  return m == nullptr ? std::numeric_limits<double>::quiet_NaN() : *m;
 }
 
 // Positions whose expert set differs at (tick, layer), NaN where not compared.
@@ -32,7 +45,7 @@ double flipCount(const experiment::ComparisonResult& c, int tick, int layer) {
   }
   double n = 0;
   for (std::int64_t p = 0; p < c.routing_flips.shape[2]; ++p) {
-    n += c.routing_flips.at({tick, layer, p}) != 0 ? 1 : 0;
+    n += flipped(c, tick, layer, p) ? 1 : 0;
   }
   return n;
 }
@@ -44,8 +57,8 @@ double minFlippedMargin(const experiment::ComparisonResult& c, int tick, int lay
     return best;
   }
   for (std::int64_t p = 0; p < c.routing_flips.shape[2]; ++p) {
-    if (c.routing_flips.at({tick, layer, p}) != 0) {
-      const double m = c.router_margin.at({tick, layer, p});
+    const double m = margin(c, tick, layer, p);
+    if (flipped(c, tick, layer, p) && !std::isnan(m)) {
       best = std::isnan(best) ? m : std::min(best, m);
     }
   }
@@ -163,8 +176,8 @@ void RoutingView::fill(HeatmapPlot* plot, QCustomPlot* detail,
   if (layer >= 0 && comparedAt(*c, tick)) {
     for (std::int64_t p = 0; p < c->routing_flips.shape[2]; ++p) {
       xs << static_cast<double>(p);
-      flips << (c->routing_flips.at({tick, layer, p}) != 0 ? 1.0 : 0.0);
-      margins << c->router_margin.at({tick, layer, p});
+      flips << (flipped(*c, tick, layer, p) ? 1.0 : 0.0);
+      margins << margin(*c, tick, layer, p);
     }
   }
   auto* bars = qobject_cast<QCPBars*>(detail->plottable(0));

@@ -72,10 +72,11 @@ SpreadView::SpreadView(ExplorerState* state, QWidget* parent) : CoalescedView(st
                                                                state_->tap(), row)));
       }
       const auto* ref = state_->result()->run(c->reference);
-      if (ref != nullptr && !ref->canvas_in.empty()) {
+      const std::int64_t* token =
+          ref == nullptr ? nullptr : elementAt(ref->canvas_in, {column, row});
+      if (token != nullptr) {
         text += tr("\nreference canvas token: %1")
-                    .arg(tokenText(state_->document().tokenizer.get(),
-                                   ref->canvas_in.at({column, row})));
+                    .arg(tokenText(state_->document().tokenizer.get(), *token));
       }
       return text;
     });

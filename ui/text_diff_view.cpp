@@ -74,20 +74,28 @@ QString finalDiffHtml(const experiment::RunResult& ref, const experiment::RunRes
   return html;
 }
 
-// One canvas row at a tick; positions that differ from `other` highlighted, accepted bold.
+// One canvas row at a tick; positions that differ from `other` highlighted, accepted bold. The
+// tick comes from the slider and the comparison, `other` may be shorter or narrower (another
+// run of the file): every read is bounds-checked.
 QString canvasHtml(const experiment::RunResult& run, const experiment::RunResult& other, int tick,
                    const text::Tokenizer* tok, int selected) {
-  if (run.canvas_in.shape.size() != 2 || tick < 0 || tick >= run.canvas_in.shape[0]) {
-    return {};
+  if (run.canvas_in.shape.size() != 2 || elementAt(run.canvas_in, {tick, 0}) == nullptr) {
+    return QObject::tr("<i>(this run has no tick %1)</i>").arg(tick);
   }
-  if (run.tick_canvas.empty() || run.tick_canvas[static_cast<std::size_t>(tick)] < 0) {
+  const int* canvas = elementAt(run.tick_canvas, tick);
+  if (canvas == nullptr || *canvas < 0) {
     return QObject::tr("<i>(no step at this tick)</i>");
   }
   QString html;
   for (std::int64_t p = 0; p < run.canvas_in.shape[1]; ++p) {
-    const std::int64_t id = run.canvas_in.at({tick, p});
-    const bool differs = !other.canvas_in.empty() && other.canvas_in.at({tick, p}) != id;
-    const bool accepted = !run.accepted.empty() && run.accepted.at({tick, p}) != 0;
+    const std::int64_t* id = elementAt(run.canvas_in, {tick, p});
+    if (id == nullptr) {
+      break;
+    }
+    const std::int64_t* other_id = elementAt(other.canvas_in, {tick, p});
+    const bool differs = other_id != nullptr && *other_id != *id;
+    const std::uint8_t* accepted_flag = elementAt(run.accepted, {tick, p});
+    const bool accepted = accepted_flag != nullptr && *accepted_flag != 0;
     QString style = differs ? QString::fromLatin1(kChanged) : QString();
     if (accepted) {
       style += QStringLiteral("font-weight:bold;");
@@ -97,11 +105,14 @@ QString canvasHtml(const experiment::RunResult& run, const experiment::RunResult
     }
     const QString title = QObject::tr("position %1, id %2%3%4")
                               .arg(p)
-                              .arg(id)
+                              .arg(*id)
                               .arg(accepted ? QObject::tr(", accepted") : QString())
                               .arg(differs ? QObject::tr(", differs") : QString());
     const QByteArray style_bytes = style.toLatin1();
-    html += span(tokenText(tok, id), style_bytes.constData(), title);
+    html += span(tokenText(tok, *id), style_bytes.constData(), title);
+  }
+  if (elementAt(other.canvas_in, {tick, 0}) == nullptr) {
+    html += QObject::tr(" <i>(the other run has no tick %1: nothing to compare)</i>").arg(tick);
   }
   return html;
 }
