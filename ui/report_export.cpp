@@ -1,12 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "ui/report_export.h"
 
+#include <filesystem>
+#include <string>
+
 #include <QBuffer>
+#include <QDateTime>
 #include <QDir>
+#include <QFile>
 #include <QFileInfo>
 #include <QPixmap>
 
 #include "core/base/atomic_file.h"
+#include "core/base/input.h"
 #include "core/base/version.h"
 #include "ui/report_render.h"
 #include "ui/views.h"
@@ -29,10 +35,14 @@ QString cell(QString s) {
       .replace(QLatin1Char('\n'), QLatin1Char(' '));
 }
 
-base::Result<void> writeBytes(const QString& path, const QByteArray& bytes) {
+// A path as the file system spells it (the locale's encoding, not always UTF-8).
+std::filesystem::path localPath(const QString& path) {
+  return {QFile::encodeName(path).toStdString()};
+}
+
+base::Result<void> writeBytes(const std::filesystem::path& path, const QByteArray& bytes) {
   return base::write_file_atomic(
-      path.toStdString(),
-      std::string_view(bytes.constData(), static_cast<std::size_t>(bytes.size())));
+      path, std::string_view(bytes.constData(), static_cast<std::size_t>(bytes.size())));
 }
 
 }  // namespace
@@ -77,7 +87,7 @@ QString reportMarkdown(const ExplorerState& state, const QStringList& images) {
       "steps | first divergence | positions differing (last step) | token "
       "scores differing (last step) |\n|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& c : r->comparisons) {
-    const auto last = experiment::last_step_logit_diff(*r, c);
+    const auto last = lastStepDiff(*r, c);
     const bool rows = c.kind == "rows";
     md += QStringLiteral("| %1 | `%2` | %3 | %4 | %5 | %6 | %7 | %8 | %9 |\n")
               .arg(cell(comparisonLabel(*r, c)), q(c.id),
@@ -135,18 +145,72 @@ QString reportMarkdown(const ExplorerState& state, const QStringList& images) {
   return md;
 }
 
+base::Result<void> checkReportFolder(const QString& dir) {
+  const QFileInfo info(dir);
+  if (!info.exists() && !info.isSymLink()) {
+    return {};
+  }
+  if (!info.isDir()) {
+    return base::Error{base::ErrorCode::InvalidArgument,
+                       "the report folder " + dir.toStdString() +
+                           " exists and is not a folder: give a new or empty folder"};
+  }
+  if (!QDir(dir).isEmpty(QDir::AllEntries | QDir::Hidden | QDir::System | QDir::NoDotAndDotDot)) {
+    return base::Error{base::ErrorCode::InvalidArgument,
+                       "the report folder " + dir.toStdString() +
+                           " exists and is not empty: give a new or empty folder (nothing was "
+                           "written)"};
+  }
+  return {};
+}
+
+QString newReportFolder(const QString& parent, const ExplorerState& state) {
+  QString comparison = state.comparisonId();
+  // The id is the file's text: keep only what is safe in a file name everywhere.
+  for (QChar& ch : comparison) {
+    if (!ch.isLetterOrNumber() && ch != QLatin1Char('_') && ch != QLatin1Char('.') &&
+        ch != QLatin1Char('-')) {
+      ch = QLatin1Char('_');
+    }
+  }
+  QString stem = QStringLiteral("batchlens-report");
+  if (!comparison.isEmpty()) {
+    stem += QLatin1Char('-') + comparison.left(64);
+  }
+  stem +=
+      QLatin1Char('-') + QDateTime::currentDateTime().toString(QStringLiteral("yyyyMMdd-HHmmss"));
+  const QDir base(parent);
+  QString candidate = base.filePath(stem);
+  for (int n = 2; QFileInfo::exists(candidate) || QFileInfo(candidate).isSymLink(); ++n) {
+    candidate = base.filePath(QStringLiteral("%1-%2").arg(stem).arg(n));
+  }
+  return candidate;
+}
+
 base::Result<QStringList> exportReport(const QString& dir, const ExplorerState& state,
                                        const std::vector<ReportView>& views) {
   const auto* r = state.result();
   if (r == nullptr) {
     return base::Error{base::ErrorCode::InvalidArgument, "no experiment to export"};
   }
-  if (!QDir().mkpath(dir)) {
-    return base::Error{base::ErrorCode::IoFailed,
-                       "cannot create the report folder " + dir.toStdString()};
+  // "out/report/" and "out/report" are the same folder; the temporary goes beside it.
+  const QString target = QDir::cleanPath(QFileInfo(dir).absoluteFilePath());
+  if (auto ok = checkReportFolder(target); !ok.ok()) {
+    return ok.error();
   }
-  const QDir out(dir);
-  QStringList written;
+  for (const auto& c : r->comparisons) {
+    if (!lastStepDiffReadable(*r, c)) {
+      return base::Error{base::ErrorCode::FileCorrupted,
+                         "comparison " + c.id + ": its arrays do not fit their shapes"};
+    }
+  }
+  const QString parent = QFileInfo(target).absolutePath();
+  if (!QDir().mkpath(parent)) {
+    return base::Error{base::ErrorCode::IoFailed,
+                       "cannot create the folder " + parent.toStdString()};
+  }
+  // Rendered first: nothing touches the disk until every page exists.
+  std::vector<std::pair<QString, QByteArray>> files;
   QStringList images;
   for (const auto& [stem, view] : views) {
     const QPixmap page = view->renderReport(reportSize());
@@ -156,41 +220,48 @@ base::Result<QStringList> exportReport(const QString& dir, const ExplorerState& 
     if (page.isNull() || !page.save(&buffer, "PNG")) {
       return base::Error{base::ErrorCode::IoFailed, "could not render " + stem.toStdString()};
     }
-    const QString path = out.filePath(stem + QStringLiteral(".png"));
-    if (auto ok = writeBytes(path, png); !ok.ok()) {
-      return ok.error();
+    files.emplace_back(stem + QStringLiteral(".png"), std::move(png));
+    images << QDir(target).filePath(stem + QStringLiteral(".png"));
+  }
+  auto built = base::guarded([&] {
+    nlohmann::json summary = experiment::summary_json(*r);
+    summary["selected_comparison"] = state.comparisonId().toStdString();
+    summary["tool_version"] = base::build_info().tool_version;
+    summary["provenance"] = {{"created_utc", r->provenance.created_utc},
+                             {"host", r->provenance.host},
+                             {"driver", r->provenance.driver},
+                             {"cuda", r->provenance.cuda},
+                             {"cublas", r->provenance.cublas},
+                             {"dtype", r->provenance.dtype},
+                             {"blas", r->provenance.blas}};
+    summary["spec"] = experiment::to_json(r->spec);
+    nlohmann::json image_names = nlohmann::json::array();
+    for (const QString& image : images) {
+      image_names.push_back(QFileInfo(image).fileName().toStdString());
     }
-    written << path;
-    images << path;
+    summary["images"] = image_names;
+    // A run's text or the prompt may hold bytes that are not UTF-8 (byte-fallback tokens).
+    const std::string json = base::dump_json_lossy(summary, 2) + "\n";
+    return QByteArray(json.data(), static_cast<qsizetype>(json.size()));
+  });
+  if (!built.ok()) {
+    return built.error();
   }
-  nlohmann::json summary = experiment::summary_json(*r);
-  summary["selected_comparison"] = state.comparisonId().toStdString();
-  summary["tool_version"] = base::build_info().tool_version;
-  summary["provenance"] = {{"created_utc", r->provenance.created_utc},
-                           {"host", r->provenance.host},
-                           {"driver", r->provenance.driver},
-                           {"cuda", r->provenance.cuda},
-                           {"cublas", r->provenance.cublas},
-                           {"dtype", r->provenance.dtype},
-                           {"blas", r->provenance.blas}};
-  summary["spec"] = experiment::to_json(r->spec);
-  nlohmann::json image_names = nlohmann::json::array();
-  for (const QString& image : images) {
-    image_names.push_back(QFileInfo(image).fileName().toStdString());
-  }
-  summary["images"] = image_names;
-  const QString json_path = out.filePath(QStringLiteral("summary.json"));
-  if (auto ok = base::write_file_atomic(json_path.toStdString(), summary.dump(2) + "\n");
-      !ok.ok()) {
-    return ok.error();
-  }
-  written << json_path;
-  const QString md_path = out.filePath(QStringLiteral("summary.md"));
-  if (auto ok = writeBytes(md_path, reportMarkdown(state, images).toUtf8()); !ok.ok()) {
-    return ok.error();
-  }
-  written << md_path;
-  return written;
+  files.emplace_back(QStringLiteral("summary.json"), std::move(built).value());
+  files.emplace_back(QStringLiteral("summary.md"), reportMarkdown(state, images).toUtf8());
+
+  return base::guarded([&]() -> base::Result<QStringList> {
+    base::AtomicDir folder(localPath(target));
+    QStringList written;
+    for (const auto& [name, bytes] : files) {
+      if (auto ok = writeBytes(folder.path() / localPath(name), bytes); !ok.ok()) {
+        return ok.error();
+      }
+      written << QDir(target).filePath(name);
+    }
+    folder.commit();
+    return written;
+  });
 }
 
 }  // namespace batchlens::ui

@@ -19,11 +19,24 @@ class CoalescedView;
 /// A view and the file stem of its page ("layer_step").
 using ReportView = std::pair<QString, CoalescedView*>;
 
-/// Creates `dir` if needed and writes `<stem>.png` (kReportWidth × kReportHeight) for each view,
-/// `summary.md` and `summary.json`, each through a temporary file renamed into place. Returns
-/// the paths written. Errors: InvalidArgument (no experiment), IoFailed. GUI thread only.
+/// Writes the report into the folder `dir`: `<stem>.png` (kReportWidth × kReportHeight) for each
+/// view, `summary.md` and `summary.json`. The folder is built beside `dir` and moved into place
+/// when complete, so `dir` afterwards holds the whole report or does not exist (an error, a
+/// crash, SIGINT/SIGTERM). `dir` must not exist or be an empty folder (checkReportFolder); its
+/// parent is created when missing. Texts that are not valid UTF-8 (a run's text, a prompt) are
+/// written with U+FFFD in their place. Returns the paths written. Errors: InvalidArgument (no
+/// experiment, `dir` not empty), FileCorrupted (arrays that do not fit their shapes), IoFailed
+/// (with the system's reason). Never throws. GUI thread only.
 base::Result<QStringList> exportReport(const QString& dir, const ExplorerState& state,
                                        const std::vector<ReportView>& views);
+
+/// Whether `dir` can receive a report: it does not exist, or is an empty folder. Errors:
+/// InvalidArgument naming `dir` and what is in the way.
+base::Result<void> checkReportFolder(const QString& dir);
+
+/// A folder that does not exist yet inside `parent` for a report of the state's comparison:
+/// `batchlens-report-<comparison>-<yyyyMMdd-HHmmss>`, with `-2`, `-3`, ... when taken.
+QString newReportFolder(const QString& parent, const ExplorerState& state);
 
 /// The Markdown summary of the state's experiment with its selected comparison first.
 QString reportMarkdown(const ExplorerState& state, const QStringList& images);

@@ -9,12 +9,17 @@
 #include <QTabWidget>
 #include <QTimer>
 
+#include "core/base/atomic_file.h"
 #include "core/base/system_info.h"
 #include "core/base/version.h"
 #include "ui/main_window.h"
+#include "ui/report_export.h"
 
 int main(int argc, char** argv) {
   using namespace batchlens;
+  // A SIGINT or SIGTERM while a file or report folder is being written removes its temporary
+  // and exits 130 / 143: no half file is ever left under the name the user chose.
+  base::install_signal_cleanup();
   QApplication app(argc, argv);
   QApplication::setOrganizationName(QStringLiteral("BatchLens"));
   QApplication::setApplicationName(QStringLiteral("BatchLens"));
@@ -58,6 +63,13 @@ int main(int argc, char** argv) {
   parser.addOption(tap);
   parser.addOption(comparison);
   parser.process(app);
+  if (parser.isSet(report)) {
+    // Refused before the experiment is read: a report never mixes into a folder with files.
+    if (auto ok = ui::checkReportFolder(parser.value(report)); !ok.ok()) {
+      std::fprintf(stderr, "batchlens: %s\n", ok.error().message.c_str());
+      return 2;
+    }
+  }
 
   base::configure_threads(0);
   auto system = base::query_system_info();

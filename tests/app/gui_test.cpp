@@ -4,10 +4,14 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <string>
 
 #include <gtest/gtest.h>
 
 #include "tests/support/process.h"
+
+#include <unistd.h>
 
 namespace batchlens {
 namespace {
@@ -60,6 +64,32 @@ TEST(Gui, ADamagedFileGivesAnErrorNotACrash) {
   EXPECT_GE(png_size(png).first, 800);
   std::filesystem::remove(png);
   std::filesystem::remove(bad);
+}
+
+// --export-report never mixes a report into a folder that holds files: refused before the
+// experiment is read, the folder untouched.
+TEST(Gui, ExportReportIntoANonEmptyFolderIsRefused) {
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::temp_directory_path() / ("batchlens_gui_report_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir / "report");
+  std::ofstream(dir / "report" / "notes.txt") << "mine\n";
+  const std::string sample = std::string(BL_SOURCE_DIR) + "/resources/samples/mid-h200-free.h5";
+  const auto r =
+      testing::run_process({BL_GUI_PATH, "--export-report", (dir / "report").string(), sample});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("not empty"), std::string::npos) << r.err;
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir / "report"), fs::directory_iterator{}), 1);
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator{}), 1)
+      << "no temporary folder beside it";
+  // A new folder gets the whole report, and nothing else is left beside it.
+  const auto ok =
+      testing::run_process({BL_GUI_PATH, "--export-report", (dir / "fresh").string(), sample});
+  ASSERT_EQ(ok.exit_code, 0) << ok.err;
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir / "fresh"), fs::directory_iterator{}), 7);
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator{}), 2);
+  fs::remove_all(dir);
 }
 
 TEST(Gui, HelpNamesTheProgram) {
