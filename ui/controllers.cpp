@@ -191,7 +191,7 @@ void FileController::open(const QString& path, const QString& origin) {
   runInBackground(
       threads_, this,
       [path, label]() -> base::Result<ExperimentDocument> {
-        auto result = io::read_experiment(path.toStdString());
+        auto result = io::read_experiment(QFile::encodeName(path).toStdString());
         if (!result.ok()) {
           return result.error();
         }
@@ -255,7 +255,7 @@ void FileController::save(const QString& path,
   runInBackground(
       threads_, this,
       [path, result = std::move(result)] {
-        return io::write_experiment(path.toStdString(), *result);
+        return io::write_experiment(QFile::encodeName(path).toStdString(), *result);
       },
       [this, path](const base::Result<void>& outcome) {
         --busy_;

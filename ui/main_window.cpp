@@ -7,6 +7,7 @@
 #include <QApplication>
 #include <QCloseEvent>
 #include <QComboBox>
+#include <QDir>
 #include <QDockWidget>
 #include <QDragEnterEvent>
 #include <QDropEvent>
@@ -18,10 +19,12 @@
 #include <QMenuBar>
 #include <QMessageBox>
 #include <QMimeData>
+#include <QPushButton>
 #include <QScrollArea>
 #include <QSettings>
 #include <QStatusBar>
 #include <QTabWidget>
+#include <QTimer>
 #include <QUrl>
 #include <QVBoxLayout>
 
@@ -289,15 +292,28 @@ void MainWindow::connectControllers() {
                       tr("%1\n\n%2").arg(path, message));
           });
   connect(files_, &FileController::saved, this, [this](const QString& path) {
+    const auto written = takeSave(path);
+    addRecentFile(path);
+    statusBar()->showMessage(tr("Saved %1").arg(path), 5000);
+    // Another document may be shown by now: only the one written becomes "saved".
+    if (written == nullptr || written != state_->document().result) {
+      return;
+    }
     state_->setPath(path);
     state_->setModified(false);
-    addRecentFile(path);
     updateTitle();
-    statusBar()->showMessage(tr("Saved %1").arg(path), 5000);
+    if (close_after_save_) {
+      close_after_save_ = false;
+      QTimer::singleShot(0, this, &QWidget::close);
+    }
   });
   connect(files_, &FileController::saveFailed, this,
           [this](const QString& path, const QString& message) {
-            showError(tr("Could not save %1").arg(QFileInfo(path).fileName()), message);
+            const auto failed = takeSave(path);
+            close_after_save_ = false;  // never close over a result that is not on disk
+            showSaveError(path, message,
+                          failed != nullptr && failed == state_->document().result &&
+                              state_->document().modified);
           });
 }
 
@@ -316,7 +332,24 @@ void MainWindow::saveTo(const QString& path) {
     showError(tr("Nothing to save"), tr("Open or run an experiment first."));
     return;
   }
+  saves_.emplace_back(path, state_->document().result);
   files_->save(path, state_->document().result);
+}
+
+bool MainWindow::savingShown() const {
+  return std::any_of(saves_.begin(), saves_.end(),
+                     [this](const auto& save) { return save.second == state_->document().result; });
+}
+
+std::shared_ptr<const experiment::ExperimentResult> MainWindow::takeSave(const QString& path) {
+  const auto it = std::find_if(saves_.begin(), saves_.end(),
+                               [&path](const auto& save) { return save.first == path; });
+  if (it == saves_.end()) {
+    return nullptr;
+  }
+  auto result = it->second;
+  saves_.erase(it);
+  return result;
 }
 
 base::Result<QStringList> MainWindow::exportReportTo(const QString& dir) {
@@ -367,6 +400,7 @@ void MainWindow::onWorkaroundToggled(bool on) {
 }
 
 void MainWindow::showDocument(const ExperimentDocument& document) {
+  close_after_save_ = false;
   state_->setDocument(document);
   const auto* r = state_->result();
   run_panel_->setWorkaroundEnabled(r != nullptr && !r->spec.workaround.empty());
@@ -399,6 +433,30 @@ void MainWindow::updateTitle() {
                  q(r->provenance.device_name),
                  r->provenance.emulated ? tr(" · EMULATED split-K") : QString()));
   }
+}
+
+QMessageBox* MainWindow::showSaveError(const QString& path, const QString& message, bool unsaved) {
+  last_error_ = message;
+  auto* box = new QMessageBox(QMessageBox::Critical,
+                              tr("Could not save %1").arg(QFileInfo(path).fileName()),
+                              tr("Could not save the experiment to %1.\n\n%2").arg(path, message),
+                              QMessageBox::Close, this);
+  box->setObjectName(QStringLiteral("SaveErrorDialog"));
+  box->setAttribute(Qt::WA_DeleteOnClose);
+  box->setModal(false);
+  if (unsaved) {
+    // The run exists only in memory: say so, and offer the way out.
+    box->setInformativeText(
+        tr("The experiment is still open and not saved. Choose another place with Save As."));
+    QPushButton* save_as = box->addButton(tr("Save &As…"), QMessageBox::AcceptRole);
+    save_as->setObjectName(QStringLiteral("SaveAsButton"));
+    box->setDefaultButton(save_as);
+    connect(save_as, &QPushButton::clicked, this, [this] { chooseSaveAs(); });
+  }
+  box->show();
+  statusBar()->showMessage(tr("Could not save %1").arg(path), 8000);
+  Q_EMIT errorShown(message);
+  return box;
 }
 
 void MainWindow::showError(const QString& title, const QString& message) {
@@ -455,24 +513,42 @@ void MainWindow::chooseOpen() {
   }
 }
 
-void MainWindow::chooseSaveAs() {
+QString saveDialogDir(const QString& last_dir, const QString& document_path) {
+  QStringList candidates{last_dir};
+  if (!document_path.isEmpty()) {
+    candidates << QFileInfo(document_path).absolutePath();
+  }
+  candidates << QDir::homePath() << QDir::currentPath() << QDir::tempPath();
+  for (const QString& dir : candidates) {
+    const QFileInfo info(dir);
+    if (!dir.isEmpty() && info.isDir() && !QDir(info.absoluteFilePath()).isRoot()) {
+      return QDir::cleanPath(info.absoluteFilePath());
+    }
+  }
+  return QDir::tempPath();
+}
+
+bool MainWindow::chooseSaveAs() {
   if (state_->result() == nullptr) {
     showError(tr("Nothing to save"), tr("Open or run an experiment first."));
-    return;
+    return false;
   }
   QSettings settings;
+  const auto& doc = state_->document();
+  const QString dir = saveDialogDir(settings.value(QStringLiteral("lastDir")).toString(), doc.path);
+  const QString name =
+      doc.path.isEmpty() ? QStringLiteral("experiment.h5") : QFileInfo(doc.path).fileName();
   QString path = QFileDialog::getSaveFileName(
-      this, tr("Save experiment as"),
-      settings.value(QStringLiteral("lastDir")).toString() + QStringLiteral("/experiment.h5"),
-      tr("BatchLens experiments (*.h5)"));
+      this, tr("Save experiment as"), QDir(dir).filePath(name), tr("BatchLens experiments (*.h5)"));
   if (path.isEmpty()) {
-    return;
+    return false;
   }
   if (!path.endsWith(QStringLiteral(".h5"))) {
     path += QStringLiteral(".h5");
   }
   settings.setValue(QStringLiteral("lastDir"), QFileInfo(path).absolutePath());
   saveTo(path);
+  return true;
 }
 
 void MainWindow::chooseExport() {
@@ -481,10 +557,23 @@ void MainWindow::chooseExport() {
     return;
   }
   QSettings settings;
-  const QString dir = QFileDialog::getExistingDirectory(
-      this, tr("Export report into folder"), settings.value(QStringLiteral("lastDir")).toString());
+  QString dir = QFileDialog::getExistingDirectory(
+      this, tr("Export report into folder"),
+      saveDialogDir(settings.value(QStringLiteral("lastDir")).toString(), QString()));
   if (dir.isEmpty()) {
     return;
+  }
+  // A report is a folder of its own: never mixed into one that holds other files.
+  if (!checkReportFolder(dir).ok()) {
+    const QString inside = newReportFolder(dir, *state_);
+    const auto answer = QMessageBox::question(
+        this, tr("Folder not empty"),
+        tr("%1 is not empty. Write the report into a new folder inside it?\n\n%2").arg(dir, inside),
+        QMessageBox::Yes | QMessageBox::Cancel, QMessageBox::Yes);
+    if (answer != QMessageBox::Yes) {
+      return;
+    }
+    dir = inside;
   }
   QApplication::setOverrideCursor(Qt::WaitCursor);
   auto written = exportReportTo(dir);
@@ -517,6 +606,12 @@ void MainWindow::dropEvent(QDropEvent* event) {
 void MainWindow::closeEvent(QCloseEvent* event) {
   // A run's result exists only in memory until saved: offer to keep it.
   if (state_->document().modified && state_->result() != nullptr) {
+    if (savingShown()) {
+      close_after_save_ = true;
+      statusBar()->showMessage(tr("Closing once the experiment is saved…"));
+      event->ignore();
+      return;
+    }
     const auto answer = QMessageBox::question(
         this, tr("Unsaved experiment"),
         tr("The experiment from the %1 is not saved. Save it before closing?")
@@ -527,11 +622,10 @@ void MainWindow::closeEvent(QCloseEvent* event) {
       return;
     }
     if (answer == QMessageBox::Save) {
-      chooseSaveAs();
-      if (state_->document().path.isEmpty() && files_->busy() == 0) {
-        event->ignore();  // the save dialog was cancelled
-        return;
-      }
+      // Stay open until the file is on disk: a failed save keeps the run and says why.
+      event->ignore();
+      close_after_save_ = chooseSaveAs();
+      return;
     }
   }
   runs_->cancel();

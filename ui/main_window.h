@@ -1,6 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <memory>
+#include <utility>
+#include <vector>
+
 #include <QMainWindow>
 #include <QStringList>
 
@@ -11,6 +15,7 @@
 class QComboBox;
 class QLabel;
 class QMenu;
+class QMessageBox;
 class QTabWidget;
 
 namespace batchlens::ui {
@@ -45,8 +50,11 @@ class MainWindow : public QMainWindow {
   void openFile(const QString& path);
   /// Opens the sample experiment bundled in the binary.
   void openEmbeddedSample();
-  /// Saves the shown experiment to `path` in the background.
+  /// Saves the shown experiment to `path` in the background. When that fails, the experiment
+  /// stays open (and unsaved, for a run) and a dialog gives the reason and offers Save As.
   void saveTo(const QString& path);
+  /// True while a save of the shown experiment is in flight.
+  bool savingShown() const;
   /// Writes the report of the current comparison into `dir` (GUI thread, synchronous).
   base::Result<QStringList> exportReportTo(const QString& dir);
   /// Starts a run of the run panel's spec (a message in the panel if it is not valid).
@@ -91,7 +99,11 @@ class MainWindow : public QMainWindow {
   void onWorkaroundToggled(bool on);
   void startRun(const experiment::ExperimentSpec& spec);
   void chooseOpen();
-  void chooseSaveAs();
+  /// Asks where to save (the dialog starts in saveDialogDir) and starts the save; false when
+  /// the user cancelled.
+  bool chooseSaveAs();
+  QMessageBox* showSaveError(const QString& path, const QString& message, bool unsaved);
+  std::shared_ptr<const experiment::ExperimentResult> takeSave(const QString& path);
   void chooseExport();
   void showAbout();
 
@@ -111,7 +123,15 @@ class MainWindow : public QMainWindow {
   QLabel* environment_label_ = nullptr;
   QLabel* document_label_ = nullptr;
   QString last_error_;
+  /// Saves in flight: the path and the experiment being written to it.
+  std::vector<std::pair<QString, std::shared_ptr<const experiment::ExperimentResult>>> saves_;
+  /// The window closes once the shown experiment is saved (the user chose Save on close).
+  bool close_after_save_ = false;
 };
+
+/// Where the Save As dialog starts: `last_dir` (the folder last used), else the folder of
+/// `document_path`, else the home folder; never the root folder or one that does not exist.
+QString saveDialogDir(const QString& last_dir, const QString& document_path);
 
 /// The About box's HTML for a system: the build, LibTorch and the devices.
 QString environmentHtml(const base::SystemInfo& system);
