@@ -5,8 +5,10 @@
 set -euo pipefail
 
 packages=(
-  # toolchain
-  build-essential cmake ninja-build git pkg-config dpkg-dev file
+  # toolchain; ccache (every build, docs/build.md); clang 14 with its sanitizer and libFuzzer
+  # runtimes and llvm-symbolizer for the asan preset and the fuzz targets (docs/reliability.md)
+  build-essential cmake ninja-build git pkg-config dpkg-dev file ccache
+  clang-14 libclang-rt-14-dev llvm-14
   # core: LibTorch 1.13 (CPU), HDF5 C/C++, zlib (parallel chunk compression), JSON, CLI
   libtorch-dev libhdf5-dev zlib1g-dev nlohmann-json3-dev libcli11-dev
   # ui: Qt 6 widgets and QCustomPlot built for Qt 6
