@@ -95,12 +95,29 @@ TEST(CliGenerate, PrintsEveryRowAndIsReproducible) {
   EXPECT_NE(rng.err.find("per_row or shared"), std::string::npos) << rng.err;
 }
 
+// Seconds before the Ctrl+C tests interrupt the CLI: long enough for it to have loaded LibTorch
+// and installed its SIGINT handler, which takes several seconds under AddressSanitizer.
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kSanitized = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+#else
+constexpr bool kSanitized = false;
+#endif
+std::string interrupt_after(int seconds) {
+  return std::to_string(kSanitized ? seconds * 10 : seconds);
+}
+
 TEST(CliGenerate, CtrlCCancelsWithExitCode130) {
   // A long demo generation interrupted after a second by SIGINT.
-  const auto r =
-      testing::run_process({"/usr/bin/timeout", "--preserve-status", "-s", "INT", "2", BL_CLI_PATH,
-                            "generate", "--preset", "demo", "--prompt-ids", "2,105,50", "--batch",
-                            "4", "--steps", "48", "--max-new-tokens", "4096"});
+  const auto r = testing::run_process({"/usr/bin/timeout", "--preserve-status", "-s", "INT",
+                                       interrupt_after(2), BL_CLI_PATH, "generate", "--preset",
+                                       "demo", "--prompt-ids", "2,105,50", "--batch", "4",
+                                       "--steps", "48", "--max-new-tokens", "4096"});
   EXPECT_EQ(r.exit_code, 130) << r.err;
   EXPECT_NE(r.err.find("cancelled"), std::string::npos) << r.err;
 }
@@ -219,9 +236,9 @@ TEST(CliRun, CtrlCCancelsAndLeavesNoFile) {
       fs::temp_directory_path() / ("bl_cli_run_cancel_" + std::to_string(getpid()));
   fs::remove_all(dir);
   fs::create_directories(dir);
-  const auto r = run_process({"/usr/bin/timeout", "--preserve-status", "-s", "INT", "3",
-                              BL_CLI_PATH, "run", "--preset", "demo", "--steps", "48",
-                              "--max-new-tokens", "1024", "--out", (dir / "e.h5").string()});
+  const auto r = run_process({"/usr/bin/timeout", "--preserve-status", "-s", "INT",
+                              interrupt_after(3), BL_CLI_PATH, "run", "--preset", "demo", "--steps",
+                              "48", "--max-new-tokens", "1024", "--out", (dir / "e.h5").string()});
   EXPECT_EQ(r.exit_code, 130) << r.err;
   EXPECT_TRUE(fs::is_empty(dir)) << "no file, no temporary file";
   fs::remove_all(dir);
