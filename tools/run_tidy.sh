@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # clang-tidy (checks in .clang-tidy, ui/.clang-tidy) over the project's .cpp files, using the
-# compile database of a configured build. Usage: tools/run_tidy.sh BUILD_DIR [files...]
+# compile database of a configured build. Files whose result is cached as clean (same content,
+# compile command, .clang-tidy, included project headers, tool and library versions) are
+# skipped: tools/tidy_cached.py, cache in ~/.cache/batchlens-tidy (BL_TIDY_CACHE), switched off
+# with BL_TIDY_NO_CACHE=1. Usage: tools/run_tidy.sh BUILD_DIR [files...]
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:?usage: tools/run_tidy.sh BUILD_DIR [files...]}
@@ -12,11 +15,4 @@ else
   mapfile -t files < <(git ls-files -co --exclude-standard -- 'core/*.cpp' 'ui/*.cpp' 'app/*.cpp' \
     | grep -v '_cuda\.cpp$' | sort -u)
 fi
-jobs=$(nproc)
-printf '%s\n' "${files[@]}" | xargs -P "$jobs" -n 1 clang-tidy -p "$build" --quiet 2>/dev/null \
-  | tee /tmp/batchlens-tidy.log
-if grep -qE '(warning|error):' /tmp/batchlens-tidy.log; then
-  echo "run_tidy: clang-tidy found problems" >&2
-  exit 1
-fi
-echo "run_tidy: ${#files[@]} files clean"
+exec /usr/bin/python3 tools/tidy_cached.py "$build" "${files[@]}"
