@@ -1338,7 +1338,7 @@ void validate(const Fail& fail, const ExperimentResult& r) {
         d.position < -1 || (d.found() && (d.canvas < 0 || d.step < 0))) {
       fail(at + ": the first divergence lies outside the experiment");
     }
-    if (cmp.tokens_changed < 0 || cmp.tokens_changed > std::max(ref_n, run_n)) {
+    if (cmp.tokens_changed < 0 || cmp.tokens_changed > ref_n + run_n) {  // deletions + insertions
       fail(at + "/@tokens_changed is out of range");
     }
     for (const text::TokenEdit& e : cmp.token_diff) {
@@ -1352,7 +1352,10 @@ void validate(const Fail& fail, const ExperimentResult& r) {
 
 ExperimentResult read_file(const std::string& file, std::uint64_t file_bytes) {
   Reader rd(file, file_bytes);
-  const Hid f(H5Fopen(file.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT));
+  // STRONG: closing the file closes whatever a failed read left open in it.
+  const Hid fapl(H5Pcreate(H5P_FILE_ACCESS));
+  H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG);
+  const Hid f(H5Fopen(file.c_str(), H5F_ACC_RDONLY, fapl.get()));
   if (!f.ok()) {
     corrupt(file + ": HDF5 cannot open it (truncated or damaged: " + hdf5_error_text() + ")");
   }
