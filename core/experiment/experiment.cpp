@@ -2,7 +2,9 @@
 #include "core/experiment/experiment.h"
 
 #include <iomanip>
+#include <limits>
 #include <sstream>
+#include <type_traits>
 
 #include "core/base/input.h"
 #include "core/ops/policy.h"
@@ -32,11 +34,82 @@ void get_optional(const nlohmann::json& j, const char* key, std::optional<T>& v)
   }
 }
 
+[[noreturn]] void bad_field(const std::string& key, const char* what) {
+  throw base::ErrorException(ErrorCode::FileCorrupted, "experiment spec: " + key + ": " + what);
+}
+
+// A JSON integer in T's range. nlohmann's get<integer>() converts a floating-point number with a
+// static_cast: undefined behaviour when it does not fit (1e20 as "seed", found by fuzz_spec) and
+// a silent truncation when it does.
+template <class T>
+T to_integer(const nlohmann::json& v, const std::string& key) {
+  static_assert(std::is_integral_v<T>);
+  if (v.is_number_unsigned()) {
+    const auto u = v.get<std::uint64_t>();
+    if (u > static_cast<std::uint64_t>(std::numeric_limits<T>::max())) {
+      bad_field(key, "out of range");
+    }
+    return static_cast<T>(u);
+  }
+  if (!v.is_number_integer()) {
+    bad_field(key, "expected an integer");
+  }
+  const auto i = v.get<std::int64_t>();  // negative: is_number_unsigned() was false
+  if constexpr (std::is_signed_v<T>) {
+    if (i < static_cast<std::int64_t>(std::numeric_limits<T>::min())) {
+      bad_field(key, "out of range");
+    }
+  } else {
+    bad_field(key, "out of range");
+  }
+  return static_cast<T>(i);
+}
+
+template <class T>
+T integer_field(const nlohmann::json& j, const char* key, T fallback) {
+  return j.contains(key) ? to_integer<T>(j[key], key) : fallback;
+}
+
+template <class T>
+std::vector<T> integer_list(const nlohmann::json& j, const char* key, std::vector<T> fallback) {
+  if (!j.contains(key)) {
+    return fallback;
+  }
+  const nlohmann::json& v = j[key];
+  if (!v.is_array()) {
+    bad_field(key, "expected a list of integers");
+  }
+  std::vector<T> out;
+  out.reserve(v.size());
+  for (const nlohmann::json& e : v) {
+    out.push_back(to_integer<T>(e, key));
+  }
+  return out;
+}
+
+template <class T>
+void optional_integer(const nlohmann::json& j, const char* key, std::optional<T>& v) {
+  if (j.contains(key) && !j[key].is_null()) {
+    v = to_integer<T>(j[key], std::string("overrides.") + key);
+  }
+}
+
 }  // namespace
 
 base::Result<void> validate(const ExperimentSpec& s) {
   if (s.model.preset.empty() == s.model.checkpoint_dir.empty()) {
     return bad("give exactly one of a preset and a checkpoint directory");
+  }
+  // The spec is stored as JSON text in experiment files: its strings must be UTF-8, refused up
+  // front (before a run whose file could not be written) with the byte offset.
+  const std::string checkpoint = s.model.checkpoint_dir.string();
+  for (const auto& [text, what] :
+       {std::pair{&s.prompt, "the prompt"}, std::pair{&s.policy, "the policy"},
+        std::pair{&s.workaround, "the workaround"},
+        std::pair{&checkpoint, "the checkpoint path"}}) {
+    if (auto utf8 = base::check_utf8(*text, what); !utf8.ok()) {
+      return utf8.error();
+    }
   }
   if (s.batch_sizes.empty() && s.repeats < 1) {
     return bad("nothing to compare: no batch sizes and no repeats");
@@ -124,26 +197,26 @@ base::Result<ExperimentSpec> spec_from_json(const nlohmann::json& doc) {
     ExperimentSpec s;
     s.model.preset = j.value("preset", std::string());
     s.model.checkpoint_dir = j.value("checkpoint", std::string());
-    s.model.seed = j.value("weight_seed", std::uint64_t{0});
+    s.model.seed = integer_field(j, "weight_seed", std::uint64_t{0});
     s.load.device = j.value("device", s.load.device);
     s.load.dtype = j.value("dtype", s.load.dtype);
     s.load.experts = j.value("experts", s.load.experts);
     s.prompt = j.value("prompt", s.prompt);
     s.chat_template = j.value("chat_template", true);
-    s.prompt_ids = j.value("prompt_ids", std::vector<std::int64_t>{});
-    s.seed = j.value("seed", std::uint64_t{0});
+    s.prompt_ids = integer_list(j, "prompt_ids", std::vector<std::int64_t>{});
+    s.seed = integer_field(j, "seed", std::uint64_t{0});
     if (j.contains("overrides")) {
       const auto& o = j["overrides"];
-      get_optional(o, "max_denoising_steps", s.overrides.max_denoising_steps);
-      get_optional(o, "max_new_tokens", s.overrides.max_new_tokens);
+      optional_integer(o, "max_denoising_steps", s.overrides.max_denoising_steps);
+      optional_integer(o, "max_new_tokens", s.overrides.max_new_tokens);
       get_optional(o, "t_min", s.overrides.t_min);
       get_optional(o, "t_max", s.overrides.t_max);
       get_optional(o, "entropy_bound", s.overrides.entropy_bound);
-      get_optional(o, "stability_threshold", s.overrides.stability_threshold);
+      optional_integer(o, "stability_threshold", s.overrides.stability_threshold);
       get_optional(o, "confidence_threshold", s.overrides.confidence_threshold);
     }
-    s.batch_sizes = j.value("batch_sizes", s.batch_sizes);
-    s.repeats = j.value("repeats", s.repeats);
+    s.batch_sizes = integer_list(j, "batch_sizes", s.batch_sizes);
+    s.repeats = integer_field(j, "repeats", s.repeats);
     s.rng = j.value("rng", s.rng);
     s.prefill = j.value("prefill", s.prefill);
     s.mode = j.value("mode", s.mode);
@@ -153,6 +226,8 @@ base::Result<ExperimentSpec> spec_from_json(const nlohmann::json& doc) {
     return s;
   } catch (const nlohmann::json::exception& e) {
     return base::Error{ErrorCode::FileCorrupted, std::string("experiment spec: ") + e.what()};
+  } catch (const base::ErrorException& e) {
+    return e.error();
   }
 }
 

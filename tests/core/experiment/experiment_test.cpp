@@ -245,6 +245,16 @@ TEST(Experiment, InvalidSpecsAreRefused) {
 
 // issue #14: spec text (an experiment file's /spec/@spec_json) is depth-limited like every
 // other JSON BatchLens reads, and messages never echo it.
+TEST(Experiment, PromptThatIsNotUtf8IsRefusedUpFrontWithTheOffset) {
+  // It used to run to the end and then fail to write the file (the spec is stored as JSON).
+  auto s = demo_spec("default");
+  s.prompt = std::string("ok \xff bad", 8);
+  const auto r = run_experiment(s);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, base::ErrorCode::InvalidArgument);
+  EXPECT_NE(r.error().message.find("byte 3"), std::string::npos) << r.error().message;
+}
+
 TEST(Experiment, SpecTextIsParsedWithANestingLimit) {
   auto s = demo_spec("issue_workaround");
   s.batch_sizes = {2, 3};
