@@ -100,6 +100,17 @@ base::Result<void> validate(const ExperimentSpec& s) {
   if (s.model.preset.empty() == s.model.checkpoint_dir.empty()) {
     return bad("give exactly one of a preset and a checkpoint directory");
   }
+  // The spec is stored as JSON text in experiment files: its strings must be UTF-8, refused up
+  // front (before a run whose file could not be written) with the byte offset.
+  const std::string checkpoint = s.model.checkpoint_dir.string();
+  for (const auto& [text, what] :
+       {std::pair{&s.prompt, "the prompt"}, std::pair{&s.policy, "the policy"},
+        std::pair{&s.workaround, "the workaround"},
+        std::pair{&checkpoint, "the checkpoint path"}}) {
+    if (auto utf8 = base::check_utf8(*text, what); !utf8.ok()) {
+      return utf8.error();
+    }
+  }
   if (s.batch_sizes.empty() && s.repeats < 1) {
     return bad("nothing to compare: no batch sizes and no repeats");
   }
