@@ -2,16 +2,54 @@
 # SPDX-License-Identifier: Apache-2.0
 # One command on a fresh Debian 12 machine: install what is missing, build and run every test
 # that needs no GPU. This is exactly what CI runs (.ci/run). Steps, in order:
-#   1. format check   2. layer check   3. ci build (warnings as errors) + ctest (all but gpu)
-#   4. cli-only build with Qt hidden + its tests   5. clang-tidy on project sources
-# Set BL_SKIP_TIDY=1 to skip step 5 locally (CI always runs it).
+#   1. format check   2. layer check   3. ci build (warnings as errors)
+#   4. cli-only build with Qt hidden (the ci flags: its objects come from ccache)
+#   5. clang-tidy on project sources (files known clean are skipped: tools/tidy_cached.py)
+#   6. cli-only tests and all tests of the ci build (label gpu excluded)
+#   7. asan build (clang-14, AddressSanitizer + UBSan, libFuzzer targets) and its tests
+#   8. every fuzz target for BL_FUZZ_SECONDS (default 25) seconds (docs/reliability.md)
+# Set BL_SKIP_TIDY=1 to skip step 5, BL_SKIP_ASAN=1 steps 7-8, BL_FUZZ_SECONDS=0 step 8
+# locally (CI always runs them all). Step times are printed at the end (docs/build.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
-step() { echo; echo "=== [$(( $(date +%s) - start ))s] $*"; }
+step_name=""
+step_start=$start
+timings=()
+end_step() {
+  if [ -n "$step_name" ]; then
+    timings+=("$(printf '%6ds  %s' $(( $(date +%s) - step_start )) "$step_name")")
+  fi
+}
+step() {
+  end_step
+  step_name=$*
+  step_start=$(date +%s)
+  echo
+  echo "=== [$(( step_start - start ))s] $*"
+}
+report() {
+  local rc=$?
+  end_step
+  step_name=""
+  echo
+  echo "=== step times (total $(( $(date +%s) - start )) s$([ "$rc" -ne 0 ] && echo ", FAILED"))"
+  printf '%s\n' "${timings[@]}"
+  if command -v ccache >/dev/null; then
+    ccache --show-stats 2>/dev/null | grep -E 'Hits|Misses|Cache size' || true
+  fi
+}
+trap report EXIT
 
 step "dependencies"
 scripts/install-deps.sh
+
+# Every build goes through ccache (CMakeLists.txt): one cache outside the clone, shared by the
+# build directories (paths under the source dir are hashed relative to it).
+export CCACHE_BASEDIR=$PWD
+export CCACHE_NOHASHDIR=true
+ccache --max-size=5G >/dev/null
+ccache --zero-stats >/dev/null
 
 step "format check (clang-format)"
 tools/check_format.sh
@@ -37,3 +75,17 @@ ctest --preset cli-only
 
 step "all tests (ci preset, label gpu excluded)"
 ctest --preset ci
+
+if [ "${BL_SKIP_ASAN:-0}" != "1" ]; then
+  step "asan build (clang-14, AddressSanitizer + UBSan, fuzz targets)"
+  cmake --preset asan
+  cmake --build --preset asan
+
+  step "asan tests (labels gpu and fuzz excluded; fuzz regressions replayed)"
+  ctest --preset asan
+
+  if [ "${BL_FUZZ_SECONDS:-25}" != "0" ]; then
+    step "fuzz (${BL_FUZZ_SECONDS:-25} s per target)"
+    BL_FUZZ_NO_BUILD=1 BL_FUZZ_WORK=build/asan/fuzz-ci tools/fuzz.sh all "${BL_FUZZ_SECONDS:-25}"
+  fi
+fi
