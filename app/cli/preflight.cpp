@@ -29,22 +29,6 @@ fs::path folder_of(const fs::path& out) {
   return out.has_parent_path() ? out.parent_path() : fs::path(".");
 }
 
-const char* kind_of(mode_t mode) {
-  if (S_ISDIR(mode)) {
-    return "a folder";
-  }
-  if (S_ISFIFO(mode)) {
-    return "a FIFO (named pipe)";
-  }
-  if (S_ISCHR(mode) || S_ISBLK(mode)) {
-    return "a device";
-  }
-  if (S_ISSOCK(mode)) {
-    return "a socket";
-  }
-  return "not a regular file";
-}
-
 base::Error bad_out(const fs::path& out, const std::string& why) {
   return {base::ErrorCode::InvalidArgument, "--out " + out.string() + ": " + why};
 }
@@ -102,7 +86,7 @@ base::Result<void> check_output_path(const fs::path& out) {
     return bad_out(out, "folder " + folder.string() + ": " + base::errno_text(errno));
   }
   if (!S_ISDIR(st.st_mode)) {
-    return bad_out(out, folder.string() + " is " + kind_of(st.st_mode));
+    return bad_out(out, folder.string() + " is " + base::file_kind(st.st_mode));
   }
   // AT_EACCESS: the rights of the effective user, who creates the file. A read-only file system
   // answers EROFS even to root.
@@ -112,7 +96,7 @@ base::Result<void> check_output_path(const fs::path& out) {
   }
   if (::stat(out.c_str(), &st) == 0) {
     if (!S_ISREG(st.st_mode)) {
-      return bad_out(out, std::string("is ") + kind_of(st.st_mode) + ", not a file");
+      return bad_out(out, std::string("is ") + base::file_kind(st.st_mode) + ", not a file");
     }
   } else if (errno != ENOENT) {
     return bad_out(out, base::errno_text(errno));

@@ -13,11 +13,9 @@
 
 namespace batchlens::base {
 
-namespace {
-
-const char* kind_of(mode_t mode) {
+const char* file_kind(unsigned mode) {
   if (S_ISDIR(mode)) {
-    return "a directory";
+    return "a folder";
   }
   if (S_ISFIFO(mode)) {
     return "a FIFO (named pipe)";
@@ -31,9 +29,11 @@ const char* kind_of(mode_t mode) {
   return "not a regular file";
 }
 
+namespace {
+
 Error not_regular(const std::filesystem::path& path, std::string_view what, mode_t mode) {
   return {ErrorCode::FileUnrecognised, std::string(what) + " " + path.string() + " is " +
-                                           kind_of(mode) + ", not a regular file"};
+                                           file_kind(mode) + ", not a regular file"};
 }
 
 }  // namespace

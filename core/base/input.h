@@ -23,6 +23,10 @@ inline constexpr int kMaxJsonDepth = 64;
 /// Largest JSON or text file read whole (tokenizer.json of a 262k vocabulary is about 35 MB).
 inline constexpr std::uint64_t kMaxTextFileBytes = std::uint64_t{1} << 30;
 
+/// What a file of this `st_mode` is, for messages: "a folder", "a FIFO (named pipe)", "a device",
+/// "a socket" or "not a regular file".
+const char* file_kind(unsigned mode);
+
 /// Checks that `path` names a regular file (after symlinks) without opening it, so a FIFO, a
 /// device, a socket or a directory is refused instead of blocking a read. `what` names the file
 /// in messages ("tokenizer.json"). Errors: FileNotFound; FileUnrecognised (not a regular file).

@@ -578,7 +578,7 @@ TEST(ExperimentFileInputs, FifoDeviceAndFolderAreRefusedWithoutBlocking) {
   EXPECT_NE(r.error().message.find("device"), std::string::npos) << r.error().message;
   r = read_experiment(temp_dir());
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.error().message.find("directory"), std::string::npos) << r.error().message;
+  EXPECT_NE(r.error().message.find("folder"), std::string::npos) << r.error().message;
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(5));
   fs::remove(fifo);
 }
