@@ -66,6 +66,10 @@ Result<std::string> read_input_file(const std::filesystem::path& path, std::stri
   }
   struct Closer {
     int fd;
+    Closer(const Closer&) = delete;
+    Closer& operator=(const Closer&) = delete;
+    Closer(Closer&&) = delete;
+    Closer& operator=(Closer&&) = delete;
     ~Closer() { ::close(fd); }
   } closer{fd};
   struct stat st {};

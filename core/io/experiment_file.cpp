@@ -276,7 +276,7 @@ H5::Group adopt_group(hid_t id, const std::string& what) {
 // A group being written: its attributes go through here so that the digest covers them.
 class GroupWriter {
  public:
-  explicit GroupWriter(H5::Group g) : g_(std::move(g)) {}
+  explicit GroupWriter(const H5::Group& g) : g_(g) {}
   H5::Group& group() { return g_; }
 
   void str(const std::string& name, const std::string& value) {
@@ -708,7 +708,7 @@ std::vector<char> build_image(const std::string& name, const ExperimentResult& r
   // Newest file-format objects of HDF5 1.10: superblock v3, v2 object headers, chunk indexes and
   // heaps with checksums, so that damaged metadata is detected instead of followed.
   const bool props = fapl >= 0 &&
-                     H5Pset_fapl_core(fapl, std::size_t{16} << 20U, /*backing_store=*/0) >= 0 &&
+                     H5Pset_fapl_core(fapl, std::size_t{16} << 20U, /*backing_store=*/false) >= 0 &&
                      H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_V110) >= 0 &&
                      H5Pset_fclose_degree(fapl, H5F_CLOSE_SEMI) >= 0;
   const hid_t fid = props ? H5Fcreate(name.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl) : -1;
@@ -1041,7 +1041,7 @@ class Reader {
     if (g < 0) {
       fail(where + " cannot be opened (" + hdf5_error_text() + ")");
     }
-    return Group(*this, g, where);
+    return {*this, g, where};
   }
 
   /// A dataset of element type T and the expected shape (-1: any extent), checked before it is
