@@ -10,6 +10,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/random.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -24,8 +25,12 @@ std::string errno_text(int err) {
 
 // ---- the signal-cleanup registry ------------------------------------------------------------
 // Fixed slots a signal handler can read without locks or allocation: a slot is claimed with a
-// compare-exchange, its path written, then published with state 2; the handler only looks at
-// published slots.
+// compare-exchange, its path written, then published with state 2 *before* the temporary is
+// created, so a temporary is never on disk unregistered. The handler may run on any thread while
+// others keep going, so it first sets g_dying (creators that see it stop before creating), waits
+// for creations already past that check (`creator`: the thread creating the slot's temporary),
+// then removes every published temporary, repeating a folder's removal while a writer is still
+// putting files into it.
 
 namespace {
 
@@ -33,7 +38,8 @@ constexpr int kSlots = 64;
 constexpr std::size_t kPathMax = 4096;
 
 struct Slot {
-  std::atomic<int> state{0};  // 0 free, 1 being filled, 2 published
+  std::atomic<int> state{0};     // 0 free, 1 being filled, 2 published
+  std::atomic<long> creator{0};  // thread id while its temporary is being created, else 0
   bool dir = false;
   std::array<char, kPathMax> path{};
 };
@@ -45,11 +51,26 @@ std::array<Slot, kSlots>& slots() {
 
 std::atomic<CancelToken*> g_signal_cancel{nullptr};
 std::atomic<bool> g_handlers_installed{false};
+std::atomic<bool> g_dying{false};
+
+long thread_id() {
+  return ::syscall(SYS_gettid);
+}
+
+// Waits for the signal handler to end the process (called by a creator that saw g_dying).
+[[noreturn]] void wait_for_exit() {
+  for (;;) {
+    ::pause();
+  }
+}
 
 int register_temp(const fs::path& p, bool dir) {
   const std::string& s = p.native();
   if (s.size() >= kPathMax) {
     return -1;  // not cleaned on a signal; still removed by the destructor or the next writer
+  }
+  if (g_dying.load()) {
+    wait_for_exit();
   }
   for (int i = 0; i < kSlots; ++i) {
     Slot& slot = slots()[static_cast<std::size_t>(i)];
@@ -57,11 +78,19 @@ int register_temp(const fs::path& p, bool dir) {
     if (slot.state.compare_exchange_strong(expected, 1)) {
       slot.dir = dir;
       std::memcpy(slot.path.data(), s.c_str(), s.size() + 1);
+      slot.creator.store(thread_id());
       slot.state.store(2);
       return i;
     }
   }
   return -1;
+}
+
+// Ends the creation of slot i's temporary (it exists now, or its creation failed).
+void created_temp(int i) {
+  if (i >= 0) {
+    slots()[static_cast<std::size_t>(i)].creator.store(0);
+  }
 }
 
 void unregister_temp(int i) {
@@ -106,20 +135,45 @@ void remove_tree_signal_safe(int parent_fd, const char* name, int depth) {
   ::unlinkat(parent_fd, name, AT_REMOVEDIR);
 }
 
+void sleep_briefly() {
+  struct timespec ts {
+    0, 100000
+  };  // 0.1 ms
+  ::nanosleep(&ts, nullptr);
+}
+
 extern "C" void on_terminating_signal(int sig) {
   const int saved = errno;
-  bool cleaned = false;
+  bool writing = false;
   for (Slot& slot : slots()) {
-    if (slot.state.load() == 2) {
-      remove_tree_signal_safe(AT_FDCWD, slot.path.data(), 0);
-      cleaned = true;
-    }
+    writing = writing || slot.state.load() == 2;
   }
   CancelToken* cancel = g_signal_cancel.load();
-  if (sig == SIGINT && !cleaned && cancel != nullptr) {
+  if (sig == SIGINT && !writing && cancel != nullptr) {
     cancel->cancel();  // an atomic store
     errno = saved;
     return;
+  }
+  g_dying.store(true);
+  const long self = thread_id();
+  for (Slot& slot : slots()) {
+    // Another thread between registering and creating finishes creating (at most ~2 s).
+    for (int i = 0; i < 20000; ++i) {
+      const long creator = slot.creator.load();
+      if (slot.state.load() != 2 || creator == 0 || creator == self) {
+        break;
+      }
+      sleep_briefly();
+    }
+  }
+  for (Slot& slot : slots()) {
+    for (int attempt = 0; attempt < 1000 && slot.state.load() == 2; ++attempt) {
+      remove_tree_signal_safe(AT_FDCWD, slot.path.data(), 0);
+      struct stat st {};
+      if (::fstatat(AT_FDCWD, slot.path.data(), &st, AT_SYMLINK_NOFOLLOW) != 0 && errno == ENOENT) {
+        break;
+      }
+    }
   }
   ::_exit(128 + sig);
 }
@@ -145,6 +199,60 @@ fs::path parent_or_dot(const fs::path& p) {
 
 std::string temp_prefix(const fs::path& target) {
   return target.filename().string() + ".tmp-";
+}
+
+// Creates `<target>.tmp-<pid>-XXXXXX` (a file opened for writing, or a folder) whose name is
+// published to the signal-cleanup registry *before* it exists: a signal delivered to any thread
+// at any moment leaves nothing behind (mkstemp followed by registering had a window in which
+// SIGINT left the temporary). A name that exists already belongs to a dead process with our pid
+// (an orphan) or to a collision, and is skipped.
+struct Temp {
+  fs::path path;
+  int slot = -1;
+  int fd = -1;
+};
+
+Temp create_temp(const fs::path& target, bool dir, int& err) {
+  static constexpr char kAlphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  const std::string base = target.string() + ".tmp-" + std::to_string(::getpid()) + "-";
+  err = EEXIST;
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    std::array<unsigned char, 6> rnd{};
+    if (::getrandom(rnd.data(), rnd.size(), 0) != static_cast<ssize_t>(rnd.size())) {
+      const auto t = static_cast<unsigned>(::clock()) + static_cast<unsigned>(attempt) * 7919U;
+      for (std::size_t i = 0; i < rnd.size(); ++i) {
+        rnd[i] = static_cast<unsigned char>(t >> (i * 5U));
+      }
+    }
+    std::string name = base;
+    for (const unsigned char c : rnd) {
+      name += kAlphabet[c % (sizeof(kAlphabet) - 1)];
+    }
+    Temp t;
+    t.path = name;
+    t.slot = register_temp(t.path, dir);
+    if (g_dying.load()) {
+      wait_for_exit();  // the handler is removing temporaries; do not make another
+    }
+    bool ok = false;
+    if (dir) {
+      ok = ::mkdir(name.c_str(), 0700) == 0;
+    } else {
+      t.fd = ::open(name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+      ok = t.fd >= 0;
+    }
+    err = errno;
+    created_temp(t.slot);
+    if (ok) {
+      return t;
+    }
+    unregister_temp(t.slot);
+    if (err != EEXIST) {
+      break;
+    }
+  }
+  return {};
 }
 
 }  // namespace
@@ -197,14 +305,15 @@ int remove_orphaned_temps(const fs::path& target) {
 
 AtomicFile::AtomicFile(fs::path target) : target_(std::move(target)) {
   remove_orphaned_temps(target_);
-  std::string pattern = target_.string() + ".tmp-" + std::to_string(::getpid()) + "-XXXXXX";
-  fd_ = ::mkstemp(pattern.data());
-  if (fd_ < 0) {
-    fail("cannot create a temporary file", errno);
+  int err = 0;
+  Temp t = create_temp(target_, false, err);
+  if (t.fd < 0) {
+    fail("cannot create a temporary file", err);
   }
-  temp_ = pattern;
-  slot_ = register_temp(temp_, false);
-  // mkstemp creates 0600; the result is as readable as any file the user writes.
+  fd_ = t.fd;
+  temp_ = std::move(t.path);
+  slot_ = t.slot;
+  // Created 0600; the result is as readable as any file the user writes.
   if (::fchmod(fd_, 0644) != 0) {
     fail("cannot set permissions", errno);
   }
@@ -263,13 +372,14 @@ void AtomicFile::fail(const std::string& what, int err) const {
 
 AtomicDir::AtomicDir(fs::path target) : target_(std::move(target)) {
   remove_orphaned_temps(target_);
-  std::string pattern = target_.string() + ".tmp-" + std::to_string(::getpid()) + "-XXXXXX";
-  if (::mkdtemp(pattern.data()) == nullptr) {
+  int err = 0;
+  Temp t = create_temp(target_, true, err);
+  if (t.path.empty()) {
     raise(ErrorCode::IoFailed,
-          target_.string() + ": cannot create a temporary folder: " + errno_text(errno));
+          target_.string() + ": cannot create a temporary folder: " + errno_text(err));
   }
-  temp_ = pattern;
-  slot_ = register_temp(temp_, true);
+  temp_ = std::move(t.path);
+  slot_ = t.slot;
   ::chmod(temp_.c_str(), 0755);
 }
 
