@@ -5,11 +5,20 @@
 
 namespace batchlens::cli {
 
-/// Process exit codes of batchlens-cli (docs/cli.md).
-constexpr int kExitOk = 0;           ///< success
-constexpr int kExitFailure = 1;      ///< the command ran and failed (bad file, out of memory, ...)
-constexpr int kExitUsage = 2;        ///< bad command line
-constexpr int kExitCancelled = 130;  ///< interrupted by Ctrl-C; no partial output left behind
+/// Process exit codes of batchlens-cli (`batchlens-cli --help` lists them; README).
+constexpr int kExitOk = 0;            ///< success
+constexpr int kExitFailure = 1;       ///< the command ran and failed (bad file, out of memory, ...)
+constexpr int kExitUsage = 2;         ///< bad command line
+constexpr int kExitCancelled = 130;   ///< interrupted by Ctrl-C; no partial output left behind
+constexpr int kExitTerminated = 143;  ///< SIGTERM (e.g. a scheduler's time limit); likewise
+
+/// The --help footer that lists the exit codes above.
+constexpr const char* kExitCodesHelp =
+    "Exit codes: 0 done; 1 the command failed (a damaged file, out of memory, a write that\n"
+    "failed: `run` then saves its result to batchlens-rescued-*.h5 in $TMPDIR, /tmp or $HOME\n"
+    "and says where); 2 a bad command line or input refused before any work (bad --out,\n"
+    "text that is not UTF-8); 130 Ctrl-C; 143 SIGTERM. A file is either written complete or\n"
+    "not at all: an interrupted write leaves neither the file nor a temporary.";
 
 /// The text `batchlens-cli --version` prints: BatchLens version and build, LibTorch version,
 /// CPU threads and CUDA devices.

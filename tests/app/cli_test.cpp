@@ -26,6 +26,8 @@ TEST(Cli, HelpListsCommandsAndExitsZero) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("info"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("--version"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Exit codes:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("143 SIGTERM"), std::string::npos) << r.out;
 }
 
 TEST(Cli, UsageErrorsExitTwo) {
