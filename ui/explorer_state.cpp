@@ -71,38 +71,6 @@ double positionValue(const experiment::ComparisonResult& comparison, Metric metr
   return v == nullptr ? kNaN : *v;
 }
 
-bool lastStepDiffReadable(const experiment::ExperimentResult& result,
-                          const experiment::ComparisonResult& comparison) {
-  const auto& f = comparison.frac_differ;
-  const auto& pf = comparison.pos_frac_differ;
-  if (f.empty() || pf.empty()) {
-    return true;  // it returns zeros without reading
-  }
-  if (f.shape.size() != 3 || pf.shape.size() != 4 || result.layers < 0 ||
-      result.canvas_length < 0) {
-    return false;
-  }
-  const std::int64_t ticks = f.shape[0];
-  const std::int64_t slots = f.shape[1];
-  const std::int64_t taps = f.shape[2];
-  // It reads the last compared tick, slot `layers`, the logits tap and every canvas position.
-  return ticks >= 0 && static_cast<std::uint64_t>(ticks) <= comparison.compared.size() &&
-         result.layers < slots && static_cast<std::uint64_t>(taps) >= result.taps.size() &&
-         pf.shape[0] == ticks && pf.shape[1] == slots && pf.shape[2] == taps &&
-         pf.shape[3] >= result.canvas_length &&
-         (ticks == 0 ||
-          (elementAt(f, {ticks - 1, slots - 1, taps - 1}) != nullptr &&
-           elementAt(pf, {ticks - 1, slots - 1, taps - 1, pf.shape[3] - 1}) != nullptr));
-}
-
-experiment::LastStepDiff lastStepDiff(const experiment::ExperimentResult& result,
-                                      const experiment::ComparisonResult& comparison) {
-  if (!lastStepDiffReadable(result, comparison)) {
-    return {};
-  }
-  return experiment::last_step_logit_diff(result, comparison);
-}
-
 int tapIndex(const experiment::ExperimentResult& result, const char* name) {
   for (std::size_t t = 0; t < result.taps.size(); ++t) {
     if (result.taps[t] == name) {

@@ -125,21 +125,7 @@ class ExplorerState : public QObject {
 /// have different lengths.
 template <class T>
 const T* elementAt(const experiment::NdArray<T>& array, std::initializer_list<std::int64_t> index) {
-  if (index.size() != array.shape.size()) {
-    return nullptr;
-  }
-  std::size_t count = 1;
-  std::size_t offset = 0;
-  auto dim = array.shape.begin();
-  for (const std::int64_t i : index) {
-    const std::int64_t d = *dim++;
-    if (d <= 0 || i < 0 || i >= d ||
-        __builtin_mul_overflow(count, static_cast<std::size_t>(d), &count)) {
-      return nullptr;
-    }
-    offset = offset * static_cast<std::size_t>(d) + static_cast<std::size_t>(i);
-  }
-  return count == array.data.size() ? &array.data[offset] : nullptr;
+  return array.find(index);
 }
 
 /// The element `i` of `values`, or null outside it.
@@ -157,13 +143,6 @@ double cellValue(const experiment::ComparisonResult& comparison, Metric metric, 
 /// The per-position value of `metric` at (tick, slot, tap, position), NaN likewise.
 double positionValue(const experiment::ComparisonResult& comparison, Metric metric, int tick,
                      int slot, int tap, int position);
-/// Whether experiment::last_step_logit_diff can read `comparison` without leaving its arrays
-/// (it trusts their shapes; a damaged file or a result built elsewhere may not hold them).
-bool lastStepDiffReadable(const experiment::ExperimentResult& result,
-                          const experiment::ComparisonResult& comparison);
-/// experiment::last_step_logit_diff, or zeros where lastStepDiffReadable says no.
-experiment::LastStepDiff lastStepDiff(const experiment::ExperimentResult& result,
-                                      const experiment::ComparisonResult& comparison);
 /// The tap index of a name in the result, or -1.
 int tapIndex(const experiment::ExperimentResult& result, const char* name);
 

@@ -125,7 +125,7 @@ QVariant ComparisonTableModel::data(const QModelIndex& index, int role) const {
   if (role != Qt::DisplayRole && role != Qt::ToolTipRole) {
     return {};
   }
-  const auto last = lastStepDiff(*result_, c);
+  const auto last = experiment::last_step_logit_diff(*result_, c);
   switch (index.column()) {
     case Comparison:
       return role == Qt::ToolTipRole ? q(c.id) : comparisonLabel(*result_, c);

@@ -87,7 +87,7 @@ QString reportMarkdown(const ExplorerState& state, const QStringList& images) {
       "steps | first divergence | positions differing (last step) | token "
       "scores differing (last step) |\n|---|---|---|---|---|---|---|---|---|\n");
   for (const auto& c : r->comparisons) {
-    const auto last = lastStepDiff(*r, c);
+    const auto last = experiment::last_step_logit_diff(*r, c);
     const bool rows = c.kind == "rows";
     md += QStringLiteral("| %1 | `%2` | %3 | %4 | %5 | %6 | %7 | %8 | %9 |\n")
               .arg(cell(comparisonLabel(*r, c)), q(c.id),
@@ -199,7 +199,7 @@ base::Result<QStringList> exportReport(const QString& dir, const ExplorerState& 
     return ok.error();
   }
   for (const auto& c : r->comparisons) {
-    if (!lastStepDiffReadable(*r, c)) {
+    if (!experiment::last_step_logit_diff(*r, c).readable) {
       return base::Error{base::ErrorCode::FileCorrupted,
                          "comparison " + c.id + ": its arrays do not fit their shapes"};
     }

@@ -269,28 +269,42 @@ std::string describe(const Divergence& d) {
 }
 
 LastStepDiff last_step_logit_diff(const ExperimentResult& r, const ComparisonResult& c) {
-  const auto& f = c.frac_differ;
-  if (f.empty() || c.pos_frac_differ.empty()) {
-    return {0.0, 0.0};
+  const auto& f = c.frac_differ;       // [ticks, layers + 1, taps]
+  const auto& pf = c.pos_frac_differ;  // [ticks, layers + 1, taps, canvas]
+  if (f.empty() || pf.empty()) {
+    return {};
   }
   int tap = -1;
   for (std::size_t t = 0; t < r.taps.size(); ++t) {
     tap = r.taps[t] == "logits" ? static_cast<int>(t) : tap;
   }
   if (tap < 0) {
-    return {0.0, 0.0};
+    return {};
+  }
+  const LastStepDiff unreadable{0.0, 0.0, false};
+  if (f.shape.size() != 3 || pf.shape.size() != 4 || pf.shape[0] != f.shape[0] ||
+      r.canvas_length < 0 || static_cast<std::uint64_t>(f.shape[0]) > c.compared.size()) {
+    return unreadable;
   }
   for (std::int64_t s = f.shape[0]; s-- > 0;) {
     if (c.compared[static_cast<std::size_t>(s)] == 0) {
       continue;
     }
+    const float* scores = f.find({s, r.layers, tap});
+    if (scores == nullptr) {
+      return unreadable;
+    }
     double positions = 0;
     for (std::int64_t p = 0; p < r.canvas_length; ++p) {
-      positions += c.pos_frac_differ.at({s, r.layers, tap, p}) > 0 ? 1 : 0;
+      const float* v = pf.find({s, r.layers, tap, p});
+      if (v == nullptr) {
+        return unreadable;
+      }
+      positions += *v > 0 ? 1 : 0;
     }
-    return {positions / static_cast<double>(r.canvas_length), f.at({s, r.layers, tap})};
+    return {r.canvas_length > 0 ? positions / static_cast<double>(r.canvas_length) : 0.0, *scores};
   }
-  return {0.0, 0.0};
+  return {};
 }
 
 nlohmann::json summary_json(const ExperimentResult& r) {
@@ -314,18 +328,19 @@ nlohmann::json summary_json(const ExperimentResult& r) {
                {"step", c.first.step}, {"layer", c.first.layer},
                {"tap", c.first.tap},   {"position", c.first.position}};
     }
-    const auto [positions, scores] = last_step_logit_diff(r, c);
-    comps.push_back({{"id", c.id},
-                     {"reference", c.reference},
-                     {"run", c.run},
-                     {"kind", c.kind},
-                     {"first_divergence", first},
-                     {"tokens_identical", c.tokens_identical},
-                     {"tokens_changed", c.tokens_changed},
-                     {"stop_changed", c.stop_changed},
-                     {"steps_changed", c.steps_changed},
-                     {"last_step_positions_differing", positions},
-                     {"last_step_logits_differing", scores}});
+    const auto [positions, scores, readable] = last_step_logit_diff(r, c);
+    comps.push_back(
+        {{"id", c.id},
+         {"reference", c.reference},
+         {"run", c.run},
+         {"kind", c.kind},
+         {"first_divergence", first},
+         {"tokens_identical", c.tokens_identical},
+         {"tokens_changed", c.tokens_changed},
+         {"stop_changed", c.stop_changed},
+         {"steps_changed", c.steps_changed},
+         {"last_step_positions_differing", readable ? nlohmann::json(positions) : nlohmann::json()},
+         {"last_step_logits_differing", readable ? nlohmann::json(scores) : nlohmann::json()}});
   }
   const ComparisonResult* floor = r.comparison("ref__repeat1");
   return {{"model", r.spec.model.describe()},
@@ -371,12 +386,16 @@ std::string summary_text(const ExperimentResult& r) {
     o << "  " << c.id << (c.kind == "rows" ? " (rows 1.. vs row 0)" : "") << ":\n";
     o << "    first divergence: " << describe(c.first) << "\n";
     if (c.kind == "row0") {
-      const auto [positions, scores] = last_step_logit_diff(r, c);
+      const auto [positions, scores, readable] = last_step_logit_diff(r, c);
       o << "    text " << (c.tokens_identical ? "identical" : "DIFFERS") << " (" << c.tokens_changed
         << " tokens changed), stop " << (c.stop_changed ? "CHANGED" : "unchanged") << ", steps "
         << (c.steps_changed ? "CHANGED" : "unchanged") << "\n";
-      o << std::setprecision(4) << "    last compared step: " << 100.0 * positions
-        << "% of positions and " << 100.0 * scores << "% of token scores differ\n";
+      if (readable) {
+        o << std::setprecision(4) << "    last compared step: " << 100.0 * positions
+          << "% of positions and " << 100.0 * scores << "% of token scores differ\n";
+      } else {
+        o << "    last compared step: unknown (the comparison's arrays do not fit their shapes)\n";
+      }
     }
   }
   if (const ComparisonResult* floor = r.comparison("ref__repeat1")) {

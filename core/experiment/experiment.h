@@ -43,6 +43,26 @@ struct NdArray {
   }
   T& at(std::initializer_list<std::int64_t> index) { return data[offset(index)]; }
   const T& at(std::initializer_list<std::int64_t> index) const { return data[offset(index)]; }
+  /// The element at `index`, or null when the index has another rank than the array, lies
+  /// outside its shape, or the data does not hold the shape (a result from a damaged file or
+  /// built elsewhere). at() trusts both; readers of untrusted results use this.
+  const T* find(std::initializer_list<std::int64_t> index) const {
+    if (index.size() != shape.size()) {
+      return nullptr;
+    }
+    std::size_t count = 1;
+    std::size_t off = 0;
+    auto dim = shape.begin();
+    for (const std::int64_t i : index) {
+      const std::int64_t d = *dim++;
+      if (d <= 0 || i < 0 || i >= d ||
+          __builtin_mul_overflow(count, static_cast<std::size_t>(d), &count)) {
+        return nullptr;
+      }
+      off = off * static_cast<std::size_t>(d) + static_cast<std::size_t>(i);
+    }
+    return count == data.size() ? &data[off] : nullptr;
+  }
   bool empty() const { return data.empty(); }
 };
 
@@ -211,9 +231,12 @@ std::string describe(const Divergence& divergence);
 
 /// At the last compared step: the share of canvas positions whose token scores (logits) differ
 /// at all, and the share of token-score elements that differ. Zero when logits were not tapped.
+/// Every element is read bounds-checked: `readable` is false (and the shares zero) when the
+/// comparison's arrays do not hold the shapes they claim.
 struct LastStepDiff {
   double positions = 0;
   double scores = 0;
+  bool readable = true;
 };
 LastStepDiff last_step_logit_diff(const ExperimentResult& result,
                                   const ComparisonResult& comparison);

@@ -243,6 +243,42 @@ TEST(Experiment, InvalidSpecsAreRefused) {
   EXPECT_FALSE(run_experiment(s).ok());
 }
 
+// issue #14: the last-step summary reads a comparison that may come from a damaged file or be
+// built elsewhere; every index is checked, and a misfit says so instead of reading past.
+TEST(Experiment, LastStepDiffReadsOnlyInsideItsArrays) {
+  ExperimentResult r;
+  r.taps = {"attn_out", "logits"};
+  r.layers = 1;
+  r.canvas_length = 4;
+  ComparisonResult c;
+  c.frac_differ = NdArray<float>({2, 2, 2});
+  c.pos_frac_differ = NdArray<float>({2, 2, 2, 4});
+  c.compared = {1, 1};
+  c.frac_differ.at({1, 1, 1}) = 0.25F;
+  c.pos_frac_differ.at({1, 1, 1, 2}) = 0.5F;
+  const auto ok = last_step_logit_diff(r, c);
+  EXPECT_TRUE(ok.readable);
+  EXPECT_DOUBLE_EQ(ok.positions, 0.25);
+  EXPECT_DOUBLE_EQ(ok.scores, 0.25);
+
+  auto longer_canvas = r;
+  longer_canvas.canvas_length = 5;  // positions past the array
+  EXPECT_FALSE(last_step_logit_diff(longer_canvas, c).readable);
+  auto more_layers = r;
+  more_layers.layers = 2;  // slot 2 does not exist
+  EXPECT_FALSE(last_step_logit_diff(more_layers, c).readable);
+  auto short_data = c;
+  short_data.pos_frac_differ.data.resize(3);  // data does not hold the shape
+  EXPECT_FALSE(last_step_logit_diff(r, short_data).readable);
+  auto few_compared = c;
+  few_compared.compared = {1};  // fewer flags than ticks
+  EXPECT_FALSE(last_step_logit_diff(r, few_compared).readable);
+  auto no_logits = r;
+  no_logits.taps = {"attn_out"};
+  EXPECT_TRUE(last_step_logit_diff(no_logits, c).readable);
+  EXPECT_DOUBLE_EQ(last_step_logit_diff(no_logits, c).scores, 0.0);
+}
+
 // issue #14: spec text (an experiment file's /spec/@spec_json) is depth-limited like every
 // other JSON BatchLens reads, and messages never echo it.
 TEST(Experiment, PromptThatIsNotUtf8IsRefusedUpFrontWithTheOffset) {
