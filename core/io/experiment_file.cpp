@@ -1323,13 +1323,21 @@ void validate(const Fail& fail, const ExperimentResult& r) {
   for (const ComparisonResult& cmp : r.comparisons) {
     const std::string at = "/comparisons/" + cmp.id;
     ids.push_back(cmp.id);
-    if (cmp.reference == cmp.run) {
-      fail(at + " compares run '" + cmp.run + "' with itself");
-    }
     const RunResult* ref = r.run(cmp.reference);
     const RunResult* run = r.run(cmp.run);
     if (ref == nullptr || run == nullptr) {
       fail(at + " names a run that is not in /runs");
+    }
+    // row0: row 0 of a run against another run's row 0; rows (lockstep): rows 1.. of a batched
+    // run against its own row 0.
+    if (cmp.kind == "row0" && cmp.reference == cmp.run) {
+      fail(at + " compares run '" + cmp.run + "' with itself");
+    }
+    if (cmp.kind == "rows" && (cmp.reference != cmp.run || run->batch_size < 2)) {
+      fail(at + " compares the rows of a batch but names two runs or a run of batch size 1");
+    }
+    if (cmp.kind != "row0" && cmp.kind != "rows") {
+      fail(at + "/@kind is neither row0 nor rows");
     }
     const auto ref_n = static_cast<std::int64_t>(ref->tokens.size());
     const auto run_n = static_cast<std::int64_t>(run->tokens.size());

@@ -51,6 +51,25 @@ const ExperimentResult& tiny_experiment() {
   return r;
 }
 
+// Lockstep adds "rows" comparisons: rows 1.. of a batched run against its own row 0.
+const ExperimentResult& tiny_lockstep_experiment() {
+  static const ExperimentResult r = [] {
+    experiment::ExperimentSpec s;
+    s.model.preset = "tiny";
+    s.prompt = "Rows of one batch.";
+    s.overrides.max_denoising_steps = 3;
+    s.overrides.max_new_tokens = 16;
+    s.batch_sizes = {2, 3};
+    s.policy = "emulated_split_k";
+    s.mode = "lockstep";
+    s.workaround = "issue_workaround";
+    auto out = experiment::run_experiment(s);
+    EXPECT_TRUE(out.ok()) << (out.ok() ? "" : out.error().message);
+    return out.ok() ? out.value() : ExperimentResult{};
+  }();
+  return r;
+}
+
 fs::path temp_dir() {
   static const fs::path dir = [] {
     fs::path d = fs::path(::testing::TempDir()) / ("io_hardening_" + std::to_string(::getpid()));
@@ -422,6 +441,78 @@ TEST(ExperimentFileConsistency, InconsistentResultsAreRefusedNamingWhat) {
     EXPECT_NE(w.error().message.find(c.says), std::string::npos)
         << c.label << ": " << w.error().message;
     EXPECT_FALSE(fs::exists(p)) << c.label;
+  }
+}
+
+// The consistency check once refused every lockstep experiment (its "rows" comparisons name one
+// run twice, as they must), so `run --mode lockstep` could not save its result.
+TEST(ExperimentFileConsistency, LockstepExperimentsWithRowComparisonsRoundTrip) {
+  const ExperimentResult& r = tiny_lockstep_experiment();
+  int rows = 0;
+  for (const auto& c : r.comparisons) {
+    rows += c.kind == "rows" ? 1 : 0;
+  }
+  ASSERT_EQ(rows, 4) << "b2.rows and b3.rows, in the main and the workaround group";
+  const std::string p = temp_path("lockstep");
+  const auto w = write_experiment(p, r);
+  ASSERT_TRUE(w.ok()) << w.error().message;
+  const auto back = read_experiment(p);
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  ASSERT_EQ(back.value().comparisons.size(), r.comparisons.size());
+  for (std::size_t i = 0; i < r.comparisons.size(); ++i) {
+    const auto& a = back.value().comparisons[i];
+    const auto& b = r.comparisons[i];
+    EXPECT_EQ(a.id, b.id);
+    EXPECT_EQ(a.kind, b.kind);
+    EXPECT_EQ(a.reference, b.reference);
+    EXPECT_EQ(a.run, b.run);
+    // Bitwise (NaN marks ticks not compared).
+    for (const auto* pair : {&a.frac_differ, &a.max_ulp}) {
+      const auto& want = pair == &a.frac_differ ? b.frac_differ : b.max_ulp;
+      ASSERT_EQ(pair->shape, want.shape) << a.id;
+      EXPECT_EQ(std::memcmp(pair->data.data(), want.data.data(), want.data.size() * sizeof(float)),
+                0)
+          << a.id;
+    }
+  }
+
+  struct Case {
+    const char* label;
+    void (*damage)(ExperimentResult&);
+    const char* says;
+  };
+  const std::vector<Case> cases{
+      {"rows of two runs",
+       [](ExperimentResult& r) {
+         for (auto& c : r.comparisons) {
+           if (c.kind == "rows") {
+             c.reference = r.runs[0].id;
+             return;
+           }
+         }
+       },
+       "rows of a batch"},
+      {"rows of a run of batch size 1",
+       [](ExperimentResult& r) {
+         for (auto& c : r.comparisons) {
+           if (c.kind == "rows") {
+             c.reference = c.run = r.runs[0].id;  // the B=1 reference
+             return;
+           }
+         }
+       },
+       "batch size 1"},
+      {"unknown kind", [](ExperimentResult& r) { r.comparisons[0].kind = "diagonal"; }, "kind"},
+  };
+  for (const Case& c : cases) {
+    ExperimentResult bad = r;
+    c.damage(bad);
+    const std::string q = temp_path("inconsistent_rows");
+    const auto wr = write_experiment(q, bad);
+    ASSERT_FALSE(wr.ok()) << c.label;
+    EXPECT_NE(wr.error().message.find(c.says), std::string::npos)
+        << c.label << ": " << wr.error().message;
+    EXPECT_FALSE(fs::exists(q)) << c.label;
   }
 }
 
