@@ -15,3 +15,20 @@ if(GIT_FOUND AND EXISTS "${PROJECT_SOURCE_DIR}/.git")
     set(BATCHLENS_GIT_HASH "${_bl_hash}")
   endif()
 endif()
+# Configure again when HEAD moves (a commit, a checkout), so --version and the files a build
+# writes name the commit that was built, not the one that was configured. Only base/version.cpp
+# sees the hash, so a commit recompiles one file.
+if(EXISTS "${PROJECT_SOURCE_DIR}/.git/HEAD")
+  set(_bl_git_deps "${PROJECT_SOURCE_DIR}/.git/HEAD")
+  file(READ "${PROJECT_SOURCE_DIR}/.git/HEAD" _bl_head)
+  if(_bl_head MATCHES "^ref: ([^\n]+)")
+    if(EXISTS "${PROJECT_SOURCE_DIR}/.git/${CMAKE_MATCH_1}")
+      list(APPEND _bl_git_deps "${PROJECT_SOURCE_DIR}/.git/${CMAKE_MATCH_1}")
+    endif()
+  endif()
+  if(EXISTS "${PROJECT_SOURCE_DIR}/.git/packed-refs")
+    list(APPEND _bl_git_deps "${PROJECT_SOURCE_DIR}/.git/packed-refs")
+  endif()
+  set_property(DIRECTORY "${PROJECT_SOURCE_DIR}" APPEND PROPERTY CMAKE_CONFIGURE_DEPENDS
+               ${_bl_git_deps})
+endif()
