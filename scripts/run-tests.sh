@@ -5,7 +5,7 @@
 #   1. format check   2. layer check   3. ci build (warnings as errors)
 #   4. cli-only build with Qt hidden (the ci flags: its objects come from ccache)
 #   5. clang-tidy on project sources (files known clean are skipped: tools/tidy_cached.py)
-#   6. cli-only tests and all tests of the ci build (label gpu excluded)
+#   6. the CLI tests of the cli-only build, then all tests of the ci build (label gpu excluded)
 #   7. asan build (clang-14, AddressSanitizer + UBSan, libFuzzer targets) and its tests
 #   8. every fuzz target for BL_FUZZ_SECONDS (default 25) seconds (docs/reliability.md)
 # Set BL_SKIP_TIDY=1 to skip step 5, BL_SKIP_ASAN=1 steps 7-8, BL_FUZZ_SECONDS=0 step 8
@@ -70,8 +70,11 @@ if [ "${BL_SKIP_TIDY:-0}" != "1" ]; then
   tools/run_tidy.sh build/ci
 fi
 
-step "cli-only tests"
-ctest --preset cli-only
+# The core and unit tests of the cli-only build are the ci build's sources with the ci flags
+# (their objects come from the same ccache entries) and run in the next step; here the CLI
+# end-to-end tests check the command-line tool as it is built without Qt (GPU servers).
+step "cli-only tests (the CLI built without Qt, label integration)"
+ctest --preset cli-only -L integration
 
 step "all tests (ci preset, label gpu excluded)"
 ctest --preset ci
