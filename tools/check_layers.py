@@ -5,7 +5,9 @@
 * core/ never includes Qt, ui/ or app/ headers;
 * ui/ headers never include LibTorch (ATen, c10, torch) - ui/*.cpp may;
 * ui/ never includes app/;
-* the core headers that ui/ and app/ include are themselves free of LibTorch.
+* the core headers that ui/ and app/ include are themselves free of LibTorch;
+* inside core/, a module includes only the modules CORE_MODULES allows (docs/adr/0003-core-modules.md
+  has the picture); a new module must be added there.
 
 Exits 1 and lists every violation; 0 when clean.
 """
@@ -17,7 +19,23 @@ ROOT = pathlib.Path(__file__).resolve().parent.parent
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 QT = re.compile(r"^(Q[A-Za-z]+|qcustomplot\.h|Qt[A-Za-z]*/)")
 TORCH = re.compile(r"^(torch|ATen|c10)/")
-SOURCES = (".h", ".hpp", ".cpp", ".cc")
+SOURCES = (".h", ".hpp", ".cpp", ".cc", ".cu")
+
+# The allowed arrows between core modules (folders of core/): module -> what it may include.
+# Keep in step with docs/adr/0003-core-modules.md.
+CORE_MODULES = {
+    "base": set(),
+    "text": {"base"},
+    "compat": {"base"},
+    "ops": {"base", "compat"},
+    "probe": {"base", "compat"},
+    "model": {"base", "compat", "ops", "probe"},
+    "sampling": {"base", "compat", "model", "ops", "probe"},
+    "setup": {"base", "model", "sampling", "text"},
+    "experiment": {"base", "model", "ops", "probe", "sampling", "setup", "text"},
+    "io": {"base", "experiment", "text"},
+}
+CORE_INCLUDE = re.compile(r"^core/([a-z_]+)/")
 
 
 def includes(path):
@@ -51,7 +69,17 @@ def main():
     problems = []
     for f in files("core"):
         rel = f.relative_to(ROOT)
+        module = rel.parts[1] if len(rel.parts) > 2 else None
+        if module is not None and module not in CORE_MODULES:
+            problems.append(f"{rel}: core module '{module}' is not in CORE_MODULES "
+                            "(tools/check_layers.py, docs/adr/0003-core-modules.md)")
         for inc in includes(f):
+            m = CORE_INCLUDE.match(inc)
+            if m and module in CORE_MODULES and m.group(1) != module and \
+                    m.group(1) not in CORE_MODULES[module]:
+                problems.append(f"{rel}: core module '{module}' includes {inc} "
+                                f"('{module}' may include: "
+                                f"{', '.join(sorted(CORE_MODULES[module])) or 'nothing'})")
             if QT.match(inc):
                 problems.append(f"{rel}: core includes Qt header <{inc}>")
             if inc.startswith(("ui/", "app/")):

@@ -13,7 +13,7 @@
 #include <QThread>
 
 #include "core/io/experiment_file.h"
-#include "core/text/model_text.h"
+#include "core/setup/front_door.h"
 
 // Q_INIT_RESOURCE must be called at global scope: the sample lives in batchlens_ui, a static
 // library, whose resources are registered only when something references them.
@@ -53,11 +53,8 @@ ExperimentDocument makeDocument(experiment::ExperimentResult result, QString pat
 }  // namespace
 
 std::shared_ptr<const text::Tokenizer> tokenizerFor(const experiment::ExperimentSpec& spec) {
-  auto tokenizer = text::tokenizer_for(spec.model);
-  if (!tokenizer.ok()) {
-    return nullptr;
-  }
-  return std::make_shared<const text::Tokenizer>(std::move(tokenizer).value());
+  auto tokenizer = setup::tokenizer_for(spec.model);
+  return tokenizer.ok() ? tokenizer.value() : nullptr;
 }
 
 ThreadSet::~ThreadSet() {

@@ -5,6 +5,7 @@
 #include "app/cli/command.h"
 #include "app/cli/model_options.h"
 #include "core/model/forward_file.h"
+#include "core/setup/random_model.h"
 
 namespace batchlens::cli {
 
@@ -119,7 +120,7 @@ void register_save_model(CLI::App& app, int& exit_code) {
   cmd->add_option("--shard-gib", opts->shard_gib, "Largest shard in GiB")->capture_default_str();
   cmd->callback([opts, &exit_code] {
     const auto shard = static_cast<std::uint64_t>(opts->shard_gib * 1024.0 * 1024.0 * 1024.0);
-    const auto r = model::save_random_model(opts->preset, opts->seed, opts->out, shard);
+    const auto r = setup::save_random_model(opts->preset, opts->seed, opts->out, shard);
     if (!r.ok()) {
       exit_code = report_error(r.error());
       return;

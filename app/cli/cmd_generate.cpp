@@ -6,14 +6,14 @@
 #include "app/cli/cli_progress.h"
 #include "app/cli/command.h"
 #include "app/cli/model_options.h"
-#include "core/sampling/generate_api.h"
+#include "core/setup/generate_api.h"
 
 namespace batchlens::cli {
 
 void register_generate(CLI::App& app, int& exit_code) {
   struct Options {
     ModelOptions model;
-    sampling::GenerateRequest request;
+    setup::GenerateRequest request;
     std::string prompt_ids;
     bool raw = false;
     bool show_ids = false;
@@ -26,7 +26,7 @@ void register_generate(CLI::App& app, int& exit_code) {
   add_model_options(cmd, opts->model);
   auto& rq = opts->request;
   auto& ov = rq.overrides;
-  auto* text = cmd->add_option("--prompt", rq.prompt,
+  auto* text = cmd->add_option("--prompt", rq.prompt.text,
                                "Prompt text, wrapped in the Gemma chat template unless --raw");
   auto* ids = cmd->add_option("--prompt-ids", opts->prompt_ids,
                               "Prompt token ids, comma-separated, used as they are");
@@ -65,33 +65,33 @@ void register_generate(CLI::App& app, int& exit_code) {
       exit_code = kExitUsage;
       return;
     }
-    if (request.prompt.empty() && opts->prompt_ids.empty()) {
+    if (request.prompt.text.empty() && opts->prompt_ids.empty()) {
       std::cerr << "batchlens-cli generate: give --prompt TEXT or --prompt-ids IDS\n";
       exit_code = kExitUsage;
       return;
     }
     std::string bad;
-    if (!parse_int_list(opts->prompt_ids, request.prompt_ids, bad)) {
+    if (!parse_int_list(opts->prompt_ids, request.prompt.ids, bad)) {
       std::cerr << "batchlens-cli generate: bad token id '" << bad << "'\n";
       exit_code = kExitUsage;
       return;
     }
-    request.chat_template = !opts->raw;
+    request.prompt.chat_template = !opts->raw;
     mo.source.checkpoint_dir = mo.checkpoint;
-    base::Result<sampling::GenerateReport> result = base::Error{};
+    base::Result<setup::GenerateReport> result = base::Error{};
     {
       const SigintCancel sigint;
       request.cancel = sigint.token();
       request.progress = draw_progress;
-      result = sampling::run_generation(mo.source, mo.load, request);
+      result = setup::run_generation(mo.source, mo.load, request);
     }
     std::fprintf(stderr, "\n");
     if (!result.ok()) {
       exit_code = report_error(result.error());
       return;
     }
-    std::cout << (opts->json ? sampling::report_json(result.value())
-                             : sampling::format_report(result.value(), opts->show_ids));
+    std::cout << (opts->json ? setup::report_json(result.value())
+                             : setup::format_report(result.value(), opts->show_ids));
     exit_code = kExitOk;
   });
 }

@@ -7,8 +7,8 @@
 #include "app/cli/model_options.h"
 #include "core/base/atomic_file.h"
 #include "core/model/config.h"
+#include "core/setup/front_door.h"
 #include "core/text/chat_template.h"
-#include "core/text/model_text.h"
 #include "core/text/tokenizer_builder.h"
 
 namespace batchlens::cli {
@@ -57,14 +57,18 @@ void register_tokenize(CLI::App& app, int& exit_code) {
       exit_code = written.ok() ? kExitOk : report_error(written.error());
       return;
     }
-    base::Result<text::Tokenizer> tok = base::Error{base::ErrorCode::InvalidArgument, ""};
+    base::Result<std::shared_ptr<const text::Tokenizer>> tok =
+        base::Error{base::ErrorCode::InvalidArgument, ""};
     if (!o.file.empty()) {
-      tok = text::Tokenizer::from_file(o.file);
+      auto file = text::Tokenizer::from_file(o.file);
+      tok = file.ok() ? base::Result<std::shared_ptr<const text::Tokenizer>>(
+                            std::make_shared<const text::Tokenizer>(std::move(file).value()))
+                      : base::Result<std::shared_ptr<const text::Tokenizer>>(file.error());
     } else if (!o.preset.empty() || !o.checkpoint.empty()) {
       model::ModelSource source;
       source.preset = o.preset;
       source.checkpoint_dir = o.checkpoint;
-      tok = text::tokenizer_for(source);
+      tok = setup::tokenizer_for(source);
     } else {
       std::cerr << "batchlens-cli tokenize: give --preset, --checkpoint or --tokenizer\n";
       exit_code = kExitUsage;
@@ -82,11 +86,11 @@ void register_tokenize(CLI::App& app, int& exit_code) {
         exit_code = kExitUsage;
         return;
       }
-      std::cout << tok.value().decode(ids) << "\n";
+      std::cout << tok.value()->decode(ids) << "\n";
       exit_code = kExitOk;
       return;
     }
-    const auto ids = tok.value().encode(o.chat ? text::chat_prompt(o.text) : o.text);
+    const auto ids = tok.value()->encode(o.chat ? text::chat_prompt(o.text) : o.text);
     if (!ids.ok()) {
       exit_code = report_error(ids.error());
       return;
@@ -94,7 +98,7 @@ void register_tokenize(CLI::App& app, int& exit_code) {
     for (std::size_t i = 0; i < ids.value().size(); ++i) {
       const std::int64_t id = ids.value()[i];
       if (o.pieces) {
-        std::cout << id << "\t" << tok.value().piece(id) << "\n";
+        std::cout << id << "\t" << tok.value()->piece(id) << "\n";
       } else {
         std::cout << (i > 0 ? "," : "") << id;
       }

@@ -12,7 +12,7 @@
 #include "core/base/input.h"
 #include "core/model/config.h"
 #include "core/probe/tap_names.h"
-#include "core/sampling/generation_config.h"
+#include "core/setup/front_door.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -120,13 +120,7 @@ std::optional<SizeEstimate> estimate_file_size(const experiment::ExperimentSpec&
   if (!config.ok()) {
     return std::nullopt;
   }
-  const auto defaults =
-      checkpoint ? sampling::load_generation_config(spec.model.checkpoint_dir)
-                 : base::Result<sampling::GenerationConfig>(sampling::GenerationConfig{});
-  if (!defaults.ok()) {
-    return std::nullopt;
-  }
-  const auto generation = sampling::apply(spec.overrides, defaults.value());
+  const auto generation = setup::generation_config_for(spec.model, spec.overrides);
   if (!generation.ok()) {
     return std::nullopt;
   }

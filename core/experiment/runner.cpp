@@ -19,8 +19,7 @@
 #include "core/ops/policy.h"
 #include "core/probe/metrics.h"
 #include "core/sampling/generate.h"
-#include "core/text/chat_template.h"
-#include "core/text/model_text.h"
+#include "core/setup/front_door.h"
 
 namespace batchlens::experiment {
 
@@ -505,28 +504,6 @@ base::Result<ExperimentResult> run_experiment(const ExperimentSpec& spec,
     }
     ExperimentResult out;
     out.spec = spec;
-    // Generation settings and prompt.
-    const sampling::GenerationConfig base_config =
-        spec.model.checkpoint_dir.empty()
-            ? sampling::GenerationConfig{}
-            : take(sampling::load_generation_config(spec.model.checkpoint_dir));
-    const sampling::GenerationConfig gc = take(sampling::apply(spec.overrides, base_config));
-    out.generation_config_json = sampling::to_json(gc);
-    std::optional<text::Tokenizer> tokenizer;
-    if (auto t = text::tokenizer_for(spec.model); t.ok()) {
-      tokenizer = std::move(t).value();
-    } else if (spec.prompt_ids.empty() || t.error().code != ErrorCode::FileNotFound) {
-      throw base::ErrorException(t.error());
-    }
-    out.prompt_ids = spec.prompt_ids.empty()
-                         ? take(tokenizer->encode(
-                               spec.chat_template ? text::chat_prompt(spec.prompt) : spec.prompt))
-                         : spec.prompt_ids;
-    if (out.prompt_ids.empty()) {
-      base::raise(ErrorCode::InvalidArgument, "experiment: the prompt has no tokens");
-    }
-    out.prompt_text = tokenizer ? tokenizer->decode(out.prompt_ids) : std::string();
-
     model::LoadOptions load = spec.load;
     load.progress = control.load_progress;
     load.cancel = control.cancel;
@@ -538,20 +515,16 @@ base::Result<ExperimentResult> run_experiment(const ExperimentSpec& spec,
       load.workload.rows += b;
       load.workload.max_batch = std::max(load.workload.max_batch, b);
     }
-    load.workload.prompt_tokens = static_cast<std::int64_t>(out.prompt_ids.size());
-    load.workload.new_tokens = gc.max_new_tokens;
-    const auto load_start = std::chrono::steady_clock::now();
-    const auto loaded = take(model::load_model(spec.model, load));
-    out.timings.load_s = since(load_start);
-    const model::DiffusionGemma& m = *loaded;
-    out.config_json = model::to_json(m.config()).dump(2);
-    const std::int64_t vocab = m.config().text.vocab_size;
-    for (std::int64_t id : out.prompt_ids) {
-      if (id < 0 || id >= vocab) {
-        base::raise(ErrorCode::InvalidArgument,
-                    "prompt token id " + std::to_string(id) + " is outside the vocabulary");
-      }
-    }
+    const setup::Session session = take(setup::open_session(
+        spec.model, load, {spec.prompt, spec.chat_template, spec.prompt_ids}, spec.overrides));
+    const setup::Inputs& in = session.inputs;
+    const sampling::GenerationConfig& gc = in.generation;
+    out.generation_config_json = sampling::to_json(gc);
+    out.prompt_ids = in.prompt_ids;
+    out.prompt_text = in.prompt_text;
+    out.timings.load_s = session.load_s;
+    const model::DiffusionGemma& m = *session.model;
+    out.config_json = session.config_json;
 
     Layout lay;
     lay.layers = static_cast<int>(m.config().text.num_hidden_layers);
@@ -800,11 +773,7 @@ base::Result<ExperimentResult> run_experiment(const ExperimentSpec& spec,
         r.tokens = g.rows[0].tokens;
         r.stop_position = g.rows[0].stop_position;
         r.steps = g.rows[0].steps;
-        if (tokenizer) {
-          const auto end =
-              r.stop_position >= 0 ? r.tokens.begin() + r.stop_position + 1 : r.tokens.end();
-          r.text = tokenizer->decode(std::vector<std::int64_t>(r.tokens.begin(), end));
-        }
+        r.text = in.decode_until_stop(r.tokens, r.stop_position);
         r.wall_time_s = e->seconds;
       }
       const std::int64_t slots = lay.layers + 1;

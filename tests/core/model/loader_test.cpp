@@ -17,6 +17,7 @@
 #include "core/model/config.h"
 #include "core/model/diffusion_gemma.h"
 #include "core/model/weights.h"
+#include "core/setup/random_model.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -190,7 +191,7 @@ class SaveModelTest : public ::testing::Test {
 
 TEST_F(SaveModelTest, WritesACompleteCheckpointThatLoads) {
   const fs::path dir = root_ / "new" / "ckpt";  // parents are made
-  ASSERT_TRUE(save_random_model("tiny", 3, dir).ok());
+  ASSERT_TRUE(setup::save_random_model("tiny", 3, dir).ok());
   for (const char* f :
        {"config.json", "tokenizer.json", "generation_config.json", "model.safetensors"}) {
     EXPECT_TRUE(fs::is_regular_file(dir / f)) << f;
@@ -210,7 +211,7 @@ TEST_F(SaveModelTest, AFailureMidwayLeavesNothing) {
   for (const int after : {0, 1, 3}) {
     SCOPED_TRACE(after);
     const fs::path dir = root_ / "made" / "for" / "ckpt";
-    const auto saved = save_random_model("tiny", 3, dir, 4ULL << 30, after);
+    const auto saved = setup::save_random_model("tiny", 3, dir, 4ULL << 30, after);
     ASSERT_FALSE(saved.ok());
     EXPECT_NE(saved.error().message.find("injected"), std::string::npos) << saved.error().message;
     EXPECT_FALSE(fs::exists(dir));
@@ -219,7 +220,7 @@ TEST_F(SaveModelTest, AFailureMidwayLeavesNothing) {
   }
   // Sharded: a failure after the shards and the index were written.
   const fs::path dir = root_ / "sharded";
-  ASSERT_FALSE(save_random_model("tiny", 3, dir, 1 << 16, 0).ok());
+  ASSERT_FALSE(setup::save_random_model("tiny", 3, dir, 1 << 16, 0).ok());
   EXPECT_EQ(entries(root_), 0);
 }
 
@@ -230,7 +231,7 @@ TEST_F(SaveModelTest, ReadOnlyParentLeavesNothing) {
   const fs::path parent = root_ / "readonly";
   fs::create_directories(parent);
   ::chmod(parent.c_str(), 0555);
-  const auto saved = save_random_model("tiny", 3, parent / "ckpt");
+  const auto saved = setup::save_random_model("tiny", 3, parent / "ckpt");
   ::chmod(parent.c_str(), 0755);
   ASSERT_FALSE(saved.ok());
   EXPECT_EQ(saved.error().code, ErrorCode::IoFailed) << saved.error().message;
@@ -241,7 +242,7 @@ TEST_F(SaveModelTest, RefusesAFolderThatHoldsFiles) {
   const fs::path dir = root_ / "busy";
   fs::create_directories(dir);
   { std::ofstream(dir / "keep.txt") << "mine"; }
-  const auto saved = save_random_model("tiny", 3, dir);
+  const auto saved = setup::save_random_model("tiny", 3, dir);
   ASSERT_FALSE(saved.ok());
   EXPECT_EQ(saved.error().code, ErrorCode::InvalidArgument);
   EXPECT_EQ(entries(dir), 1);
@@ -249,7 +250,7 @@ TEST_F(SaveModelTest, RefusesAFolderThatHoldsFiles) {
   // An empty folder is filled.
   const fs::path empty = root_ / "empty";
   fs::create_directories(empty);
-  ASSERT_TRUE(save_random_model("tiny", 3, empty).ok());
+  ASSERT_TRUE(setup::save_random_model("tiny", 3, empty).ok());
   EXPECT_TRUE(fs::is_regular_file(empty / "config.json"));
 }
 

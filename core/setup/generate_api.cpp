@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "core/sampling/generate_api.h"
+#include "core/setup/generate_api.h"
 
 #include <optional>
 #include <sstream>
@@ -10,10 +10,8 @@
 #include "core/model/diffusion_gemma.h"
 #include "core/model/safetensors.h"
 #include "core/sampling/generate.h"
-#include "core/text/chat_template.h"
-#include "core/text/model_text.h"
 
-namespace batchlens::sampling {
+namespace batchlens::setup {
 
 namespace {
 
@@ -46,55 +44,27 @@ base::Result<GenerateReport> run_generation(const model::ModelSource& source,
                   "batch size must be in 1..4096, not " + std::to_string(request.batch_size));
     }
     const ops::OpPolicy policy = take(ops::policy_by_name(request.policy));
-    const GenerationConfig base_config = source.checkpoint_dir.empty()
-                                             ? GenerationConfig{}
-                                             : take(load_generation_config(source.checkpoint_dir));
-    GenerateReport report;
-    report.config = take(apply(request.overrides, base_config));
-    std::optional<text::Tokenizer> tokenizer;
-    if (auto t = text::tokenizer_for(source); t.ok()) {
-      tokenizer = std::move(t).value();
-    } else if (request.prompt_ids.empty() || t.error().code != ErrorCode::FileNotFound) {
-      throw base::ErrorException(t.error());
-    }
-    report.has_text = tokenizer.has_value();
-    if (!request.prompt_ids.empty()) {
-      report.prompt_ids = request.prompt_ids;
-    } else {
-      const std::string text =
-          request.chat_template ? text::chat_prompt(request.prompt) : request.prompt;
-      report.prompt_ids = take(tokenizer->encode(text));
-    }
-    if (report.prompt_ids.empty()) {
-      base::raise(ErrorCode::InvalidArgument, "generate: the prompt is empty");
-    }
-
     model::LoadOptions sized = load;  // what will run, for the memory check before loading
     sized.workload.rows = request.batch_size;
     sized.workload.max_batch = request.batch_size;
-    sized.workload.prompt_tokens = static_cast<std::int64_t>(report.prompt_ids.size());
-    sized.workload.new_tokens = report.config.max_new_tokens;
-    auto loaded = take(model::load_model(source, sized));
-    const model::DiffusionGemma& m = *loaded;
-    const std::int64_t vocab = m.config().text.vocab_size;
-    for (std::int64_t id : report.prompt_ids) {
-      if (id < 0 || id >= vocab) {
-        base::raise(ErrorCode::InvalidArgument, "prompt token id " + std::to_string(id) +
-                                                    " is outside the vocabulary (0.." +
-                                                    std::to_string(vocab - 1) + ")");
-      }
-    }
+    const Session session = take(open_session(source, sized, request.prompt, request.overrides));
+    const model::DiffusionGemma& m = *session.model;
+    GenerateReport report;
+    report.config = session.inputs.generation;
+    report.prompt_ids = session.inputs.prompt_ids;
+    report.has_text = session.inputs.tokenizer != nullptr;
     report.model = source.describe();
     report.policy = ops::describe(policy);
     report.rng = request.rng;
     report.prefill = request.prefill;
     report.seed = request.seed;
 
-    GenerateOptions o;
+    sampling::GenerateOptions o;
     o.batch_size = request.batch_size;
     o.seed = request.seed;
-    o.rng = request.rng == "shared" ? RngMode::Shared : RngMode::PerRow;
-    o.prefill = request.prefill == "batched" ? PrefillMode::Batched : PrefillMode::Copied;
+    o.rng = request.rng == "shared" ? sampling::RngMode::Shared : sampling::RngMode::PerRow;
+    o.prefill = request.prefill == "batched" ? sampling::PrefillMode::Batched
+                                             : sampling::PrefillMode::Copied;
     o.config = report.config;
     o.policy = &policy;
     o.cancel = request.cancel;
@@ -106,7 +76,7 @@ base::Result<GenerateReport> run_generation(const model::ModelSource& source,
     std::vector<std::pair<std::string, at::Tensor>> record;
     // Only when someone listens: each record copies the step's tensors to the host.
     if (!request.record_path.empty() || request.progress) {
-      o.on_step = [&](const StepRecord& r) {
+      o.on_step = [&](const sampling::StepRecord& r) {
         if (!request.record_path.empty()) {
           const std::string key =
               "c" + std::to_string(r.canvas) + ".s" + std::to_string(r.step) + ".";
@@ -129,7 +99,7 @@ base::Result<GenerateReport> run_generation(const model::ModelSource& source,
     }
     const at::Tensor prompt =
         at::tensor(report.prompt_ids, at::TensorOptions().dtype(at::kLong)).view({1, -1});
-    const GenerationResult res = generate(m, prompt, o);
+    const sampling::GenerationResult res = sampling::generate(m, prompt, o);
     if (!request.record_path.empty()) {
       record.emplace_back("prompt", prompt);
       record.emplace_back("sequences", res.sequences);
@@ -138,19 +108,15 @@ base::Result<GenerateReport> run_generation(const model::ModelSource& source,
                                 {"seed", std::to_string(request.seed)},
                                 {"rng", request.rng},
                                 {"prefill", request.prefill},
-                                {"generation_config", to_json(report.config)},
+                                {"generation_config", sampling::to_json(report.config)},
                                 {"canvases", std::to_string(res.canvases)}});
     }
-    for (const RowOutcome& row : res.rows) {
+    for (const sampling::RowOutcome& row : res.rows) {
       GeneratedRow out;
       out.tokens = row.tokens;
       out.stop_position = row.stop_position;
       out.steps = row.steps;
-      if (tokenizer) {
-        const auto end =
-            row.stop_position >= 0 ? row.tokens.begin() + row.stop_position + 1 : row.tokens.end();
-        out.text = tokenizer->decode(std::vector<std::int64_t>(row.tokens.begin(), end));
-      }
+      out.text = session.inputs.decode_until_stop(row.tokens, row.stop_position);
       report.rows.push_back(std::move(out));
     }
     return report;
@@ -197,7 +163,7 @@ std::string report_json(const GenerateReport& r) {
   j["rng"] = r.rng;
   j["prefill"] = r.prefill;
   j["seed"] = r.seed;
-  j["generation_config"] = nlohmann::ordered_json::parse(to_json(r.config));
+  j["generation_config"] = nlohmann::ordered_json::parse(sampling::to_json(r.config));
   j["prompt_ids"] = r.prompt_ids;
   j["rows"] = nlohmann::ordered_json::array();
   for (const GeneratedRow& row : r.rows) {
@@ -211,4 +177,4 @@ std::string report_json(const GenerateReport& r) {
   return j.dump(2) + "\n";
 }
 
-}  // namespace batchlens::sampling
+}  // namespace batchlens::setup

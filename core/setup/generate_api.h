@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Torch-free entry point to generation for the CLI and the UI: text in, text out.
+// One-shot generation for the CLI: text in, text out, through the front door. Torch-free header.
 #pragma once
 
 #include <cstdint>
@@ -12,20 +12,19 @@
 #include "core/base/progress.h"
 #include "core/model/loader.h"
 #include "core/sampling/generation_config.h"
+#include "core/setup/front_door.h"
 
-namespace batchlens::sampling {
+namespace batchlens::setup {
 
 /// A generation run described with plain values.
 struct GenerateRequest {
-  std::string prompt;                    ///< prompt text
-  bool chat_template = true;             ///< wrap `prompt` in the Gemma chat template
-  std::vector<std::int64_t> prompt_ids;  ///< token ids, used instead of `prompt` when set
+  Prompt prompt;
   std::int64_t batch_size = 1;
   std::uint64_t seed = 0;
-  GenerationOverrides overrides;   ///< over generation_config.json (or its defaults)
-  std::string rng = "per_row";     ///< "per_row" or "shared"
-  std::string prefill = "copied";  ///< "copied" or "batched"
-  std::string policy = "default";  ///< a name ops::policy_by_name knows
+  sampling::GenerationOverrides overrides;  ///< over generation_config.json (or its defaults)
+  std::string rng = "per_row";              ///< "per_row" or "shared"
+  std::string prefill = "copied";           ///< "copied" or "batched"
+  std::string policy = "default";           ///< a name ops::policy_by_name knows
   const base::CancelToken* cancel = nullptr;
   base::ProgressFn progress;  ///< one report per denoising step (all rows)
   /// When set, every step's record (canvas in, draws, argmax, acceptance, entropy, finished)
@@ -48,17 +47,16 @@ struct GenerateReport {
   std::string rng;
   std::string prefill;
   std::uint64_t seed = 0;
-  GenerationConfig config;               ///< what ran (file + overrides)
+  sampling::GenerationConfig config;     ///< what ran (file + overrides)
   std::vector<std::int64_t> prompt_ids;  ///< what the model saw
   bool has_text = false;                 ///< a tokenizer was found; `text` fields are filled
   std::vector<GeneratedRow> rows;        ///< one per batch row
 };
 
-/// Loads the model and its tokenizer (text::tokenizer_for; without one only ids are given),
-/// reads generation_config.json from a checkpoint directory, applies the overrides and
-/// generates. Errors: those of load_model, InvalidArgument (bad names or values, an empty
-/// prompt, a prompt id outside the vocabulary, text without a tokenizer), OutOfMemory,
-/// Cancelled when `cancel` fires. Never throws.
+/// Opens a session (open_session: generation config, tokenizer, prompt, model; without a
+/// tokenizer only ids are given) and generates. Errors: those of load_model, InvalidArgument (bad
+/// names or values, an empty prompt, a prompt id outside the vocabulary, text without a tokenizer),
+/// OutOfMemory, Cancelled when `cancel` fires. Never throws.
 base::Result<GenerateReport> run_generation(const model::ModelSource& source,
                                             const model::LoadOptions& load,
                                             const GenerateRequest& request);
@@ -71,4 +69,4 @@ std::string format_report(const GenerateReport& report, bool show_ids);
 /// prompt_ids, rows[{tokens, text, stop_position, steps}]).
 std::string report_json(const GenerateReport& report);
 
-}  // namespace batchlens::sampling
+}  // namespace batchlens::setup
