@@ -240,7 +240,9 @@ QString OverviewView::detailsHtml() const {
   row(tr("Policy"), q(r->spec.policy) + (p.emulated ? tr(" (EMULATED split-K)") : QString()));
   row(tr("Workaround"), r->spec.workaround.empty() ? tr("none") : q(r->spec.workaround));
   row(tr("Sampling"), tr("mode %1, rng %2, prefill %3, seed %4")
-                          .arg(q(r->spec.mode), q(r->spec.rng), q(r->spec.prefill))
+                          .arg(QString::fromLatin1(experiment::name(r->spec.mode)),
+                               QString::fromLatin1(sampling::name(r->spec.rng)),
+                               QString::fromLatin1(sampling::name(r->spec.prefill)))
                           .arg(r->spec.seed));
   row(tr("Shape"), tr("%1 layers, canvas %2, top-k %3, %4 taps")
                        .arg(r->layers)

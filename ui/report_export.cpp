@@ -69,7 +69,9 @@ QString reportMarkdown(const ExplorerState& state, const QStringList& images) {
             .arg(q(r->spec.policy),
                  r->spec.workaround.empty() ? QStringLiteral("none") : q(r->spec.workaround));
   md += QStringLiteral("- Mode %1, rng %2, prefill %3, seed %4; %5 layers, canvas %6\n")
-            .arg(q(r->spec.mode), q(r->spec.rng), q(r->spec.prefill))
+            .arg(QString::fromLatin1(experiment::name(r->spec.mode)),
+                 QString::fromLatin1(sampling::name(r->spec.rng)),
+                 QString::fromLatin1(sampling::name(r->spec.prefill)))
             .arg(r->spec.seed)
             .arg(r->layers)
             .arg(r->canvas_length);

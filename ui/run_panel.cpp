@@ -290,9 +290,19 @@ base::Result<experiment::ExperimentSpec> RunPanel::spec() const {
   s.overrides.max_denoising_steps = steps_->value();
   s.overrides.max_new_tokens = max_new_tokens_->value();
   s.seed = static_cast<std::uint64_t>(seed_->value());
-  s.rng = rng_->currentText().toStdString();
-  s.prefill = prefill_->currentText().toStdString();
-  s.mode = mode_->currentText().toStdString();
+  const auto rng = sampling::parse_rng_mode(rng_->currentText().toStdString());
+  const auto prefill = sampling::parse_prefill_mode(prefill_->currentText().toStdString());
+  const auto mode = experiment::parse_run_mode(mode_->currentText().toStdString());
+  for (const base::Error* e :
+       {rng.ok() ? nullptr : &rng.error(), prefill.ok() ? nullptr : &prefill.error(),
+        mode.ok() ? nullptr : &mode.error()}) {
+    if (e != nullptr) {
+      return *e;
+    }
+  }
+  s.rng = rng.value();
+  s.prefill = prefill.value();
+  s.mode = mode.value();
   s.policy = policy_->currentText().toStdString();
   if (workaround_->isChecked()) {
     s.workaround = workaroundPolicy().toStdString();
@@ -334,9 +344,9 @@ void RunPanel::setSpec(const experiment::ExperimentSpec& s) {
     max_new_tokens_->setValue(static_cast<int>(*s.overrides.max_new_tokens));
   }
   seed_->setValue(static_cast<int>(s.seed));
-  selectText(rng_, QString::fromStdString(s.rng));
-  selectText(prefill_, QString::fromStdString(s.prefill));
-  selectText(mode_, QString::fromStdString(s.mode));
+  selectText(rng_, QString::fromLatin1(sampling::name(s.rng)));
+  selectText(prefill_, QString::fromLatin1(sampling::name(s.prefill)));
+  selectText(mode_, QString::fromLatin1(experiment::name(s.mode)));
   selectText(policy_, QString::fromStdString(s.policy));
   updateModelFields();
 }

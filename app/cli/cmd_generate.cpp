@@ -15,6 +15,8 @@ void register_generate(CLI::App& app, int& exit_code) {
     ModelOptions model;
     setup::GenerateRequest request;
     std::string prompt_ids;
+    std::string rng = "per_row";
+    std::string prefill = "copied";
     bool raw = false;
     bool show_ids = false;
     bool json = false;
@@ -45,9 +47,9 @@ void register_generate(CLI::App& app, int& exit_code) {
                   "Steps the argmax must stay unchanged before stopping [1]");
   cmd->add_option("--confidence-threshold", ov.confidence_threshold,
                   "Mean entropy below which a stable canvas stops [0.005]");
-  cmd->add_option("--rng", rq.rng, "per_row (BatchLens) or shared (the reference)")
+  cmd->add_option("--rng", opts->rng, "per_row (BatchLens) or shared (the reference)")
       ->capture_default_str();
-  cmd->add_option("--prefill", rq.prefill,
+  cmd->add_option("--prefill", opts->prefill,
                   "copied (batch-1 cache copied into every row) or batched")
       ->capture_default_str();
   cmd->add_option("--policy", rq.policy, "default, issue_workaround or row_wise_all")
@@ -63,6 +65,11 @@ void register_generate(CLI::App& app, int& exit_code) {
     if (mo.source.preset.empty() && mo.checkpoint.empty()) {
       std::cerr << "batchlens-cli generate: give --preset or --checkpoint\n";
       exit_code = kExitUsage;
+      return;
+    }
+    if (!parse_mode(opts->rng, sampling::parse_rng_mode, request.rng, "generate", exit_code) ||
+        !parse_mode(opts->prefill, sampling::parse_prefill_mode, request.prefill, "generate",
+                    exit_code)) {
       return;
     }
     if (request.prompt.text.empty() && opts->prompt_ids.empty()) {

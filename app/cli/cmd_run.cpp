@@ -90,6 +90,9 @@ void register_run(CLI::App& app, int& exit_code) {
     std::string batch_sizes = "2,3,4";
     std::string taps;
     std::string out;
+    std::string rng = "per_row";
+    std::string prefill = "copied";
+    std::string mode = "free";
     bool raw = false;
   };
   auto opts = std::make_shared<Options>();
@@ -114,11 +117,11 @@ void register_run(CLI::App& app, int& exit_code) {
   cmd->add_option("--gen-seed", sp.seed, "Sampling seed")->capture_default_str();
   cmd->add_option("--steps", ov.max_denoising_steps, "max_denoising_steps [48]");
   cmd->add_option("--max-new-tokens", ov.max_new_tokens, "max_new_tokens [256]");
-  cmd->add_option("--rng", sp.rng, "per_row (BatchLens) or shared (the reference)")
+  cmd->add_option("--rng", opts->rng, "per_row (BatchLens) or shared (the reference)")
       ->capture_default_str();
-  cmd->add_option("--prefill", sp.prefill, "copied (batch-1 cache in every row) or batched")
+  cmd->add_option("--prefill", opts->prefill, "copied (batch-1 cache in every row) or batched")
       ->capture_default_str();
-  cmd->add_option("--mode", sp.mode,
+  cmd->add_option("--mode", opts->mode,
                   "free (each run its own trajectory) or lockstep (batched runs forced onto the "
                   "reference's canvas every step)")
       ->capture_default_str();
@@ -137,6 +140,11 @@ void register_run(CLI::App& app, int& exit_code) {
     if (mo.source.preset.empty() && mo.checkpoint.empty()) {
       std::cerr << "batchlens-cli run: give --preset or --checkpoint\n";
       exit_code = kExitUsage;
+      return;
+    }
+    if (!parse_mode(opts->rng, sampling::parse_rng_mode, spec.rng, "run", exit_code) ||
+        !parse_mode(opts->prefill, sampling::parse_prefill_mode, spec.prefill, "run", exit_code) ||
+        !parse_mode(opts->mode, experiment::parse_run_mode, spec.mode, "run", exit_code)) {
       return;
     }
     std::string bad;

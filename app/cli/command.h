@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <iostream>
+#include <string>
+
 #include <CLI/CLI.hpp>
 
 namespace batchlens::cli {
@@ -19,6 +22,20 @@ constexpr const char* kExitCodesHelp =
     "and says where); 2 a bad command line or input refused before any work (bad --out,\n"
     "text that is not UTF-8); 130 Ctrl-C; 143 SIGTERM. A file is either written complete or\n"
     "not at all: an interrupted write leaves neither the file nor a temporary.";
+
+/// Parses a mode option's text with `parse` into `out`; on an unknown name prints
+/// "batchlens-cli COMMAND: <reason>", sets `exit_code` to kExitUsage and returns false.
+template <class T, class Parse>
+bool parse_mode(const std::string& text, Parse parse, T& out, const char* command, int& exit_code) {
+  auto parsed = parse(text);
+  if (!parsed.ok()) {
+    std::cerr << "batchlens-cli " << command << ": " << parsed.error().message << "\n";
+    exit_code = kExitUsage;
+    return false;
+  }
+  out = parsed.value();
+  return true;
+}
 
 /// The text `batchlens-cli --version` prints: BatchLens version and build, LibTorch version,
 /// CPU threads and CUDA devices.

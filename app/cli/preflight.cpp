@@ -54,10 +54,9 @@ std::uint64_t positive(std::int64_t v) {
 base::Result<void> check_spec_text(const experiment::ExperimentSpec& spec) {
   const std::pair<std::string_view, const std::string*> texts[] = {
       {"--prompt", &spec.prompt},         {"--policy", &spec.policy},
-      {"--workaround", &spec.workaround}, {"--rng", &spec.rng},
-      {"--prefill", &spec.prefill},       {"--mode", &spec.mode},
-      {"--preset", &spec.model.preset},   {"--device", &spec.load.device},
-      {"--dtype", &spec.load.dtype},      {"--experts", &spec.load.experts},
+      {"--workaround", &spec.workaround}, {"--preset", &spec.model.preset},
+      {"--device", &spec.load.device},    {"--dtype", &spec.load.dtype},
+      {"--experts", &spec.load.experts},
   };
   for (const auto& [what, text] : texts) {
     if (auto ok = base::check_utf8(*text, what); !ok.ok()) {

@@ -100,6 +100,16 @@ class ErrorException : public std::exception {
 /// Throws ErrorException{code, message}. For core code that reports through exceptions.
 [[noreturn]] void raise(ErrorCode code, std::string message);
 
+/// The value of `r`, or throws its Error as ErrorException: the inverse of guarded(), for core
+/// code inside a guarded() block that calls Result-returning functions.
+template <class T>
+T take(Result<T> r) {
+  if (!r.ok()) {
+    throw ErrorException(r.error());
+  }
+  return std::move(r).value();
+}
+
 /// Maps the exception in flight (call only inside a catch block) to an Error:
 /// ErrorException keeps its Error, c10 out-of-memory and std::bad_alloc become OutOfMemory,
 /// HDF5 exceptions IoFailed, std::invalid_argument InvalidArgument, anything else Internal.

@@ -94,7 +94,39 @@ void optional_integer(const nlohmann::json& j, const char* key, std::optional<T>
   }
 }
 
+// A mode stored by name: absent gives `fallback`; another type or an unknown name is
+// FileCorrupted naming the field.
+template <class T, class Parse>
+T mode_field(const nlohmann::json& j, const char* key, T fallback, Parse parse) {
+  if (!j.contains(key)) {
+    return fallback;
+  }
+  if (!j[key].is_string()) {
+    base::raise(ErrorCode::FileCorrupted,
+                std::string("experiment spec: ") + key + " is not a string");
+  }
+  auto parsed = parse(j[key].template get<std::string>());
+  if (!parsed.ok()) {
+    base::raise(ErrorCode::FileCorrupted, "experiment spec: " + parsed.error().message);
+  }
+  return parsed.value();
+}
+
 }  // namespace
+
+const char* name(RunMode mode) {
+  return mode == RunMode::Free ? "free" : "lockstep";
+}
+
+base::Result<RunMode> parse_run_mode(std::string_view text) {
+  for (const RunMode m : {RunMode::Free, RunMode::Lockstep}) {
+    if (text == name(m)) {
+      return m;
+    }
+  }
+  return base::Error{ErrorCode::InvalidArgument,
+                     "mode '" + std::string(text) + "': expected free or lockstep"};
+}
 
 base::Result<void> validate(const ExperimentSpec& s) {
   if (s.model.preset.empty() == s.model.checkpoint_dir.empty()) {
@@ -121,15 +153,6 @@ base::Result<void> validate(const ExperimentSpec& s) {
   }
   if (s.repeats < 0 || s.repeats > 16) {
     return bad("repeats must be in 0..16");
-  }
-  if (s.rng != "per_row" && s.rng != "shared") {
-    return bad("rng '" + s.rng + "': expected per_row or shared");
-  }
-  if (s.prefill != "copied" && s.prefill != "batched") {
-    return bad("prefill '" + s.prefill + "': expected copied or batched");
-  }
-  if (s.mode != "free" && s.mode != "lockstep") {
-    return bad("mode '" + s.mode + "': expected free or lockstep");
   }
   if (s.prompt_ids.empty() && s.prompt.empty()) {
     return bad("the prompt is empty");
@@ -180,9 +203,9 @@ nlohmann::json to_json(const ExperimentSpec& s) {
           {"overrides", o},
           {"batch_sizes", s.batch_sizes},
           {"repeats", s.repeats},
-          {"rng", s.rng},
-          {"prefill", s.prefill},
-          {"mode", s.mode},
+          {"rng", sampling::name(s.rng)},
+          {"prefill", sampling::name(s.prefill)},
+          {"mode", name(s.mode)},
           {"policy", s.policy},
           {"workaround", s.workaround},
           {"taps", s.taps}};
@@ -217,9 +240,9 @@ base::Result<ExperimentSpec> spec_from_json(const nlohmann::json& doc) {
     }
     s.batch_sizes = integer_list(j, "batch_sizes", s.batch_sizes);
     s.repeats = integer_field(j, "repeats", s.repeats);
-    s.rng = j.value("rng", s.rng);
-    s.prefill = j.value("prefill", s.prefill);
-    s.mode = j.value("mode", s.mode);
+    s.rng = mode_field(j, "rng", s.rng, sampling::parse_rng_mode);
+    s.prefill = mode_field(j, "prefill", s.prefill, sampling::parse_prefill_mode);
+    s.mode = mode_field(j, "mode", s.mode, parse_run_mode);
     s.policy = j.value("policy", s.policy);
     s.workaround = j.value("workaround", std::string());
     s.taps = j.value("taps", std::vector<std::string>{});
@@ -348,9 +371,9 @@ nlohmann::json summary_json(const ExperimentResult& r) {
           {"device_name", r.provenance.device_name},
           {"libtorch", r.provenance.libtorch},
           {"emulated", r.provenance.emulated},
-          {"mode", r.spec.mode},
-          {"rng", r.spec.rng},
-          {"prefill", r.spec.prefill},
+          {"mode", name(r.spec.mode)},
+          {"rng", sampling::name(r.spec.rng)},
+          {"prefill", sampling::name(r.spec.prefill)},
           {"noise_floor_clean",
            floor == nullptr ? nlohmann::json(nullptr) : nlohmann::json(!floor->first.found())},
           {"runs", runs},
@@ -370,8 +393,9 @@ std::string summary_text(const ExperimentResult& r) {
     o << "NOTE: real CPU kernels in fp32 (not emulated): any divergence below comes from this "
          "CPU's own fp32 kernels\n";
   }
-  o << "mode " << r.spec.mode << ", rng " << r.spec.rng << ", prefill " << r.spec.prefill
-    << ", seed " << r.spec.seed << ", " << r.layers << " layers, taps " << r.taps.size() << "\n\n";
+  o << "mode " << name(r.spec.mode) << ", rng " << sampling::name(r.spec.rng) << ", prefill "
+    << sampling::name(r.spec.prefill) << ", seed " << r.spec.seed << ", " << r.layers
+    << " layers, taps " << r.taps.size() << "\n\n";
   o << "runs:\n";
   for (const auto& run : r.runs) {
     o << "  " << std::left << std::setw(10) << run.id << " B=" << run.batch_size << "  "

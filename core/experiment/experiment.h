@@ -15,6 +15,7 @@
 #include "core/base/progress.h"
 #include "core/model/loader.h"
 #include "core/sampling/generation_config.h"
+#include "core/sampling/modes.h"
 #include "core/text/token_diff.h"
 
 namespace batchlens::experiment {
@@ -66,6 +67,14 @@ struct NdArray {
   bool empty() const { return data.empty(); }
 };
 
+/// Free: every run follows its own trajectory. Lockstep: the batched runs are forced onto the B=1
+/// reference's canvas every step, and the rows of each batch are compared with its row 0.
+enum class RunMode { Free, Lockstep };
+/// "free" / "lockstep".
+const char* name(RunMode mode);
+/// The mode of a name; InvalidArgument naming the accepted ones otherwise.
+base::Result<RunMode> parse_run_mode(std::string_view text);
+
 /// What to run. Defaults: B=1 reference, one B=1 repeat, B = 2, 3, 4; per-row random streams,
 /// the prompt cache copied from batch 1, free trajectories, the default policy.
 struct ExperimentSpec {
@@ -77,10 +86,10 @@ struct ExperimentSpec {
   std::uint64_t seed = 0;                ///< sampling seed
   sampling::GenerationOverrides overrides;
   std::vector<std::int64_t> batch_sizes{2, 3, 4};
-  int repeats = 1;                 ///< extra B=1 runs: the noise floor
-  std::string rng = "per_row";     ///< per_row | shared
-  std::string prefill = "copied";  ///< copied | batched
-  std::string mode = "free";       ///< free | lockstep
+  int repeats = 1;  ///< extra B=1 runs: the noise floor
+  sampling::RngMode rng = sampling::RngMode::PerRow;
+  sampling::PrefillMode prefill = sampling::PrefillMode::Copied;
+  RunMode mode = RunMode::Free;
   std::string policy = "default";  ///< every run's policy (ops::policy_by_name)
   std::string workaround;          ///< when set, every run again with policy+workaround
   std::vector<std::string> taps;   ///< tap names; empty = all

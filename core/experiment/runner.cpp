@@ -25,6 +25,8 @@ namespace batchlens::experiment {
 
 namespace {
 
+using base::take;
+
 using base::ErrorCode;
 using probe::Tap;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
@@ -32,14 +34,6 @@ constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 // Seconds since `start` on the steady clock.
 double since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-template <class T>
-T take(base::Result<T> r) {
-  if (!r.ok()) {
-    throw base::ErrorException(r.error());
-  }
-  return std::move(r).value();
 }
 
 // Keeps this step's tapped tensors (clones: the model may reuse its buffers; a graph replay's
@@ -576,7 +570,7 @@ base::Result<ExperimentResult> run_experiment(const ExperimentSpec& spec,
     const std::int64_t groups = spec.workaround.empty() ? 1 : 2;
     base::ProgressClock clock(groups * canvases * gc.sampler.max_denoising_steps);
     std::int64_t ticks_done = 0;
-    const bool lockstep = spec.mode == "lockstep";
+    const bool lockstep = spec.mode == RunMode::Lockstep;
 
     for (const std::string group : {"main", "workaround"}) {
       std::vector<std::unique_ptr<Engine>> engines;
@@ -597,9 +591,8 @@ base::Result<ExperimentResult> run_experiment(const ExperimentSpec& spec,
         sampling::GenerateOptions o;
         o.batch_size = p.batch;
         o.seed = spec.seed;
-        o.rng = spec.rng == "shared" ? sampling::RngMode::Shared : sampling::RngMode::PerRow;
-        o.prefill = spec.prefill == "batched" ? sampling::PrefillMode::Batched
-                                              : sampling::PrefillMode::Copied;
+        o.rng = spec.rng;
+        o.prefill = spec.prefill;
         o.config = gc;
         o.policy = e->policy.get();
         o.cancel = control.cancel;

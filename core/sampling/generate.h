@@ -19,12 +19,6 @@
 
 namespace batchlens::sampling {
 
-/// How the prompt cache is built for a batch of identical rows.
-enum class PrefillMode {
-  Copied,   ///< prefill at batch 1, copy the cache into every row (the user's setup)
-  Batched,  ///< prefill all rows together (prefill kernels then see the batch shape too)
-};
-
 /// One denoising step of one canvas, for every row (tensors on the CPU).
 struct StepRecord {
   int canvas = 0;         ///< canvas index, 0-based

@@ -38,10 +38,6 @@ at::Tensor entropy_bound_mask(const at::Tensor& entropy, double bound) {
   return at::scatter(at::zeros_like(selection), -1, indices, selection);
 }
 
-const char* rng_mode_name(RngMode mode) {
-  return mode == RngMode::PerRow ? "per_row" : "shared";
-}
-
 std::uint64_t RandomStreams::row_seed(std::uint64_t seed, std::int64_t row) {
   if (row == 0) {
     return seed;  // row 0 draws what a batch-1 run seeded with `seed` draws

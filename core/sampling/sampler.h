@@ -11,6 +11,7 @@
 #include <ATen/core/Tensor.h>
 
 #include "core/sampling/generation_config.h"
+#include "core/sampling/modes.h"
 
 namespace batchlens::sampling {
 
@@ -27,15 +28,6 @@ at::Tensor token_entropy(const at::Tensor& logits);
 /// sum(H_1..k) - H_k <= bound (the lowest is always accepted). entropy [B, C] -> bool [B, C].
 /// ref: EntropyBoundSampler.accept_canvas
 at::Tensor entropy_bound_mask(const at::Tensor& entropy, double bound);
-
-/// Where random numbers come from. Per-row (BatchLens's default): logical row r owns one
-/// generator seeded from (seed, r) - row 0 with `seed` itself - so a row draws the same numbers
-/// at any batch size. Shared (the reference's behaviour): one generator for the batch, drawn
-/// in batch order, so what a row sees depends on the batch size.
-enum class RngMode { PerRow, Shared };
-
-/// "per_row" / "shared".
-const char* rng_mode_name(RngMode mode);
 
 /// The random streams of one batch. Not thread-safe; one per generation.
 class RandomStreams {

@@ -15,15 +15,9 @@ namespace batchlens::setup {
 
 namespace {
 
-using base::ErrorCode;
+using base::take;
 
-template <class T>
-T take(base::Result<T> r) {
-  if (!r.ok()) {
-    throw base::ErrorException(r.error());
-  }
-  return std::move(r).value();
-}
+using base::ErrorCode;
 
 }  // namespace
 

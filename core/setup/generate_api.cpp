@@ -15,15 +15,9 @@ namespace batchlens::setup {
 
 namespace {
 
-using base::ErrorCode;
+using base::take;
 
-template <class T>
-T take(base::Result<T> r) {
-  if (!r.ok()) {
-    throw base::ErrorException(r.error());
-  }
-  return std::move(r).value();
-}
+using base::ErrorCode;
 
 }  // namespace
 
@@ -31,14 +25,6 @@ base::Result<GenerateReport> run_generation(const model::ModelSource& source,
                                             const model::LoadOptions& load,
                                             const GenerateRequest& request) {
   return base::guarded([&]() -> GenerateReport {
-    if (request.rng != "per_row" && request.rng != "shared") {
-      base::raise(ErrorCode::InvalidArgument,
-                  "rng '" + request.rng + "': expected per_row or shared");
-    }
-    if (request.prefill != "copied" && request.prefill != "batched") {
-      base::raise(ErrorCode::InvalidArgument,
-                  "prefill '" + request.prefill + "': expected copied or batched");
-    }
     if (request.batch_size < 1 || request.batch_size > 4096) {
       base::raise(ErrorCode::InvalidArgument,
                   "batch size must be in 1..4096, not " + std::to_string(request.batch_size));
@@ -55,16 +41,15 @@ base::Result<GenerateReport> run_generation(const model::ModelSource& source,
     report.has_text = session.inputs.tokenizer != nullptr;
     report.model = source.describe();
     report.policy = ops::describe(policy);
-    report.rng = request.rng;
-    report.prefill = request.prefill;
+    report.rng = sampling::name(request.rng);
+    report.prefill = sampling::name(request.prefill);
     report.seed = request.seed;
 
     sampling::GenerateOptions o;
     o.batch_size = request.batch_size;
     o.seed = request.seed;
-    o.rng = request.rng == "shared" ? sampling::RngMode::Shared : sampling::RngMode::PerRow;
-    o.prefill = request.prefill == "batched" ? sampling::PrefillMode::Batched
-                                             : sampling::PrefillMode::Copied;
+    o.rng = request.rng;
+    o.prefill = request.prefill;
     o.config = report.config;
     o.policy = &policy;
     o.cancel = request.cancel;
@@ -106,8 +91,8 @@ base::Result<GenerateReport> run_generation(const model::ModelSource& source,
       model::write_safetensors(request.record_path, record,
                                {{"batch", std::to_string(request.batch_size)},
                                 {"seed", std::to_string(request.seed)},
-                                {"rng", request.rng},
-                                {"prefill", request.prefill},
+                                {"rng", report.rng},
+                                {"prefill", report.prefill},
                                 {"generation_config", sampling::to_json(report.config)},
                                 {"canvases", std::to_string(res.canvases)}});
     }

@@ -12,6 +12,7 @@
 #include "core/base/progress.h"
 #include "core/model/loader.h"
 #include "core/sampling/generation_config.h"
+#include "core/sampling/modes.h"
 #include "core/setup/front_door.h"
 
 namespace batchlens::setup {
@@ -22,9 +23,9 @@ struct GenerateRequest {
   std::int64_t batch_size = 1;
   std::uint64_t seed = 0;
   sampling::GenerationOverrides overrides;  ///< over generation_config.json (or its defaults)
-  std::string rng = "per_row";              ///< "per_row" or "shared"
-  std::string prefill = "copied";           ///< "copied" or "batched"
-  std::string policy = "default";           ///< a name ops::policy_by_name knows
+  sampling::RngMode rng = sampling::RngMode::PerRow;
+  sampling::PrefillMode prefill = sampling::PrefillMode::Copied;
+  std::string policy = "default";  ///< a name ops::policy_by_name knows
   const base::CancelToken* cancel = nullptr;
   base::ProgressFn progress;  ///< one report per denoising step (all rows)
   /// When set, every step's record (canvas in, draws, argmax, acceptance, entropy, finished)

@@ -91,7 +91,7 @@ TEST(CliGenerate, PrintsEveryRowAndIsReproducible) {
   EXPECT_EQ(bad.exit_code, 2);
   const auto rng = testing::run_process(
       {BL_CLI_PATH, "generate", "--preset", "tiny", "--prompt-ids", "2", "--rng", "global"});
-  EXPECT_EQ(rng.exit_code, 1);
+  EXPECT_EQ(rng.exit_code, 2);  // a bad command line, refused before any work
   EXPECT_NE(rng.err.find("per_row or shared"), std::string::npos) << rng.err;
 }
 

@@ -104,9 +104,9 @@ int main(int argc, char** argv) {
   experiment::ExperimentSpec spec;
   spec.model.preset = "tiny";
   write_text(out / "spec" / "default.json", experiment::to_json(spec).dump(2));
-  spec.mode = "lockstep";
-  spec.rng = "shared";
-  spec.prefill = "batched";
+  spec.mode = experiment::RunMode::Lockstep;
+  spec.rng = sampling::RngMode::Shared;
+  spec.prefill = sampling::PrefillMode::Batched;
   spec.policy = "emulated_split_k";
   spec.workaround = "issue_workaround";
   spec.batch_sizes = {2, 4};

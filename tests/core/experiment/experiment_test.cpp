@@ -23,7 +23,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-ExperimentSpec demo_spec(const std::string& policy, const std::string& mode = "free") {
+ExperimentSpec demo_spec(const std::string& policy, RunMode mode = RunMode::Free) {
   ExperimentSpec s;
   s.model.preset = "demo";
   s.prompt = "Write a long essay about Portugal.";
@@ -152,7 +152,7 @@ TEST(Experiment, RowWiseEverywhereIsBitwiseIdenticalUnderEmulation) {
 }
 
 TEST(Experiment, LockstepForcesTheReferenceCanvasAndComparesRowsWithinABatch) {
-  auto s = demo_spec("emulated_split_k", "lockstep");
+  auto s = demo_spec("emulated_split_k", RunMode::Lockstep);
   s.batch_sizes = {2};
   s.repeats = 0;
   const ExperimentResult& r = run_cached("lockstep", s);
@@ -230,9 +230,19 @@ TEST(Experiment, InvalidSpecsAreRefused) {
   auto s = demo_spec("default");
   s.batch_sizes = {1};
   EXPECT_FALSE(run_experiment(s).ok());
-  s = demo_spec("default");
-  s.mode = "sideways";
-  EXPECT_EQ(run_experiment(s).error().code, base::ErrorCode::InvalidArgument);
+  EXPECT_EQ(parse_run_mode("sideways").error().code, base::ErrorCode::InvalidArgument);
+  EXPECT_EQ(sampling::parse_rng_mode("global").error().code, base::ErrorCode::InvalidArgument);
+  EXPECT_EQ(sampling::parse_prefill_mode("x").error().code, base::ErrorCode::InvalidArgument);
+  for (const RunMode m : {RunMode::Free, RunMode::Lockstep}) {
+    EXPECT_EQ(parse_run_mode(name(m)).value(), m);
+  }
+  // A spec file naming an unknown mode is damaged, and says which field.
+  auto doc = to_json(demo_spec("default"));
+  doc["mode"] = "sideways";
+  const auto bad = spec_from_json(doc);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().code, base::ErrorCode::FileCorrupted);
+  EXPECT_NE(bad.error().message.find("mode 'sideways'"), std::string::npos);
   s = demo_spec("emulated_split_k");
   s.load.device = "cuda";
   const auto r = run_experiment(s);

@@ -61,7 +61,7 @@ const ExperimentResult& tiny_lockstep_experiment() {
     s.overrides.max_new_tokens = 16;
     s.batch_sizes = {2, 3};
     s.policy = "emulated_split_k";
-    s.mode = "lockstep";
+    s.mode = experiment::RunMode::Lockstep;
     s.workaround = "issue_workaround";
     auto out = experiment::run_experiment(s);
     EXPECT_TRUE(out.ok()) << (out.ok() ? "" : out.error().message);

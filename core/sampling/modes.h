@@ -1,0 +1,32 @@
+// SPDX-License-Identifier: Apache-2.0
+// The generation modes a spec chooses, typed: names only at the edges (files, CLI, GUI).
+// Torch-free header.
+#pragma once
+
+#include <string_view>
+
+#include "core/base/error.h"
+
+namespace batchlens::sampling {
+
+/// Where random numbers come from. Per-row (BatchLens's default): logical row r owns one
+/// generator seeded from (seed, r) - row 0 with `seed` itself - so a row draws the same numbers
+/// at any batch size. Shared (the reference's behaviour): one generator for the batch, drawn
+/// in batch order, so what a row sees depends on the batch size.
+enum class RngMode { PerRow, Shared };
+
+/// How the prompt cache is built for a batch of identical rows.
+enum class PrefillMode {
+  Copied,   ///< prefill at batch 1, copy the cache into every row (the user's setup)
+  Batched,  ///< prefill all rows together (prefill kernels then see the batch shape too)
+};
+
+/// "per_row" / "shared".
+const char* name(RngMode mode);
+/// "copied" / "batched".
+const char* name(PrefillMode mode);
+/// The mode of a name; InvalidArgument naming the accepted ones otherwise.
+base::Result<RngMode> parse_rng_mode(std::string_view text);
+base::Result<PrefillMode> parse_prefill_mode(std::string_view text);
+
+}  // namespace batchlens::sampling
