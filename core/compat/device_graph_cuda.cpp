@@ -5,6 +5,7 @@
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
 
 #include "core/compat/device_graph.h"
 
@@ -42,6 +43,15 @@ void DeviceGraph::capture(const at::Device& device, const std::function<void()>&
       work();
       impl_->graph->capture_end();
     } catch (...) {
+      // End the capture before giving up: capture_end releases the allocator's private pool
+      // and ends the stream's (global-mode) capture. Left capturing, every later CUDA call of
+      // the process fails with "operation not permitted when stream is capturing". It throws
+      // here (the capture was invalidated); that error and CUDA's sticky one are dropped.
+      try {
+        impl_->graph->capture_end();
+      } catch (...) {
+      }
+      (void)cudaGetLastError();
       impl_->graph.reset();
       throw;
     }

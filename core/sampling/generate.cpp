@@ -137,8 +137,10 @@ at::Tensor GenerationEngine::graph_decode(const at::Tensor& canvas_in, probe::Ta
       use_graph_ = false;
     }
   } catch (const std::exception& e) {
+    // The first line only: LibTorch's messages carry a C++ stack trace.
+    const std::string what = e.what();
     std::fprintf(stderr, "batchlens: CUDA graph capture failed (%s); graphs off for this engine\n",
-                 e.what());
+                 what.substr(0, what.find('\n')).c_str());
     use_graph_ = false;
   }
   if (!use_graph_) {
