@@ -3,10 +3,29 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "core/compat/device_graph.h"
 #include "core/compat/torch_compat.h"
 
 namespace batchlens::compat {
 namespace {
+
+// A pass that syncs (nonzero, as the eager expert loop does) cannot be captured; the failed
+// capture must end the capture, or every later CUDA call of the process fails with "operation
+// not permitted when stream is capturing" (run/generate on the H200 stopped so).
+TEST(DeviceGraphGpu, AFailedCaptureLeavesCudaUsable) {
+  const at::Device cuda(at::kCUDA, 0);
+  const at::Tensor x = at::arange(8, at::TensorOptions().device(cuda).dtype(at::kFloat));
+  compat::DeviceGraph graph;
+  EXPECT_ANY_THROW(graph.capture(cuda, [&] { (void)at::nonzero(x > 3); }));
+  EXPECT_FALSE(graph.captured());
+  EXPECT_EQ(at::nonzero(x > 3).size(0), 4);
+  EXPECT_EQ((x * 2).sum().item<float>(), 56.0F);
+  // And a capture that can succeed still does, and replays.
+  at::Tensor y;
+  graph.capture(cuda, [&] { y = x * 3; });
+  graph.replay();
+  EXPECT_EQ(y.sum().item<float>(), 84.0F);
+}
 
 TEST(TorchCompatGpu, NativeSdpaMatchesMathPathOnCuda) {
   ASSERT_TRUE(at::hasCUDA()) << "gpu tests need a CUDA device";
