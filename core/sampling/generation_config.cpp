@@ -3,6 +3,9 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <string>
+#include <type_traits>
 
 #include <nlohmann/json.hpp>
 
@@ -57,6 +60,39 @@ base::Result<void> validate(const GenerationConfig& c) {
   return base::ok_result();
 }
 
+namespace {
+
+// A JSON number as T, or FileCorrupted naming `key`: integers must be JSON integers within T's
+// range (nlohmann's get<T> converts a float or an out-of-range value with undefined behaviour;
+// the fuzzer found -9.2e20 as an eos_token_id).
+template <class T>
+T checked_number(const json& v, const char* key) {
+  if constexpr (std::is_floating_point_v<T>) {
+    if (v.is_number()) {
+      return v.get<T>();
+    }
+  } else {
+    if (v.is_number_unsigned()) {
+      const auto u = v.get<std::uint64_t>();
+      if (u <= static_cast<std::uint64_t>(std::numeric_limits<T>::max())) {
+        return static_cast<T>(u);
+      }
+    } else if (v.is_number_integer()) {
+      const auto i = v.get<std::int64_t>();
+      if (i >= static_cast<std::int64_t>(std::numeric_limits<T>::min()) &&
+          i <= static_cast<std::int64_t>(std::numeric_limits<T>::max())) {
+        return static_cast<T>(i);
+      }
+    }
+  }
+  base::raise(
+      ErrorCode::FileCorrupted,
+      std::string("generation config: ") + key +
+          (std::is_floating_point_v<T> ? " is not a number" : " is not an integer in range"));
+}
+
+}  // namespace
+
 base::Result<GenerationConfig> parse_generation_config(std::string_view json_text,
                                                        const GenerationConfig& defaults) {
   GenerationConfig c = defaults;
@@ -73,7 +109,7 @@ base::Result<GenerationConfig> parse_generation_config(std::string_view json_tex
     SamplerConfig& s = c.sampler;
     auto get = [&](const char* key, auto& into) {
       if (j.contains(key) && !j[key].is_null()) {
-        into = j[key].get<std::decay_t<decltype(into)>>();
+        into = checked_number<std::decay_t<decltype(into)>>(j[key], key);
       }
     };
     get("max_new_tokens", c.max_new_tokens);
@@ -93,16 +129,20 @@ base::Result<GenerationConfig> parse_generation_config(std::string_view json_tex
                                "' is not EntropyBoundSamplerConfig (the only sampler there is)"};
       }
       if (sc.contains("entropy_bound")) {
-        s.entropy_bound = sc["entropy_bound"].get<double>();
+        s.entropy_bound = checked_number<double>(sc["entropy_bound"], "entropy_bound");
       }
     }
     if (j.contains("eos_token_id") && !j["eos_token_id"].is_null()) {
       const json& e = j["eos_token_id"];
-      c.eos_token_ids = e.is_array() ? e.get<std::vector<std::int64_t>>()
-                                     : std::vector<std::int64_t>{e.get<std::int64_t>()};
+      c.eos_token_ids.clear();
+      for (const json& id : e.is_array() ? e : json::array({e})) {
+        c.eos_token_ids.push_back(checked_number<std::int64_t>(id, "eos_token_id"));
+      }
     }
   } catch (const json::exception& e) {
     return base::Error{ErrorCode::FileCorrupted, std::string("generation config: ") + e.what()};
+  } catch (const base::ErrorException& e) {
+    return e.error();
   }
   if (auto v = validate(c); !v.ok()) {
     return base::Error{v.error().code, "generation config: " + v.error().message};

@@ -58,6 +58,24 @@ TEST(GenerationConfig, RefusesWhatTheReferenceRefuses) {
   }
 }
 
+// The fuzzer (CI, generation_config target) found -9.2e20 as an eos_token_id: converting it to an
+// integer was undefined behaviour (UBSan). Numbers that do not fit the field are refused.
+TEST(GenerationConfig, NumbersThatDoNotFitTheirFieldAreRefused) {
+  for (const char* bad :
+       {R"({"eos_token_id": [-922337203685477580850]})", R"({"eos_token_id": 1.5})",
+        R"({"max_denoising_steps": 1e30})", R"({"max_new_tokens": 18446744073709551615})",
+        R"({"max_denoising_steps": 4294967296})", R"({"t_min": "0.4"})"}) {
+    const auto c = parse_generation_config(bad);
+    ASSERT_FALSE(c.ok()) << bad;
+    EXPECT_EQ(c.error().code, base::ErrorCode::FileCorrupted) << bad;
+    EXPECT_NE(c.error().message.find("generation config"), std::string::npos) << bad;
+  }
+  const auto ok = parse_generation_config(R"({"max_denoising_steps": 12, "t_min": 0, "t_max": 1})");
+  ASSERT_TRUE(ok.ok()) << ok.error().message;
+  EXPECT_EQ(ok.value().sampler.max_denoising_steps, 12);
+  EXPECT_DOUBLE_EQ(ok.value().sampler.t_max, 1.0);  // an integer where a float goes
+}
+
 TEST(GenerationConfig, OverridesApplyOverTheFileAndAreValidated) {
   GenerationOverrides o;
   o.max_denoising_steps = 8;
