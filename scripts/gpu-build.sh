@@ -27,7 +27,7 @@ logs=${OUT:-$build}
 mkdir -p "$build" "$logs"
 [ -d .deps/usr ] || { echo "gpu-build: .deps/ missing: run scripts/gpu-prepare-deps.sh first" >&2; exit 1; }
 
-# nvcc compiles the fused kernels (core/compat/fused_kernels.cu); the image may not have it on PATH.
+# nvcc compiles the fused kernels (core/kernels/fused_kernels.cu); the image may not have it on PATH.
 if [ -z "${CUDACXX:-}" ] && ! command -v nvcc >/dev/null; then
   for c in /usr/local/cuda/bin/nvcc /usr/local/cuda-*/bin/nvcc; do
     if [ -x "$c" ]; then

@@ -27,12 +27,13 @@ CORE_MODULES = {
     "base": set(),
     "text": {"base"},
     "compat": {"base"},
+    "kernels": {"base", "compat"},
     "ops": {"base", "compat"},
-    "probe": {"base", "compat"},
-    "model": {"base", "compat", "ops", "probe"},
-    "sampling": {"base", "compat", "model", "ops", "probe"},
-    "setup": {"base", "model", "sampling", "text"},
-    "experiment": {"base", "model", "ops", "probe", "sampling", "setup", "text"},
+    "probe": {"base", "compat", "kernels"},
+    "model": {"base", "compat", "kernels", "ops", "probe"},
+    "generation": {"base", "compat", "model", "ops", "probe"},
+    "setup": {"base", "compat", "generation", "model", "ops", "probe", "text"},
+    "experiment": {"base", "generation", "model", "ops", "probe", "setup", "text"},
     "io": {"base", "experiment", "text"},
 }
 CORE_INCLUDE = re.compile(r"^core/([a-z_]+)/")

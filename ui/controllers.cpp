@@ -12,6 +12,7 @@
 #include <QStandardPaths>
 #include <QThread>
 
+#include "core/experiment/runner.h"
 #include "core/io/experiment_file.h"
 #include "core/setup/front_door.h"
 
@@ -93,6 +94,7 @@ bool RunController::start(const experiment::ExperimentSpec& spec) {
     return false;
   }
   spec_ = spec;
+  spec_.load.switches = switches_;
   if (auto valid = experiment::validate(spec_); !valid.ok()) {
     Q_EMIT failed(q(valid.error().message));
     return true;

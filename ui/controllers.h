@@ -13,6 +13,7 @@
 
 #include "core/base/cancel.h"
 #include "core/base/progress.h"
+#include "core/base/switches.h"
 #include "core/experiment/experiment.h"
 #include "ui/explorer_state.h"
 
@@ -60,6 +61,9 @@ class RunController : public QObject {
   void cancel();
   /// The spec of the current or last run.
   const experiment::ExperimentSpec& lastSpec() const { return spec_; }
+  /// Fused kernels and CUDA graphs for every run (the GUI's main reads them from the
+  /// environment once: base::Switches::from_environment()).
+  void setSwitches(const base::Switches& switches) { switches_ = switches; }
 
  Q_SIGNALS:
   void started();
@@ -71,6 +75,7 @@ class RunController : public QObject {
 
  private:
   experiment::ExperimentSpec spec_;
+  base::Switches switches_;
   std::shared_ptr<base::CancelToken> cancel_;
   bool running_ = false;
   ThreadSet threads_;

@@ -100,7 +100,7 @@ void ExplorerState::setDocument(ExperimentDocument document) {
     if (comparison_id_.isEmpty() && !r->comparisons.empty()) {
       comparison_id_ = QString::fromStdString(r->comparisons.front().id);
     }
-    show_workaround_ = !r->spec.workaround.empty();
+    show_workaround_ = r->spec.workaround.has_value();
     selectFirstDivergence();
   }
   Q_EMIT documentChanged();

@@ -388,8 +388,7 @@ void MainWindow::onWorkaroundToggled(bool on) {
   }
   const auto* r = state_->result();
   // The shown experiment already ran this workaround: show it beside, nothing to run.
-  if (r != nullptr && !r->spec.workaround.empty() &&
-      q(r->spec.workaround) == run_panel_->workaroundPolicy()) {
+  if (r != nullptr && r->spec.workaround && *r->spec.workaround == run_panel_->workaroundPolicy()) {
     return;
   }
   if (runs_->isRunning()) {
@@ -403,7 +402,7 @@ void MainWindow::showDocument(const ExperimentDocument& document) {
   close_after_save_ = false;
   state_->setDocument(document);
   const auto* r = state_->result();
-  run_panel_->setWorkaroundEnabled(r != nullptr && !r->spec.workaround.empty());
+  run_panel_->setWorkaroundEnabled(r != nullptr && r->spec.workaround.has_value());
   state_->setShowWorkaround(run_panel_->workaroundEnabled());
   refreshPicker();
   updateTitle();

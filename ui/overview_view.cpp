@@ -237,12 +237,13 @@ QString OverviewView::detailsHtml() const {
   row(tr("LibTorch"), QStringLiteral("%1 (%2)").arg(q(p.libtorch), q(p.blas)));
   row(tr("Precision"),
       tr("%1, experts %2, %3 threads").arg(q(p.dtype), q(r->spec.load.experts)).arg(p.threads));
-  row(tr("Policy"), q(r->spec.policy) + (p.emulated ? tr(" (EMULATED split-K)") : QString()));
-  row(tr("Workaround"), r->spec.workaround.empty() ? tr("none") : q(r->spec.workaround));
+  row(tr("Policy"),
+      q(ops::policy_text(r->spec.policy)) + (p.emulated ? tr(" (EMULATED split-K)") : QString()));
+  row(tr("Workaround"), r->spec.workaround ? q(ops::policy_text(*r->spec.workaround)) : tr("none"));
   row(tr("Sampling"), tr("mode %1, rng %2, prefill %3, seed %4")
                           .arg(QString::fromLatin1(experiment::name(r->spec.mode)),
-                               QString::fromLatin1(sampling::name(r->spec.rng)),
-                               QString::fromLatin1(sampling::name(r->spec.prefill)))
+                               QString::fromLatin1(generation::name(r->spec.rng)),
+                               QString::fromLatin1(generation::name(r->spec.prefill)))
                           .arg(r->spec.seed));
   row(tr("Shape"), tr("%1 layers, canvas %2, top-k %3, %4 taps")
                        .arg(r->layers)

@@ -66,12 +66,13 @@ QString reportMarkdown(const ExplorerState& state, const QStringList& images) {
   md += QStringLiteral("- LibTorch %1 (%2), %3, experts %4\n")
             .arg(q(p.libtorch), q(p.blas), q(p.dtype), q(r->spec.load.experts));
   md += QStringLiteral("- Policy: %1; workaround: %2\n")
-            .arg(q(r->spec.policy),
-                 r->spec.workaround.empty() ? QStringLiteral("none") : q(r->spec.workaround));
+            .arg(q(ops::policy_text(r->spec.policy)), r->spec.workaround
+                                                          ? q(ops::policy_text(*r->spec.workaround))
+                                                          : QStringLiteral("none"));
   md += QStringLiteral("- Mode %1, rng %2, prefill %3, seed %4; %5 layers, canvas %6\n")
             .arg(QString::fromLatin1(experiment::name(r->spec.mode)),
-                 QString::fromLatin1(sampling::name(r->spec.rng)),
-                 QString::fromLatin1(sampling::name(r->spec.prefill)))
+                 QString::fromLatin1(generation::name(r->spec.rng)),
+                 QString::fromLatin1(generation::name(r->spec.prefill)))
             .arg(r->spec.seed)
             .arg(r->layers)
             .arg(r->canvas_length);

@@ -10,9 +10,6 @@
 #include <QGroupBox>
 #include <QHBoxLayout>
 #include <QHeaderView>
-#include <QJsonArray>
-#include <QJsonDocument>
-#include <QJsonObject>
 #include <QKeySequence>
 #include <QLabel>
 #include <QLineEdit>
@@ -290,8 +287,8 @@ base::Result<experiment::ExperimentSpec> RunPanel::spec() const {
   s.overrides.max_denoising_steps = steps_->value();
   s.overrides.max_new_tokens = max_new_tokens_->value();
   s.seed = static_cast<std::uint64_t>(seed_->value());
-  const auto rng = sampling::parse_rng_mode(rng_->currentText().toStdString());
-  const auto prefill = sampling::parse_prefill_mode(prefill_->currentText().toStdString());
+  const auto rng = generation::parse_rng_mode(rng_->currentText().toStdString());
+  const auto prefill = generation::parse_prefill_mode(prefill_->currentText().toStdString());
   const auto mode = experiment::parse_run_mode(mode_->currentText().toStdString());
   for (const base::Error* e :
        {rng.ok() ? nullptr : &rng.error(), prefill.ok() ? nullptr : &prefill.error(),
@@ -303,10 +300,14 @@ base::Result<experiment::ExperimentSpec> RunPanel::spec() const {
   s.rng = rng.value();
   s.prefill = prefill.value();
   s.mode = mode.value();
-  s.policy = policy_->currentText().toStdString();
+  auto policy = ops::policy_from_text(policy_->currentText().toStdString());
+  if (!policy.ok()) {
+    return policy.error();
+  }
+  s.policy = std::move(policy).value();
   if (workaround_->isChecked()) {
-    s.workaround = workaroundPolicy().toStdString();
-    if (s.workaround.empty()) {
+    s.workaround = workaroundPolicy();
+    if (s.workaround->rules.empty()) {
       return base::Error{base::ErrorCode::InvalidArgument,
                          "the workaround is on but no op family is checked"};
     }
@@ -344,43 +345,36 @@ void RunPanel::setSpec(const experiment::ExperimentSpec& s) {
     max_new_tokens_->setValue(static_cast<int>(*s.overrides.max_new_tokens));
   }
   seed_->setValue(static_cast<int>(s.seed));
-  selectText(rng_, QString::fromLatin1(sampling::name(s.rng)));
-  selectText(prefill_, QString::fromLatin1(sampling::name(s.prefill)));
+  selectText(rng_, QString::fromLatin1(generation::name(s.rng)));
+  selectText(prefill_, QString::fromLatin1(generation::name(s.prefill)));
   selectText(mode_, QString::fromLatin1(experiment::name(s.mode)));
-  selectText(policy_, QString::fromStdString(s.policy));
+  selectText(policy_, q(ops::policy_text(s.policy)));
   updateModelFields();
 }
 
-QString RunPanel::workaroundPolicy() const {
-  QJsonArray rules;
-  bool preset_only = true;
+ops::OpPolicy RunPanel::workaroundPolicy() const {
+  ops::OpPolicy custom;
+  custom.name = "custom_row_wise";
+  ops::FamilySet everywhere;  // families checked for every layer
   for (int f = 0; f < ops::kOpFamilyCount; ++f) {
-    const auto family = static_cast<ops::OpFamily>(f);
-    const bool on = ops_->item(f, OpFamilyColumn)->checkState() == Qt::Checked;
+    if (ops_->item(f, OpFamilyColumn)->checkState() != Qt::Checked) {
+      continue;
+    }
     const int first = qobject_cast<QSpinBox*>(ops_->cellWidget(f, OpFirstColumn))->value();
     const int last = qobject_cast<QSpinBox*>(ops_->cellWidget(f, OpLastColumn))->value();
-    const bool preset_family =
-        family == ops::OpFamily::RouterProj || family == ops::OpFamily::SelfCondMatmul;
-    if (on != preset_family || (on && (first != 0 || last != -1))) {
-      preset_only = false;
-    }
-    if (on) {
-      rules.append(
-          QJsonObject{{QStringLiteral("families"), QJsonArray{q(ops::family_name(family))}},
-                      {QStringLiteral("first_layer"), first},
-                      {QStringLiteral("last_layer"), last},
-                      {QStringLiteral("strategy"), QStringLiteral("row_wise")}});
+    ops::FamilySet family;
+    family.set(static_cast<std::size_t>(f));
+    custom.rules.push_back({family, first, last, ops::Strategy::RowWise});
+    if (first == 0 && last == -1) {
+      everywhere |= family;
     }
   }
-  if (rules.isEmpty()) {
-    return {};
+  ops::OpPolicy preset = ops::OpPolicy::issue_workaround();
+  const bool whole = everywhere.count() == custom.rules.size();
+  if (whole && ops::OpPolicy::row_wise(everywhere, preset.name) == preset) {
+    return preset;
   }
-  if (preset_only) {
-    return QStringLiteral("issue_workaround");
-  }
-  const QJsonObject doc{{QStringLiteral("name"), QStringLiteral("custom_row_wise")},
-                        {QStringLiteral("rules"), rules}};
-  return QString::fromUtf8(QJsonDocument(doc).toJson(QJsonDocument::Compact));
+  return custom;
 }
 
 bool RunPanel::workaroundEnabled() const {
@@ -393,10 +387,23 @@ void RunPanel::setWorkaroundEnabled(bool on) {
 }
 
 void RunPanel::resetWorkaroundToPreset() {
+  showWorkaroundPolicy(ops::OpPolicy::issue_workaround());
+}
+
+void RunPanel::showWorkaroundPolicy(const ops::OpPolicy& policy) {
   for (int f = 0; f < ops::kOpFamilyCount; ++f) {
-    const auto family = static_cast<ops::OpFamily>(f);
-    setWorkaroundFamily(q(ops::family_name(family)), family == ops::OpFamily::RouterProj ||
-                                                         family == ops::OpFamily::SelfCondMatmul);
+    setWorkaroundFamily(ops_->item(f, OpFamilyColumn)->text(), false);
+  }
+  for (const ops::PolicyRule& rule : policy.rules) {
+    if (rule.strategy != ops::Strategy::RowWise) {
+      continue;
+    }
+    for (int f = 0; f < ops::kOpFamilyCount; ++f) {
+      if (rule.families.test(static_cast<std::size_t>(f))) {
+        setWorkaroundFamily(q(ops::family_name(static_cast<ops::OpFamily>(f))), true,
+                            rule.first_layer, rule.last_layer);
+      }
+    }
   }
 }
 
@@ -471,7 +478,7 @@ void RunPanel::saveSettings(QSettings& settings) const {
   settings.setValue(QStringLiteral("prefill"), prefill_->currentText());
   settings.setValue(QStringLiteral("mode"), mode_->currentText());
   settings.setValue(QStringLiteral("policy"), policy_->currentText());
-  settings.setValue(QStringLiteral("workaroundOps"), workaroundPolicy());
+  settings.setValue(QStringLiteral("workaroundOps"), q(ops::policy_text(workaroundPolicy())));
   settings.endGroup();
 }
 
@@ -499,21 +506,9 @@ void RunPanel::restoreSettings(const QSettings& settings) {
   selectText(prefill_, value("prefill").toString());
   selectText(mode_, value("mode").toString());
   selectText(policy_, value("policy").toString());
-  // The op list: the preset, or the families of a saved inline policy.
-  const QString ops = value("workaroundOps").toString();
-  if (ops.startsWith(QLatin1Char('{'))) {
-    for (int f = 0; f < ops::kOpFamilyCount; ++f) {
-      setWorkaroundFamily(ops_->item(f, OpFamilyColumn)->text(), false);
-    }
-    const auto rules = QJsonDocument::fromJson(ops.toUtf8()).object()[QStringLiteral("rules")];
-    for (const auto& rule : rules.toArray()) {
-      const auto obj = rule.toObject();
-      for (const auto& family : obj[QStringLiteral("families")].toArray()) {
-        setWorkaroundFamily(family.toString(), true, obj[QStringLiteral("first_layer")].toInt(),
-                            obj[QStringLiteral("last_layer")].toInt(-1));
-      }
-    }
-  }
+  // The op list as saved (the preset's name or policy JSON); the preset when unreadable.
+  const auto saved = ops::policy_from_text(value("workaroundOps").toString().toStdString());
+  showWorkaroundPolicy(saved.ok() ? saved.value() : ops::OpPolicy::issue_workaround());
   updateModelFields();
 }
 

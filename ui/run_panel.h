@@ -36,14 +36,16 @@ class RunPanel : public QWidget {
   /// back to the CPU, and the workaround toggle is left as it is.
   void setSpec(const experiment::ExperimentSpec& spec);
 
-  /// The workaround as ExperimentSpec::workaround: "issue_workaround" for the preset, inline
-  /// policy JSON for an edited op list.
-  QString workaroundPolicy() const;
+  /// The op list as a policy: ops::OpPolicy::issue_workaround() when it shows the preset, else
+  /// "custom_row_wise" with one row-wise rule per checked family (no rules when none is).
+  ops::OpPolicy workaroundPolicy() const;
   bool workaroundEnabled() const;
   /// Sets the toggle without emitting workaroundToggled.
   void setWorkaroundEnabled(bool on);
-  /// Resets the op list to the preset: router projection + self-conditioning matmul, all layers.
+  /// Resets the op list to the preset (ops::OpPolicy::issue_workaround()).
   void resetWorkaroundToPreset();
+  /// Shows a policy's row-wise rules in the op list (families and layer ranges).
+  void showWorkaroundPolicy(const ops::OpPolicy& policy);
   /// Marks a family row-wise over [first, last] (last -1 = through the last layer).
   void setWorkaroundFamily(const QString& family, bool on, int first = 0, int last = -1);
 

@@ -4,7 +4,8 @@
 
 #include "app/cli/command.h"
 #include "app/cli/model_options.h"
-#include "core/model/forward_file.h"
+#include "core/setup/forward_file.h"
+#include "core/setup/front_door.h"
 #include "core/setup/random_model.h"
 
 namespace batchlens::cli {
@@ -12,7 +13,8 @@ namespace batchlens::cli {
 void register_forward(CLI::App& app, int& exit_code) {
   struct Options {
     ModelOptions model;
-    model::ForwardRequest request;
+    setup::ForwardRequest request;
+    std::string policy = "default";
   };
   auto opts = std::make_shared<Options>();
   auto* cmd = app.add_subcommand(
@@ -44,7 +46,7 @@ void register_forward(CLI::App& app, int& exit_code) {
   cmd->add_flag("--cuda-graph", opts->request.cuda_graph,
                 "With --repeat on CUDA: also time sync-free eager passes and CUDA graph replays "
                 "(checked bitwise against eager)");
-  cmd->add_option("--policy", opts->request.policy,
+  cmd->add_option("--policy", opts->policy,
                   "default, issue_workaround, row_wise_all or a policy JSON file")
       ->capture_default_str();
   cmd->callback([opts, &exit_code] {
@@ -54,13 +56,16 @@ void register_forward(CLI::App& app, int& exit_code) {
       exit_code = kExitUsage;
       return;
     }
-    mo.source.checkpoint_dir = mo.checkpoint;
-    const auto model = model::load_model(mo.source, mo.load);
-    if (!model.ok()) {
-      exit_code = report_error(model.error());
+    if (!resolve_policy(opts->policy, opts->request.policy, exit_code)) {
       return;
     }
-    const auto summary = model::run_forward_file(*model.value(), opts->request);
+    mo.source.checkpoint_dir = mo.checkpoint;
+    const auto session = setup::open_model(mo.source, mo.load);
+    if (!session.ok()) {
+      exit_code = report_error(session.error());
+      return;
+    }
+    const auto summary = setup::run_forward_file(*session.value().model, opts->request);
     if (!summary.ok()) {
       exit_code = report_error(summary.error());
       return;

@@ -17,6 +17,7 @@ void register_generate(CLI::App& app, int& exit_code) {
     std::string prompt_ids;
     std::string rng = "per_row";
     std::string prefill = "copied";
+    std::string policy = "default";
     bool raw = false;
     bool show_ids = false;
     bool json = false;
@@ -52,7 +53,8 @@ void register_generate(CLI::App& app, int& exit_code) {
   cmd->add_option("--prefill", opts->prefill,
                   "copied (batch-1 cache copied into every row) or batched")
       ->capture_default_str();
-  cmd->add_option("--policy", rq.policy, "default, issue_workaround or row_wise_all")
+  cmd->add_option("--policy", opts->policy,
+                  "default, issue_workaround, row_wise_all, ... or a JSON file; join with +")
       ->capture_default_str();
   cmd->add_flag("--show-ids", opts->show_ids, "Print the token ids too");
   cmd->add_option("--record", rq.record_path,
@@ -67,9 +69,10 @@ void register_generate(CLI::App& app, int& exit_code) {
       exit_code = kExitUsage;
       return;
     }
-    if (!parse_mode(opts->rng, sampling::parse_rng_mode, request.rng, "generate", exit_code) ||
-        !parse_mode(opts->prefill, sampling::parse_prefill_mode, request.prefill, "generate",
-                    exit_code)) {
+    if (!parse_mode(opts->rng, generation::parse_rng_mode, request.rng, "generate", exit_code) ||
+        !parse_mode(opts->prefill, generation::parse_prefill_mode, request.prefill, "generate",
+                    exit_code) ||
+        !resolve_policy(opts->policy, request.policy, exit_code)) {
       return;
     }
     if (request.prompt.text.empty() && opts->prompt_ids.empty()) {

@@ -14,6 +14,7 @@
 #include "app/cli/preflight.h"
 #include "core/base/atomic_file.h"
 #include "core/experiment/experiment.h"
+#include "core/experiment/runner.h"
 #include "core/io/experiment_file.h"
 
 namespace batchlens::cli {
@@ -91,6 +92,8 @@ void register_run(CLI::App& app, int& exit_code) {
     std::string taps;
     std::string out;
     std::string rng = "per_row";
+    std::string policy = "default";
+    std::string workaround;
     std::string prefill = "copied";
     std::string mode = "free";
     bool raw = false;
@@ -125,11 +128,11 @@ void register_run(CLI::App& app, int& exit_code) {
                   "free (each run its own trajectory) or lockstep (batched runs forced onto the "
                   "reference's canvas every step)")
       ->capture_default_str();
-  cmd->add_option("--policy", sp.policy,
+  cmd->add_option("--policy", opts->policy,
                   "Kernel policy of every run: default, emulated_split_k (CPU emulation), "
                   "row_wise_all, ... or a JSON file; join with +")
       ->capture_default_str();
-  cmd->add_option("--workaround", sp.workaround,
+  cmd->add_option("--workaround", opts->workaround,
                   "Also run everything with this row-wise policy added, e.g. issue_workaround");
   cmd->add_option("--taps", opts->taps,
                   "Comma-separated tap names to compare, or none (tokens and sampler only) [all]");
@@ -142,10 +145,18 @@ void register_run(CLI::App& app, int& exit_code) {
       exit_code = kExitUsage;
       return;
     }
-    if (!parse_mode(opts->rng, sampling::parse_rng_mode, spec.rng, "run", exit_code) ||
-        !parse_mode(opts->prefill, sampling::parse_prefill_mode, spec.prefill, "run", exit_code) ||
-        !parse_mode(opts->mode, experiment::parse_run_mode, spec.mode, "run", exit_code)) {
+    if (!parse_mode(opts->rng, generation::parse_rng_mode, spec.rng, "run", exit_code) ||
+        !parse_mode(opts->prefill, generation::parse_prefill_mode, spec.prefill, "run",
+                    exit_code) ||
+        !parse_mode(opts->mode, experiment::parse_run_mode, spec.mode, "run", exit_code) ||
+        !resolve_policy(opts->policy, spec.policy, exit_code)) {
       return;
+    }
+    if (!opts->workaround.empty()) {
+      spec.workaround.emplace();
+      if (!resolve_policy(opts->workaround, *spec.workaround, exit_code)) {
+        return;
+      }
     }
     std::string bad;
     spec.batch_sizes.clear();

@@ -6,10 +6,8 @@
 #include "app/cli/command.h"
 #include "app/cli/model_options.h"
 #include "core/base/atomic_file.h"
-#include "core/model/config.h"
 #include "core/setup/front_door.h"
 #include "core/text/chat_template.h"
-#include "core/text/tokenizer_builder.h"
 
 namespace batchlens::cli {
 
@@ -49,9 +47,7 @@ void register_tokenize(CLI::App& app, int& exit_code) {
         exit_code = kExitUsage;
         return;
       }
-      auto config = model::load_preset(o.preset);
-      auto json = config.ok() ? text::preset_tokenizer_json(config.value().text.vocab_size)
-                              : base::Result<std::string>(config.error());
+      auto json = setup::preset_tokenizer_json(o.preset);
       auto written = json.ok() ? base::write_file_atomic(o.export_to, json.value())
                                : base::Result<void>(json.error());
       exit_code = written.ok() ? kExitOk : report_error(written.error());
@@ -60,10 +56,7 @@ void register_tokenize(CLI::App& app, int& exit_code) {
     base::Result<std::shared_ptr<const text::Tokenizer>> tok =
         base::Error{base::ErrorCode::InvalidArgument, ""};
     if (!o.file.empty()) {
-      auto file = text::Tokenizer::from_file(o.file);
-      tok = file.ok() ? base::Result<std::shared_ptr<const text::Tokenizer>>(
-                            std::make_shared<const text::Tokenizer>(std::move(file).value()))
-                      : base::Result<std::shared_ptr<const text::Tokenizer>>(file.error());
+      tok = setup::tokenizer_from_file(o.file);
     } else if (!o.preset.empty() || !o.checkpoint.empty()) {
       model::ModelSource source;
       source.preset = o.preset;

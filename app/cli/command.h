@@ -6,6 +6,8 @@
 
 #include <CLI/CLI.hpp>
 
+#include "core/ops/policy.h"
+
 namespace batchlens::cli {
 
 /// Process exit codes of batchlens-cli (`batchlens-cli --help` lists them; README).
@@ -36,6 +38,11 @@ bool parse_mode(const std::string& text, Parse parse, T& out, const char* comman
   out = parsed.value();
   return true;
 }
+
+/// Resolves a --policy or --workaround argument (a named policy, names joined with +, inline
+/// JSON or a policy JSON file: ops::policy_from_argument) into `out`; on an error reports it
+/// (report_error, exit 1 as any invalid value found before a run) and returns false.
+bool resolve_policy(const std::string& text, ops::OpPolicy& out, int& exit_code);
 
 /// The text `batchlens-cli --version` prints: BatchLens version and build, LibTorch version,
 /// CPU threads and CUDA devices.

@@ -25,6 +25,8 @@ void add_model_options(CLI::App* cmd, ModelOptions& options) {
                   "Experts implementation: eager (the modeling file's loop) or grouped_mm "
                   "(torch._grouped_mm, CUDA)")
       ->capture_default_str();
+  // The program's edge: fused kernels and CUDA graphs as the environment sets them.
+  options.load.switches = base::Switches::from_environment();
 }
 
 bool parse_int_list(const std::string& text, std::vector<std::int64_t>& out, std::string& bad) {
@@ -42,6 +44,16 @@ bool parse_int_list(const std::string& text, std::vector<std::int64_t>& out, std
       return false;
     }
   }
+  return true;
+}
+
+bool resolve_policy(const std::string& text, ops::OpPolicy& out, int& exit_code) {
+  auto policy = ops::policy_from_argument(text);
+  if (!policy.ok()) {
+    exit_code = report_error(policy.error());
+    return false;
+  }
+  out = std::move(policy).value();
   return true;
 }
 

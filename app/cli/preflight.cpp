@@ -53,9 +53,8 @@ std::uint64_t positive(std::int64_t v) {
 
 base::Result<void> check_spec_text(const experiment::ExperimentSpec& spec) {
   const std::pair<std::string_view, const std::string*> texts[] = {
-      {"--prompt", &spec.prompt},         {"--policy", &spec.policy},
-      {"--workaround", &spec.workaround}, {"--preset", &spec.model.preset},
-      {"--device", &spec.load.device},    {"--dtype", &spec.load.dtype},
+      {"--prompt", &spec.prompt},        {"--preset", &spec.model.preset},
+      {"--device", &spec.load.device},   {"--dtype", &spec.load.dtype},
       {"--experts", &spec.load.experts},
   };
   for (const auto& [what, text] : texts) {
@@ -134,7 +133,7 @@ std::optional<SizeEstimate> estimate_file_size(const experiment::ExperimentSpec&
   if (spec.taps.size() == 1 && spec.taps.front() == "none") {
     taps = 0;
   }
-  const std::uint64_t groups = spec.workaround.empty() ? 1 : 2;
+  const std::uint64_t groups = spec.workaround ? 2 : 1;
   const std::uint64_t repeats = positive(spec.repeats);
   const std::uint64_t batches = spec.batch_sizes.size();
   const std::uint64_t runs = mul(groups, 1 + repeats + batches);

@@ -10,8 +10,10 @@
 #include <QTimer>
 
 #include "core/base/atomic_file.h"
+#include "core/base/switches.h"
 #include "core/base/system_info.h"
 #include "core/base/version.h"
+#include "ui/controllers.h"
 #include "ui/main_window.h"
 #include "ui/report_export.h"
 
@@ -81,6 +83,8 @@ int main(int argc, char** argv) {
   }
 
   ui::MainWindow window(std::move(system).value());
+  // The program's edge: fused kernels and CUDA graphs as the environment sets them.
+  window.runController()->setSwitches(base::Switches::from_environment());
   window.show();
 
   QObject::connect(&window, &ui::MainWindow::documentShown, &window, [&] {

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "core/base/input.h"
+#include "core/base/named.h"
 #include "core/ops/policy.h"
 #include "core/probe/tap_names.h"
 
@@ -94,10 +95,10 @@ void optional_integer(const nlohmann::json& j, const char* key, std::optional<T>
   }
 }
 
-// A mode stored by name: absent gives `fallback`; another type or an unknown name is
+// A mode or policy stored by name: absent gives `fallback`; another type or an unknown name is
 // FileCorrupted naming the field.
 template <class T, class Parse>
-T mode_field(const nlohmann::json& j, const char* key, T fallback, Parse parse) {
+T parsed_field(const nlohmann::json& j, const char* key, T fallback, Parse parse) {
   if (!j.contains(key)) {
     return fallback;
   }
@@ -119,13 +120,7 @@ const char* name(RunMode mode) {
 }
 
 base::Result<RunMode> parse_run_mode(std::string_view text) {
-  for (const RunMode m : {RunMode::Free, RunMode::Lockstep}) {
-    if (text == name(m)) {
-      return m;
-    }
-  }
-  return base::Error{ErrorCode::InvalidArgument,
-                     "mode '" + std::string(text) + "': expected free or lockstep"};
+  return base::parse_named(text, {RunMode::Free, RunMode::Lockstep}, &name, "mode");
 }
 
 base::Result<void> validate(const ExperimentSpec& s) {
@@ -135,10 +130,11 @@ base::Result<void> validate(const ExperimentSpec& s) {
   // The spec is stored as JSON text in experiment files: its strings must be UTF-8, refused up
   // front (before a run whose file could not be written) with the byte offset.
   const std::string checkpoint = s.model.checkpoint_dir.string();
+  const std::string policy = ops::policy_text(s.policy);
+  const std::string workaround = s.workaround ? ops::policy_text(*s.workaround) : std::string();
   for (const auto& [text, what] :
-       {std::pair{&s.prompt, "the prompt"}, std::pair{&s.policy, "the policy"},
-        std::pair{&s.workaround, "the workaround"},
-        std::pair{&checkpoint, "the checkpoint path"}}) {
+       {std::pair{&s.prompt, "the prompt"}, std::pair{&policy, "the policy"},
+        std::pair{&workaround, "the workaround"}, std::pair{&checkpoint, "the checkpoint path"}}) {
     if (auto utf8 = base::check_utf8(*text, what); !utf8.ok()) {
       return utf8.error();
     }
@@ -163,19 +159,12 @@ base::Result<void> validate(const ExperimentSpec& s) {
       return bad("unknown tap '" + name + "'");
     }
   }
-  for (const std::string& p : {s.policy, s.workaround}) {
-    if (p.empty()) {
-      continue;
-    }
-    auto policy = ops::policy_by_name(p);
-    if (!policy.ok()) {
-      return policy.error();
-    }
-    if (policy.value().emulate_split_k.any() && s.load.device != "cpu") {
-      return bad("the emulated split-K kernel is a CPU emulation; device is " + s.load.device);
-    }
+  const bool emulates =
+      s.policy.emulate_split_k.any() || (s.workaround && s.workaround->emulate_split_k.any());
+  if (emulates && s.load.device != "cpu") {
+    return bad("the emulated split-K kernel is a CPU emulation; device is " + s.load.device);
   }
-  if (auto g = sampling::apply(s.overrides, sampling::GenerationConfig{}); !g.ok()) {
+  if (auto g = generation::apply(s.overrides, generation::GenerationConfig{}); !g.ok()) {
     return g.error();
   }
   return base::ok_result();
@@ -203,11 +192,11 @@ nlohmann::json to_json(const ExperimentSpec& s) {
           {"overrides", o},
           {"batch_sizes", s.batch_sizes},
           {"repeats", s.repeats},
-          {"rng", sampling::name(s.rng)},
-          {"prefill", sampling::name(s.prefill)},
+          {"rng", generation::name(s.rng)},
+          {"prefill", generation::name(s.prefill)},
           {"mode", name(s.mode)},
-          {"policy", s.policy},
-          {"workaround", s.workaround},
+          {"policy", ops::policy_text(s.policy)},
+          {"workaround", s.workaround ? ops::policy_text(*s.workaround) : std::string()},
           {"taps", s.taps}};
 }
 
@@ -240,11 +229,14 @@ base::Result<ExperimentSpec> spec_from_json(const nlohmann::json& doc) {
     }
     s.batch_sizes = integer_list(j, "batch_sizes", s.batch_sizes);
     s.repeats = integer_field(j, "repeats", s.repeats);
-    s.rng = mode_field(j, "rng", s.rng, sampling::parse_rng_mode);
-    s.prefill = mode_field(j, "prefill", s.prefill, sampling::parse_prefill_mode);
-    s.mode = mode_field(j, "mode", s.mode, parse_run_mode);
-    s.policy = j.value("policy", s.policy);
-    s.workaround = j.value("workaround", std::string());
+    s.rng = parsed_field(j, "rng", s.rng, generation::parse_rng_mode);
+    s.prefill = parsed_field(j, "prefill", s.prefill, generation::parse_prefill_mode);
+    s.mode = parsed_field(j, "mode", s.mode, parse_run_mode);
+    s.policy = parsed_field(j, "policy", s.policy, ops::policy_from_text);
+    // "" (the key as every file writes it without a workaround) or a policy.
+    if (!j.value("workaround", std::string()).empty()) {
+      s.workaround = parsed_field(j, "workaround", ops::OpPolicy{}, ops::policy_from_text);
+    }
     s.taps = j.value("taps", std::vector<std::string>{});
     return s;
   } catch (const nlohmann::json::exception& e) {
@@ -372,8 +364,8 @@ nlohmann::json summary_json(const ExperimentResult& r) {
           {"libtorch", r.provenance.libtorch},
           {"emulated", r.provenance.emulated},
           {"mode", name(r.spec.mode)},
-          {"rng", sampling::name(r.spec.rng)},
-          {"prefill", sampling::name(r.spec.prefill)},
+          {"rng", generation::name(r.spec.rng)},
+          {"prefill", generation::name(r.spec.prefill)},
           {"noise_floor_clean",
            floor == nullptr ? nlohmann::json(nullptr) : nlohmann::json(!floor->first.found())},
           {"runs", runs},
@@ -393,8 +385,8 @@ std::string summary_text(const ExperimentResult& r) {
     o << "NOTE: real CPU kernels in fp32 (not emulated): any divergence below comes from this "
          "CPU's own fp32 kernels\n";
   }
-  o << "mode " << name(r.spec.mode) << ", rng " << sampling::name(r.spec.rng) << ", prefill "
-    << sampling::name(r.spec.prefill) << ", seed " << r.spec.seed << ", " << r.layers
+  o << "mode " << name(r.spec.mode) << ", rng " << generation::name(r.spec.rng) << ", prefill "
+    << generation::name(r.spec.prefill) << ", seed " << r.spec.seed << ", " << r.layers
     << " layers, taps " << r.taps.size() << "\n\n";
   o << "runs:\n";
   for (const auto& run : r.runs) {

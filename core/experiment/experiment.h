@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -13,9 +14,10 @@
 #include "core/base/cancel.h"
 #include "core/base/error.h"
 #include "core/base/progress.h"
+#include "core/generation/generation_config.h"
+#include "core/generation/modes.h"
 #include "core/model/loader.h"
-#include "core/sampling/generation_config.h"
-#include "core/sampling/modes.h"
+#include "core/ops/policy.h"
 #include "core/text/token_diff.h"
 
 namespace batchlens::experiment {
@@ -33,6 +35,13 @@ struct NdArray {
       n *= d;
     }
     data.assign(static_cast<std::size_t>(n), fill);
+  }
+  /// `data` taken as is, with `dims` as its shape (the caller sized it).
+  static NdArray of(const std::vector<std::int64_t>& dims, std::vector<T> data) {
+    NdArray a;
+    a.shape = dims;
+    a.data = std::move(data);
+    return a;
   }
   std::size_t offset(std::initializer_list<std::int64_t> index) const {
     std::size_t off = 0;
@@ -84,15 +93,16 @@ struct ExperimentSpec {
   bool chat_template = true;
   std::vector<std::int64_t> prompt_ids;  ///< used instead of `prompt` when non-empty
   std::uint64_t seed = 0;                ///< sampling seed
-  sampling::GenerationOverrides overrides;
+  generation::GenerationOverrides overrides;
   std::vector<std::int64_t> batch_sizes{2, 3, 4};
   int repeats = 1;  ///< extra B=1 runs: the noise floor
-  sampling::RngMode rng = sampling::RngMode::PerRow;
-  sampling::PrefillMode prefill = sampling::PrefillMode::Copied;
+  generation::RngMode rng = generation::RngMode::PerRow;
+  generation::PrefillMode prefill = generation::PrefillMode::Copied;
   RunMode mode = RunMode::Free;
-  std::string policy = "default";  ///< every run's policy (ops::policy_by_name)
-  std::string workaround;          ///< when set, every run again with policy+workaround
-  std::vector<std::string> taps;   ///< tap names; empty = all
+  ops::OpPolicy policy;  ///< every run's policy (JSON: ops::policy_text)
+  /// When set, every run again with ops::combine(policy, workaround).
+  std::optional<ops::OpPolicy> workaround;
+  std::vector<std::string> taps;  ///< tap names; empty = all
 };
 
 /// InvalidArgument naming the first bad field (sizes, names, emulation off the CPU, ...).
@@ -119,6 +129,9 @@ struct Provenance {
   std::string dtype;
   std::int64_t threads = 0;
   bool emulated = false;  ///< some run used the emulated split-K kernel
+  /// base::Switches::describe() of the run: "" when every fused kernel and CUDA graphs were
+  /// allowed (files store it only when set).
+  std::string switches;
 };
 
 /// One engine's run: its batch size, policy and row 0's trajectory.
@@ -219,21 +232,6 @@ struct ExperimentResult {
   const RunResult* run(const std::string& id) const;
   const ComparisonResult* comparison(const std::string& id) const;
 };
-
-/// Progress and cancellation of a run.
-struct RunControl {
-  const base::CancelToken* cancel = nullptr;
-  base::ProgressFn progress;       ///< one report per tick
-  base::ProgressFn load_progress;  ///< weights being loaded
-};
-
-/// Runs the experiment: loads the model, builds one generation engine per run (the B=1
-/// reference, the B=1 repeats, each batch size; then the same with the workaround policy),
-/// steps each group's engines together one denoising step at a time and compares their taps
-/// on the device as they go. Errors: InvalidArgument (spec), those of load_model and the
-/// tokenizer, OutOfMemory, Cancelled. Never throws.
-base::Result<ExperimentResult> run_experiment(const ExperimentSpec& spec,
-                                              const RunControl& control = {});
 
 /// "canvas 0 step 2, layer 3 attn.q, position 17", or "none (bitwise identical ...)".
 std::string describe(const Divergence& divergence);

@@ -13,8 +13,8 @@
 #include <ATen/ATen.h>
 
 #include "core/base/error.h"
-#include "core/compat/fused_ops.h"
 #include "core/compat/torch_compat.h"
+#include "core/kernels/fused_ops.h"
 #include "core/ops/op_runner.h"
 
 namespace batchlens::model {
@@ -140,11 +140,11 @@ class Pass {
   }
   // x.float().pow(2).mean(-1, keepdim=True): the square fused, the mean ATen's own kernel.
   static at::Tensor mean_sq(const at::Tensor& x) {
-    return compat::fused::square(x).mean(-1, /*keepdim=*/true);
+    return kernels::square(x).mean(-1, /*keepdim=*/true);
   }
-  compat::fused::NormApply tail(const at::Tensor& x, const at::Tensor& ms,
-                                const at::Tensor& weight) const {
-    compat::fused::NormApply a;
+  kernels::NormApply tail(const at::Tensor& x, const at::Tensor& ms,
+                          const at::Tensor& weight) const {
+    kernels::NormApply a;
     a.x = x;
     a.mean_sq = ms;
     a.eps = t_.rms_norm_eps;
@@ -166,7 +166,7 @@ class Pass {
     if (!ms.defined() || !fuse_norm(x, {weight})) {
       return rms_norm(x, weight, t_.rms_norm_eps);
     }
-    return compat::fused::norm_apply(tail(x, ms, weight)).out;
+    return kernels::norm_apply(tail(x, ms, weight)).out;
   }
 
   // RMSNorm then RoPE (q and k). ref: DiffusionGemmaDecoderTextAttention.forward
@@ -175,10 +175,10 @@ class Pass {
     if (!fuse_norm(x, {weight, cos, sin}) || x.dim() != 4) {
       return apply_rope(rms_norm(x, weight, t_.rms_norm_eps), cos, sin);
     }
-    compat::fused::NormApply a = tail(x, mean_sq(x), weight);
+    kernels::NormApply a = tail(x, mean_sq(x), weight);
     a.rope_cos = cos;
     a.rope_sin = sin;
-    return compat::fused::norm_apply(a).out;
+    return kernels::norm_apply(a).out;
   }
 
   // gelu_tanh(gate) * up. ref: DiffusionGemmaText4MLP.forward, _default_apply_gate
@@ -197,7 +197,7 @@ class Pass {
     }
     const at::Tensor g = rows2d ? gate : gate.view({-1, inter});
     const at::Tensor u = rows2d ? up : up.view({-1, inter});
-    return compat::fused::gelu_mul(g, u, use_.gelu_contract).view(gate.sizes());
+    return kernels::gelu_mul(g, u, use_.gelu_contract).view(gate.sizes());
   }
 
   // Gated MLP down(gelu_tanh(gate(x)) * up(x)). ref: DiffusionGemmaText4MLP.forward
@@ -214,7 +214,7 @@ class Pass {
     if (!use_.softcap || !logits.is_contiguous()) {
       return softcap_reference(logits, cap);
     }
-    return compat::fused::softcap(logits, cap);
+    return kernels::softcap(logits, cap);
   }
 
   // ref: DiffusionGemma{Encoder,Decoder}TextAttention.forward + sdpa_attention_forward
@@ -323,10 +323,10 @@ class Pass {
     const double scalar_root_size = std::pow(static_cast<double>(t_.hidden_size), -0.5);
     at::Tensor r;
     if (flat_ms.defined() && fuse_norm(flat, {lw.router_scale})) {
-      compat::fused::NormApply a = tail(flat, flat_ms, at::Tensor());
+      kernels::NormApply a = tail(flat, flat_ms, at::Tensor());
       a.scale = lw.router_scale;
       a.scalar = scalar_root_size;
-      r = compat::fused::norm_apply(a).out;
+      r = kernels::norm_apply(a).out;
     } else {
       r = router_input_reference(flat, lw.router_scale, scalar_root_size, t_.rms_norm_eps);
     }
@@ -383,9 +383,9 @@ class Pass {
         (runner_.strategy(OpSite{OpFamily::ExpertGateUp, layer}) != ops::Strategy::Batched ||
          runner_.strategy(OpSite{OpFamily::ExpertDown, layer}) != ops::Strategy::Batched);
     const std::int64_t row_count = per_row ? rows_ : 0;
-    const compat::fused::Route route =
-        use_.route && index.is_contiguous() && compat::fused::route_fits(index.numel(), experts)
-            ? compat::fused::route(index, experts, row_count)
+    const kernels::Route route =
+        use_.route && index.is_contiguous() && kernels::route_fits(index.numel(), experts)
+            ? kernels::route(index, experts, row_count)
             : route_reference(index, experts, row_count);
     const at::Tensor& perm = route.perm;
     const at::Tensor& offsets = route.offsets;
@@ -403,7 +403,7 @@ class Pass {
     if (use_.combine && proj.is_contiguous() && proj.scalar_type() == x.scalar_type() &&
         weights.is_contiguous() && weights.scalar_type() == at::kFloat && proj.size(-1) == hidden &&
         weights.size(0) == tokens) {
-      return compat::fused::moe_combine(proj, weights, perm, use_.combine_lanes);
+      return kernels::moe_combine(proj, weights, perm, use_.combine_lanes);
     }
     return moe_combine_reference(proj, weights, perm, x.scalar_type());
   }
@@ -425,10 +425,10 @@ class Pass {
     // which in ATen compute the very same mean three times.
     at::Tensor x_ms;  // [B, S, 1] fp32, fused path only
     if (fuse_norm(h, {lw.post_attention_layernorm, residual})) {
-      compat::fused::NormApply a = tail(h, mean_sq(h), lw.post_attention_layernorm);
+      kernels::NormApply a = tail(h, mean_sq(h), lw.post_attention_layernorm);
       a.residual = residual;
       a.want_square = true;
-      compat::fused::NormResult r = compat::fused::norm_apply(a);
+      kernels::NormResult r = kernels::norm_apply(a);
       x = r.out;
       x_ms = r.square.mean(-1, /*keepdim=*/true);
     } else {
@@ -458,15 +458,15 @@ class Pass {
                        layer_scalar})) {
       // h = h1 + post_feedforward_layernorm_2(h2); x = residual + post_feedforward_layernorm(h);
       // x *= layer_scalar: two kernels (and ATen's two means).
-      compat::fused::NormApply a = tail(h2, mean_sq(h2), lw.post_feedforward_layernorm_2);
+      kernels::NormApply a = tail(h2, mean_sq(h2), lw.post_feedforward_layernorm_2);
       a.residual = h1;
       a.want_square = true;
-      const compat::fused::NormResult r = compat::fused::norm_apply(a);
-      compat::fused::NormApply b =
+      const kernels::NormResult r = kernels::norm_apply(a);
+      kernels::NormApply b =
           tail(r.out, r.square.mean(-1, /*keepdim=*/true), lw.post_feedforward_layernorm);
       b.residual = residual;
       b.layer_scalar = layer_scalar;
-      x = compat::fused::norm_apply(b).out;
+      x = kernels::norm_apply(b).out;
     } else {
       h2 = rms_norm(h2, lw.post_feedforward_layernorm_2, eps);
       h = h1 + h2;
@@ -539,7 +539,7 @@ bool ensure_cpu_bf16_matmul() {
 }
 
 DiffusionGemma::DiffusionGemma(ModelConfig config, ModelWeights weights, RunSettings settings)
-    : config_(std::move(config)), weights_(std::move(weights)), settings_(settings) {
+    : config_(std::move(config)), weights_(std::move(weights)), settings_(std::move(settings)) {
   validate(config_);
   if (device().is_cpu() && dtype() == at::kBFloat16) {
     ensure_cpu_bf16_matmul();
@@ -563,7 +563,7 @@ DiffusionGemma::DiffusionGemma(ModelConfig config, ModelWeights weights, RunSett
   // copies nothing from the host in the step loop (and can run inside a CUDA graph).
   inv_freq_sliding_ = rope_inv_freq(config_.text.rope_sliding, config_.text.head_dim).to(device());
   inv_freq_full_ = rope_inv_freq(config_.text.rope_full, config_.text.global_head_dim).to(device());
-  fused_ = check_fused_kernels(config_.text, device(), dtype());
+  fused_ = check_fused_kernels(config_.text, device(), dtype(), settings_.switches);
 }
 
 void DiffusionGemma::encode(const at::Tensor& ids, KvCache& cache,

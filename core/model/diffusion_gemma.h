@@ -6,6 +6,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "core/base/switches.h"
 #include "core/model/config.h"
 #include "core/model/fused_layer.h"
 #include "core/model/weights.h"
@@ -23,6 +24,7 @@ enum class ExpertsImpl {
 /// Per-run computation choices (not part of the model).
 struct RunSettings {
   ExpertsImpl experts = ExpertsImpl::Eager;
+  base::Switches switches;  ///< which fused kernels may be checked and used
 };
 
 /// "eager" / "grouped_mm".

@@ -2,7 +2,6 @@
 #include "core/model/fused_layer.h"
 
 #include <cmath>
-#include <cstdlib>
 #include <functional>
 #include <string>
 #include <vector>
@@ -10,7 +9,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
-#include "core/compat/fused_ops.h"
+#include "core/kernels/fused_ops.h"
 #include "core/model/diffusion_gemma.h"
 
 namespace batchlens::model {
@@ -31,13 +30,12 @@ at::Tensor moe_combine_reference(const at::Tensor& proj, const at::Tensor& weigh
   return weighted.view({tokens, top_k, proj.size(-1)}).sum(1).to(dtype);
 }
 
-compat::fused::Route route_reference(const at::Tensor& index, std::int64_t experts,
-                                     std::int64_t rows) {
+kernels::Route route_reference(const at::Tensor& index, std::int64_t experts, std::int64_t rows) {
   const std::int64_t top_k = index.size(-1);
   const std::int64_t tokens = index.numel() / top_k;
   const at::Tensor expert_ids = index.reshape(-1);  // [S]
   auto [expert_ids_g, perm] = at::sort(expert_ids);
-  compat::fused::Route r;
+  kernels::Route r;
   r.perm = perm;
   r.token_of = at::div(perm, top_k, "floor");
   // histc: float input on the CPU, int on CUDA (deterministic there), as the reference chooses.
@@ -98,7 +96,7 @@ class Check {
 
 // The RMSNorm tail in every combination the model uses, for rows of width n.
 bool check_norm(Check& c, std::int64_t n, double eps, double scalar, std::string& why) {
-  namespace fused = compat::fused;
+  namespace fused = kernels;
   const at::Tensor x = c.normal({2, 8, 4, n}, 2.0);  // [B, S, H, D]
   const at::Tensor w = c.normal({n}, 0.5) + 1.0;
   const at::Tensor sq = fused::square(x);
@@ -170,7 +168,7 @@ int check_combine(Check& c, std::int64_t top_k, std::int64_t hidden) {
     const at::Tensor expected = moe_combine_reference(proj, weights, perm, c.dtype());
     std::vector<int> still;
     for (const int l : lanes) {
-      if (bits_equal(compat::fused::moe_combine(proj, weights, perm, l), expected)) {
+      if (bits_equal(kernels::moe_combine(proj, weights, perm, l), expected)) {
         still.push_back(l);
       }
     }
@@ -182,13 +180,13 @@ int check_combine(Check& c, std::int64_t top_k, std::int64_t hidden) {
 // The counting sort against torch.sort + histc + cumsum, at two token counts.
 bool check_route(Check& c, std::int64_t experts, std::int64_t top_k) {
   for (const std::int64_t tokens : {256, 1024}) {
-    if (!compat::fused::route_fits(tokens * top_k, experts)) {
+    if (!kernels::route_fits(tokens * top_k, experts)) {
       continue;
     }
     const at::Tensor scores = c.normal({tokens, experts}, 1.0, at::kFloat);
     const at::Tensor index = std::get<1>(at::topk(scores, top_k, -1)).contiguous();
-    const compat::fused::Route got = compat::fused::route(index, experts, 4);
-    const compat::fused::Route want = route_reference(index, experts, 4);
+    const kernels::Route got = kernels::route(index, experts, 4);
+    const kernels::Route want = route_reference(index, experts, 4);
     if (!at::equal(got.perm, want.perm) || !at::equal(got.token_of, want.token_of) ||
         !at::equal(got.offsets, want.offsets) || !at::equal(got.row_of, want.row_of)) {
       return false;
@@ -200,13 +198,13 @@ bool check_route(Check& c, std::int64_t experts, std::int64_t top_k) {
 }  // namespace
 
 FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& device,
-                                 at::ScalarType dtype) {
+                                 at::ScalarType dtype, const base::Switches& switches) {
   FusedKernels f;
-  if (!device.is_cuda() || !compat::fused::built()) {
+  if (!device.is_cuda() || !kernels::built()) {
     f.report = "fused kernels: none (not a CUDA device and build)";
     return f;
   }
-  if (const char* env = std::getenv("BATCHLENS_FUSED"); env != nullptr && std::string(env) == "0") {
+  if (!switches.fused) {
     f.report = "fused kernels: off (BATCHLENS_FUSED=0)";
     return f;
   }
@@ -231,13 +229,13 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
   const at::Tensor up = gate_up.narrow(-1, inter, inter);
   const at::Tensor gelu_expected = gelu_mul_reference(gate, up);
   for (const bool contract : {true, false}) {
-    if (!f.gelu && bits_equal(compat::fused::gelu_mul(gate, up, contract), gelu_expected)) {
+    if (!f.gelu && bits_equal(kernels::gelu_mul(gate, up, contract), gelu_expected)) {
       f.gelu = true;
       f.gelu_contract = contract;
     }
   }
   const at::Tensor logits = c.normal({64, 4096}, 20.0);
-  f.softcap = bits_equal(compat::fused::softcap(logits, text.final_logit_softcapping),
+  f.softcap = bits_equal(kernels::softcap(logits, text.final_logit_softcapping),
                          softcap_reference(logits, text.final_logit_softcapping));
 
   const auto said = [](bool ok) {
@@ -250,17 +248,13 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
              (f.gelu ? std::string(f.gelu_contract ? "yes (fma)" : "yes") : said(false)) +
              ", softcap " + said(f.softcap) + ", route " + said(f.route);
   // BATCHLENS_FUSED_OFF=name,name: leave checked kernels unused (to bisect, and to measure each).
-  if (const char* off = std::getenv("BATCHLENS_FUSED_OFF"); off != nullptr && *off != '\0') {
-    const std::string list = std::string(",") + off + ",";
-    const auto has = [&](const char* name) {
-      return list.find(std::string(",") + name + ",") != std::string::npos;
-    };
-    f.norm = f.norm && !has("norm");
-    f.combine = f.combine && !has("combine");
-    f.gelu = f.gelu && !has("gelu");
-    f.softcap = f.softcap && !has("softcap");
-    f.route = f.route && !has("route");
-    f.report += "; turned off by BATCHLENS_FUSED_OFF=" + std::string(off);
+  if (!switches.fused_off.empty()) {
+    f.norm = f.norm && switches.fused_kernel("norm");
+    f.combine = f.combine && switches.fused_kernel("combine");
+    f.gelu = f.gelu && switches.fused_kernel("gelu");
+    f.softcap = f.softcap && switches.fused_kernel("softcap");
+    f.route = f.route && switches.fused_kernel("route");
+    f.report += "; turned off by " + switches.describe();
   }
   return f;
 }

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // The elementwise op chains of a decoder layer as transformers runs them (ATen, op by op), and
-// which of BatchLens's fused CUDA kernels (core/compat/fused_ops.h) may replace them on a
+// which of BatchLens's fused CUDA kernels (core/kernels/fused_ops.h) may replace them on a
 // device: a kernel is used only after it reproduced its chain bit for bit there.
 #pragma once
 
@@ -9,7 +9,8 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "core/compat/fused_ops.h"
+#include "core/base/switches.h"
+#include "core/kernels/fused_ops.h"
 #include "core/model/config.h"
 
 namespace batchlens::model {
@@ -30,11 +31,12 @@ struct FusedKernels {
 
 /// Checks each fused kernel on `device` against the ATen chain, on seeded random data with the
 /// model's widths (hidden size, both head dims, top-k, a slice of the vocabulary), and returns
-/// those that matched bitwise. All false off CUDA, in builds without the kernels, or when the
-/// environment sets BATCHLENS_FUSED=0; BATCHLENS_FUSED_OFF=norm,combine,gelu,softcap,route
-/// leaves the named ones unused. Synchronises with the device (call it at load).
+/// those that matched bitwise. All false off CUDA, in builds without the kernels, or when
+/// `switches` turn them off (BATCHLENS_FUSED=0); those `switches` name (BATCHLENS_FUSED_OFF=
+/// norm,combine,gelu,softcap,route) are left unused. Synchronises with the device (call it at
+/// load).
 FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& device,
-                                 at::ScalarType dtype);
+                                 at::ScalarType dtype, const base::Switches& switches = {});
 
 /// ATen chains (ref: transformers 5.17), used by the model and by the checks.
 /// gelu_tanh(gate) * up. ref: DiffusionGemmaText4MLP.forward, _default_apply_gate
@@ -45,8 +47,7 @@ at::Tensor moe_combine_reference(const at::Tensor& proj, const at::Tensor& weigh
                                  const at::Tensor& perm, at::ScalarType dtype);
 /// torch.sort(index.reshape(-1)), perm // K, cumsum(histc(sorted, E, 0, E - 1)) as int32, and
 /// with rows > 0 the batch row of each sorted slot. ref: grouped_mm_experts_forward
-compat::fused::Route route_reference(const at::Tensor& index, std::int64_t experts,
-                                     std::int64_t rows);
+kernels::Route route_reference(const at::Tensor& index, std::int64_t experts, std::int64_t rows);
 /// tanh(logits.float() / cap) * cap. ref: DiffusionGemmaForBlockDiffusion.forward
 at::Tensor softcap_reference(const at::Tensor& logits, double cap);
 /// rms_norm(x) * scale * scalar. ref: DiffusionGemmaTextRouter.forward

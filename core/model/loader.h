@@ -13,6 +13,7 @@
 #include "core/base/cancel.h"
 #include "core/base/error.h"
 #include "core/base/progress.h"
+#include "core/base/switches.h"
 
 namespace batchlens::model {
 
@@ -88,7 +89,9 @@ struct LoadOptions {
   std::string device = "cpu";     ///< "cpu", "cuda", "cuda:N"
   std::string dtype = "bf16";     ///< "bf16" or "fp32" (fp32 on CPU only)
   std::string experts = "eager";  ///< "eager" or "grouped_mm"
-  base::ProgressFn progress;      ///< per tensor loaded
+  /// Fused kernels and CUDA graphs (base::Switches::from_environment() at the program's edge).
+  base::Switches switches;
+  base::ProgressFn progress;  ///< per tensor loaded
   const base::CancelToken* cancel = nullptr;
   Workload workload;         ///< for the memory check (not part of a spec)
   FreeMemoryFn free_memory;  ///< empty: query_free_memory (tests inject one)

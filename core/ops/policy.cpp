@@ -216,56 +216,60 @@ base::Result<OpPolicy> policy_from_json(const nlohmann::json& doc) {
   }
 }
 
-base::Result<OpPolicy> policy_by_name(const std::string& name_or_file) {
-  if (const auto plus = name_or_file.find('+'); plus != std::string::npos) {
-    auto a = policy_by_name(name_or_file.substr(0, plus));
-    if (!a.ok()) {
-      return a;
-    }
-    auto b = policy_by_name(name_or_file.substr(plus + 1));
-    if (!b.ok()) {
-      return b;
-    }
-    return combine(a.value(), b.value());
-  }
-  if (name_or_file == "emulated_split_k") {
-    return OpPolicy::emulated_split_k();
-  }
-  if (name_or_file == "default") {
-    return OpPolicy::default_policy();
-  }
-  if (name_or_file == "issue_workaround") {
-    return OpPolicy::issue_workaround();
-  }
-  if (name_or_file == "row_wise_all") {
-    return OpPolicy::row_wise_all();
-  }
-  if (!name_or_file.empty() && name_or_file.front() == '{') {
-    // Inline policy JSON (the GUI's per-family, per-layer-range workaround editor); nesting is
-    // limited and the message never echoes the text.
-    auto doc = base::parse_json(name_or_file, "inline policy");
+base::Result<OpPolicy> policy_from_text(const std::string& text) {
+  if (!text.empty() && text.front() == '{') {
+    // Inline policy JSON (the GUI's per-family, per-layer-range workaround editor).
+    auto doc = base::parse_json(text, "inline policy");
     if (!doc.ok()) {
       return doc.error();
     }
     return policy_from_json(doc.value());
   }
-  // A policy file: a FIFO, device or directory is refused without blocking on it.
-  if (auto checked = base::check_input_file(name_or_file, "policy file"); !checked.ok()) {
-    if (checked.error().code != base::ErrorCode::FileNotFound) {
-      return checked.error();
+  if (const auto plus = text.find('+'); plus != std::string::npos) {
+    auto a = policy_from_text(text.substr(0, plus));
+    if (!a.ok()) {
+      return a;
     }
-    const std::string shown =
-        name_or_file.size() > 100 ? name_or_file.substr(0, 97) + "..." : name_or_file;
-    return base::Error{base::ErrorCode::InvalidArgument,
-                       "policy '" + shown +
-                           "': expected default, issue_workaround, row_wise_all, emulated_split_k, "
-                           "names joined with + or a JSON file"};
+    auto b = policy_from_text(text.substr(plus + 1));
+    if (!b.ok()) {
+      return b;
+    }
+    return combine(a.value(), b.value());
   }
-  auto text = base::read_input_file(name_or_file, "policy file", std::uint64_t{16} << 20);
+  for (OpPolicy (*make)() : {&OpPolicy::default_policy, &OpPolicy::issue_workaround,
+                             &OpPolicy::row_wise_all, &OpPolicy::emulated_split_k}) {
+    if (OpPolicy p = make(); p.name == text) {
+      return p;
+    }
+  }
+  const std::string shown = text.size() > 100 ? text.substr(0, 97) + "..." : text;
+  return base::Error{base::ErrorCode::InvalidArgument,
+                     "policy '" + shown +
+                         "': expected default, issue_workaround, row_wise_all, emulated_split_k, "
+                         "policy JSON, such parts joined with + or a JSON file"};
+}
+
+std::string policy_text(const OpPolicy& policy) {
+  if (auto named = policy_from_text(policy.name); named.ok() && named.value() == policy) {
+    return policy.name;
+  }
+  return to_json(policy).dump();
+}
+
+base::Result<OpPolicy> policy_from_argument(const std::string& text_or_file) {
+  auto policy = policy_from_text(text_or_file);
+  if (policy.ok() || (!text_or_file.empty() && text_or_file.front() == '{')) {
+    return policy;
+  }
+  // A policy file: a FIFO, device or directory is refused without blocking on it.
+  if (auto checked = base::check_input_file(text_or_file, "policy file"); !checked.ok()) {
+    return checked.error().code == base::ErrorCode::FileNotFound ? policy.error() : checked.error();
+  }
+  auto text = base::read_input_file(text_or_file, "policy file", std::uint64_t{16} << 20);
   if (!text.ok()) {
     return text.error();
   }
-  auto doc = base::parse_json(text.value(), "policy file '" + name_or_file + "'");
+  auto doc = base::parse_json(text.value(), "policy file '" + text_or_file + "'");
   if (!doc.ok()) {
     return doc.error();
   }

@@ -34,6 +34,11 @@ struct PolicyRule {
   Strategy strategy = Strategy::RowWise;
 
   bool matches(OpFamily family, int layer) const;
+  friend bool operator==(const PolicyRule& a, const PolicyRule& b) {
+    return a.families == b.families && a.first_layer == b.first_layer &&
+           a.last_layer == b.last_layer && a.strategy == b.strategy;
+  }
+  friend bool operator!=(const PolicyRule& a, const PolicyRule& b) { return !(a == b); }
 };
 
 /// An ordered list of rules; the last rule that matches an op decides, ops no rule matches
@@ -63,6 +68,12 @@ struct OpPolicy {
   static OpPolicy issue_workaround();
   /// Every GEMM family (all but attention) on the emulated split-K kernel, batched.
   static OpPolicy emulated_split_k();
+
+  /// Same name, rules and emulation.
+  friend bool operator==(const OpPolicy& a, const OpPolicy& b) {
+    return a.name == b.name && a.rules == b.rules && a.emulate_split_k == b.emulate_split_k;
+  }
+  friend bool operator!=(const OpPolicy& a, const OpPolicy& b) { return !(a == b); }
 };
 
 /// The GEMM families the emulation can apply to (every family but Attention).
@@ -79,11 +90,20 @@ base::Result<FamilySet> parse_families(const std::vector<std::string>& names);
 nlohmann::json to_json(const OpPolicy& policy);
 /// Inverse of to_json; InvalidArgument on malformed input. Never throws.
 base::Result<OpPolicy> policy_from_json(const nlohmann::json& doc);
-/// A named policy ("default", "issue_workaround", "row_wise_all", "emulated_split_k"), names
-/// joined with "+" (combined left to right, e.g. "emulated_split_k+issue_workaround"), inline
-/// policy JSON (text starting with '{') or a policy JSON file (to_json's format). InvalidArgument
-/// for anything else or a malformed file. Never throws.
-base::Result<OpPolicy> policy_by_name(const std::string& name_or_file);
+/// The text form of a policy in experiment specs, settings and on the command line: a named
+/// policy ("default", "issue_workaround", "row_wise_all", "emulated_split_k"), inline policy
+/// JSON (text starting with '{': to_json's format, nesting limited, never echoed in messages),
+/// or such parts joined with "+" (combined left to right, e.g.
+/// "emulated_split_k+issue_workaround"). InvalidArgument otherwise. Never throws.
+base::Result<OpPolicy> policy_from_text(const std::string& text);
+/// Inverse of policy_from_text: the policy's name when policy_from_text(name) gives the policy
+/// back (every named policy and their combinations), else its compact to_json.
+std::string policy_text(const OpPolicy& policy);
+
+/// The command line's --policy: policy_from_text, or else a policy JSON file (to_json's format;
+/// FIFOs, devices and folders refused without blocking). InvalidArgument for anything else or a
+/// malformed file. Never throws.
+base::Result<OpPolicy> policy_from_argument(const std::string& text_or_file);
 
 /// A one-line description, e.g. "issue_workaround: row_wise {router_proj, selfcond_matmul}".
 std::string describe(const OpPolicy& policy);

@@ -12,7 +12,7 @@
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include "core/compat/fused_ops.h"
+#include "core/kernels/fused_ops.h"
 
 namespace batchlens::probe {
 
@@ -105,8 +105,8 @@ DiffAcc diff_bytes(const std::uint8_t* a, const std::uint8_t* b, std::int64_t n,
 }
 
 // One pair's [C, n] rows (raw pointers into contiguous tensors of `type`) into out [3, C].
-void diff_pair_cpu(const compat::fused::kernels::DiffPair& pair, at::ScalarType type,
-                   std::size_t size, std::int64_t c, float* out) {
+void diff_pair_cpu(const kernels::cuda::DiffPair& pair, at::ScalarType type, std::size_t size,
+                   std::int64_t c, float* out) {
   const std::int64_t n = pair.inner;
   const auto* pa = static_cast<const std::uint8_t*>(pair.a);
   const auto* pb = static_cast<const std::uint8_t*>(pair.b);
@@ -145,8 +145,8 @@ void diff_pair_cpu(const compat::fused::kernels::DiffPair& pair, at::ScalarType 
   });
 }
 
-compat::fused::kernels::DiffKind kind_of(const at::Tensor& t) {
-  using compat::fused::kernels::DiffKind;
+kernels::cuda::DiffKind kind_of(const at::Tensor& t) {
+  using kernels::cuda::DiffKind;
   switch (t.scalar_type()) {
     case at::kBFloat16:
       return DiffKind::BF16;
@@ -167,23 +167,6 @@ compat::fused::kernels::DiffKind kind_of(const at::Tensor& t) {
     default:
       return DiffKind::Bits8;
   }
-}
-
-// Whether the CUDA kernel may run: built, and not turned off with BATCHLENS_FUSED=0 or
-// BATCHLENS_FUSED_OFF=...,diff,... (then the ATen definition runs, pair by pair).
-bool kernel_enabled() {
-  static const bool enabled = [] {
-    if (!compat::fused::built()) {
-      return false;
-    }
-    const char* all = std::getenv("BATCHLENS_FUSED");
-    if (all != nullptr && std::string(all) == "0") {
-      return false;
-    }
-    const char* off = std::getenv("BATCHLENS_FUSED_OFF");
-    return off == nullptr || ("," + std::string(off) + ",").find(",diff,") == std::string::npos;
-  }();
-  return enabled;
 }
 
 // Whether the kernel reads every pair's dtype (not fp64 nor complex: those take ATen's ops).
@@ -229,7 +212,8 @@ at::Tensor position_diff(const at::Tensor& ref, const at::Tensor& run) {
   return at::stack({frac, abs, ulp});
 }
 
-at::Tensor position_diffs(const std::vector<TapRow>& refs, const std::vector<TapRow>& runs) {
+at::Tensor position_diffs(const std::vector<TapRow>& refs, const std::vector<TapRow>& runs,
+                          bool use_kernel) {
   TORCH_CHECK(refs.size() == runs.size() && !refs.empty(),
               "position_diffs: needs as many runs as references, at least one");
   const at::Tensor& first = refs.front().tensor;
@@ -237,7 +221,7 @@ at::Tensor position_diffs(const std::vector<TapRow>& refs, const std::vector<Tap
               first.sizes());
   const std::int64_t c = first.size(1);
   const at::Device device = first.device();
-  const bool cuda = device.is_cuda() && kernel_enabled() && kernel_types(refs);
+  const bool cuda = device.is_cuda() && use_kernel && kernels::built() && kernel_types(refs);
   if (!cuda && !device.is_cpu()) {
     std::vector<at::Tensor> rows;
     rows.reserve(refs.size());
@@ -248,7 +232,7 @@ at::Tensor position_diffs(const std::vector<TapRow>& refs, const std::vector<Tap
     return at::stack(rows);
   }
   std::vector<at::Tensor> keep;  // contiguous copies of the (rare) strided tensors
-  std::vector<compat::fused::kernels::DiffPair> pairs(refs.size());
+  std::vector<kernels::cuda::DiffPair> pairs(refs.size());
   const auto contiguous = [&keep](const at::Tensor& t) -> const at::Tensor& {
     if (t.is_contiguous()) {
       return t;
@@ -276,7 +260,7 @@ at::Tensor position_diffs(const std::vector<TapRow>& refs, const std::vector<Tap
                     (!cuda && a.scalar_type() == at::kDouble),
                 "position_diffs: unsupported dtype ", a.scalar_type());
     TORCH_CHECK(!at::isComplexType(a.scalar_type()), "position_diffs: complex tensors");
-    compat::fused::kernels::DiffPair& p = pairs[i];
+    kernels::cuda::DiffPair& p = pairs[i];
     p.a = row_pointer(contiguous(a), refs[i].row);
     p.b = row_pointer(contiguous(b), runs[i].row);
     p.inner = c > 0 ? a.numel() / (a.size(0) * c) : 0;
@@ -285,7 +269,7 @@ at::Tensor position_diffs(const std::vector<TapRow>& refs, const std::vector<Tap
   if (cuda) {
     TORCH_CHECK(c <= std::numeric_limits<std::int32_t>::max(),
                 "position_diffs: too many positions for one grid: ", c);
-    return compat::fused::position_diffs(pairs, c, device);
+    return kernels::position_diffs(pairs, c, device);
   }
   at::Tensor out = at::empty({static_cast<std::int64_t>(refs.size()), 3, c}, at::kFloat);
   for (std::size_t i = 0; i < refs.size(); ++i) {
@@ -296,8 +280,8 @@ at::Tensor position_diffs(const std::vector<TapRow>& refs, const std::vector<Tap
   return out;
 }
 
-at::Tensor position_diffs(const std::vector<at::Tensor>& refs,
-                          const std::vector<at::Tensor>& runs) {
+at::Tensor position_diffs(const std::vector<at::Tensor>& refs, const std::vector<at::Tensor>& runs,
+                          bool use_kernel) {
   TORCH_CHECK(refs.size() == runs.size(), "position_diffs: needs as many runs as references");
   std::vector<TapRow> a;
   std::vector<TapRow> b;
@@ -305,7 +289,7 @@ at::Tensor position_diffs(const std::vector<at::Tensor>& refs,
     a.push_back({refs[i].dim() > 0 ? refs[i].unsqueeze(0) : refs[i].view({1, 1}), 0});
     b.push_back({runs[i].dim() > 0 ? runs[i].unsqueeze(0) : runs[i].view({1, 1}), 0});
   }
-  return position_diffs(a, b);
+  return position_diffs(a, b, use_kernel);
 }
 
 at::Tensor routing_flips(const at::Tensor& ref_ids, const at::Tensor& run_ids) {

@@ -27,13 +27,16 @@ struct TapRow {
 /// element shape and dtype per pair, the same C for every pair, on one device) -> [n, 3, C]
 /// fp32 on that device, row i equal to position_diff(refs[i] row, runs[i] row) bit for bit.
 /// No views are made: the experiment runner compares every tap of a step this way, with one
-/// kernel launch per 120 pairs on CUDA (the kernel of core/compat, no host sync) and one read
+/// kernel launch per 120 pairs on CUDA (the kernel of core/kernels, no host sync) and one read
 /// of every element on the CPU; the ATen ops on other devices, for fp64 taps on CUDA, and when
-/// BATCHLENS_FUSED=0 or BATCHLENS_FUSED_OFF names `diff`.
-at::Tensor position_diffs(const std::vector<TapRow>& refs, const std::vector<TapRow>& runs);
+/// `use_kernel` is false (base::Switches::fused_kernel("diff"): BATCHLENS_FUSED=0 or
+/// BATCHLENS_FUSED_OFF names `diff`).
+at::Tensor position_diffs(const std::vector<TapRow>& refs, const std::vector<TapRow>& runs,
+                          bool use_kernel = true);
 
 /// position_diffs of [C, ...] tensors (each its own single row).
-at::Tensor position_diffs(const std::vector<at::Tensor>& refs, const std::vector<at::Tensor>& runs);
+at::Tensor position_diffs(const std::vector<at::Tensor>& refs, const std::vector<at::Tensor>& runs,
+                          bool use_kernel = true);
 
 /// ULP distance |key(a) - key(b)| of two bf16, fp16 or fp32 tensors, as int64: the keys order
 /// floats like integers (sign-magnitude to two's complement), so adjacent floats are 1 apart.

@@ -13,13 +13,8 @@
 
 namespace batchlens::setup {
 
-namespace {
-
-using base::take;
-
 using base::ErrorCode;
-
-}  // namespace
+using base::take;
 
 std::string Inputs::decode_until_stop(const std::vector<std::int64_t>& tokens,
                                       std::int64_t stop_position) const {
@@ -29,6 +24,24 @@ std::string Inputs::decode_until_stop(const std::vector<std::int64_t>& tokens,
   const bool stops = stop_position >= 0 && static_cast<std::size_t>(stop_position) < tokens.size();
   const auto end = stops ? tokens.begin() + stop_position + 1 : tokens.end();
   return tokenizer->decode(std::vector<std::int64_t>(tokens.begin(), end));
+}
+
+base::Result<std::shared_ptr<const text::Tokenizer>> tokenizer_from_file(
+    const std::filesystem::path& path) {
+  auto t = text::Tokenizer::from_file(path);
+  if (!t.ok()) {
+    return t.error();
+  }
+  return std::shared_ptr<const text::Tokenizer>(
+      std::make_shared<const text::Tokenizer>(std::move(t).value()));
+}
+
+base::Result<std::string> preset_tokenizer_json(const std::string& preset) {
+  auto config = model::load_preset(preset);
+  if (!config.ok()) {
+    return config.error();
+  }
+  return text::preset_tokenizer_json(config.value().text.vocab_size);
 }
 
 base::Result<std::shared_ptr<const text::Tokenizer>> tokenizer_for(
@@ -42,25 +55,16 @@ base::Result<std::shared_ptr<const text::Tokenizer>> tokenizer_for(
                                                       source.checkpoint_dir.string() +
                                                       ": give the prompt as token ids"};
     }
-    auto t = text::Tokenizer::from_file(path);
-    if (!t.ok()) {
-      return t.error();
-    }
-    return Shared(std::make_shared<const text::Tokenizer>(std::move(t).value()));
+    return tokenizer_from_file(path);
   }
-  auto config = model::load_preset(source.preset);
-  if (!config.ok()) {
-    return config.error();
-  }
-  // A preset's tokenizer is generated; build it once per vocabulary size.
-  const std::int64_t vocab = config.value().text.vocab_size;
+  // A preset's tokenizer is generated; build it once per preset and share it.
   static std::mutex mutex;
-  static std::map<std::int64_t, Shared> cache;
+  static std::map<std::string, Shared> cache;
   const std::lock_guard<std::mutex> lock(mutex);
-  if (auto it = cache.find(vocab); it != cache.end()) {
+  if (auto it = cache.find(source.preset); it != cache.end()) {
     return it->second;
   }
-  auto json = text::preset_tokenizer_json(vocab);
+  auto json = preset_tokenizer_json(source.preset);
   if (!json.ok()) {
     return json.error();
   }
@@ -69,65 +73,128 @@ base::Result<std::shared_ptr<const text::Tokenizer>> tokenizer_for(
     return t.error();
   }
   Shared shared = std::make_shared<const text::Tokenizer>(std::move(t).value());
-  cache.emplace(vocab, shared);
+  cache.emplace(source.preset, shared);
   return shared;
 }
 
-base::Result<sampling::GenerationConfig> generation_config_for(
-    const model::ModelSource& source, const sampling::GenerationOverrides& overrides) {
+base::Result<generation::GenerationConfig> generation_config_for(
+    const model::ModelSource& source, const generation::GenerationOverrides& overrides) {
   if (source.checkpoint_dir.empty()) {
-    return sampling::apply(overrides, sampling::GenerationConfig{});
+    return generation::apply(overrides, generation::GenerationConfig{});
   }
-  auto file = sampling::load_generation_config(source.checkpoint_dir);
+  auto file = generation::load_generation_config(source.checkpoint_dir);
   if (!file.ok()) {
     return file.error();
   }
-  return sampling::apply(overrides, file.value());
+  return generation::apply(overrides, file.value());
 }
 
+namespace {
+
+// The inputs of a prompt with a known tokenizer (null: ids only).
+Inputs inputs_with(std::shared_ptr<const text::Tokenizer> tokenizer,
+                   const model::ModelSource& source, const Prompt& prompt,
+                   const generation::GenerationOverrides& overrides) {
+  Inputs in;
+  in.generation = take(generation_config_for(source, overrides));
+  in.tokenizer = std::move(tokenizer);
+  if (prompt.ids.empty() && !in.tokenizer) {
+    base::raise(ErrorCode::InvalidArgument,
+                "no tokenizer in " + source.describe() + ": give the prompt as token ids");
+  }
+  in.prompt_ids = !prompt.ids.empty()
+                      ? prompt.ids
+                      : take(in.tokenizer->encode(
+                            prompt.chat_template ? text::chat_prompt(prompt.text) : prompt.text));
+  if (in.prompt_ids.empty()) {
+    base::raise(ErrorCode::InvalidArgument, "the prompt has no tokens");
+  }
+  in.prompt_text = in.tokenizer ? in.tokenizer->decode(in.prompt_ids) : std::string();
+  return in;
+}
+
+// The tokenizer of a source, or null when a checkpoint has none.
+std::shared_ptr<const text::Tokenizer> optional_tokenizer(const model::ModelSource& source) {
+  auto t = tokenizer_for(source);
+  if (t.ok()) {
+    return std::move(t).value();
+  }
+  if (t.error().code != ErrorCode::FileNotFound) {
+    throw base::ErrorException(t.error());
+  }
+  return nullptr;
+}
+
+void check_vocabulary(const std::vector<std::int64_t>& ids, const model::DiffusionGemma& m) {
+  const std::int64_t vocab = m.config().text.vocab_size;
+  for (const std::int64_t id : ids) {
+    if (id < 0 || id >= vocab) {
+      base::raise(ErrorCode::InvalidArgument, "prompt token id " + std::to_string(id) +
+                                                  " is outside the vocabulary (0.." +
+                                                  std::to_string(vocab - 1) + ")");
+    }
+  }
+}
+
+// Loads the model into `s` (source and tokenizer already set).
+void load_into(Session& s, model::LoadOptions load) {
+  const auto start = std::chrono::steady_clock::now();
+  s.model = take(model::load_model(s.source, load));
+  s.load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  s.config_json = model::to_json(s.model->config()).dump(2);
+  load.progress = nullptr;
+  load.cancel = nullptr;
+  load.free_memory = nullptr;
+  s.load = std::move(load);
+}
+
+}  // namespace
+
 base::Result<Inputs> prepare(const model::ModelSource& source, const Prompt& prompt,
-                             const sampling::GenerationOverrides& overrides) {
+                             const generation::GenerationOverrides& overrides) {
   return base::guarded([&]() -> Inputs {
-    Inputs in;
-    in.generation = take(generation_config_for(source, overrides));
-    if (auto t = tokenizer_for(source); t.ok()) {
-      in.tokenizer = std::move(t).value();
-    } else if (prompt.ids.empty() || t.error().code != ErrorCode::FileNotFound) {
-      throw base::ErrorException(t.error());
+    // Without a tokenizer, ids are enough; the error of reading one otherwise explains.
+    auto tokenizer = tokenizer_for(source);
+    if (!tokenizer.ok() &&
+        (prompt.ids.empty() || tokenizer.error().code != ErrorCode::FileNotFound)) {
+      throw base::ErrorException(tokenizer.error());
     }
-    in.prompt_ids = !prompt.ids.empty()
-                        ? prompt.ids
-                        : take(in.tokenizer->encode(
-                              prompt.chat_template ? text::chat_prompt(prompt.text) : prompt.text));
-    if (in.prompt_ids.empty()) {
-      base::raise(ErrorCode::InvalidArgument, "the prompt has no tokens");
-    }
-    in.prompt_text = in.tokenizer ? in.tokenizer->decode(in.prompt_ids) : std::string();
+    return inputs_with(tokenizer.ok() ? std::move(tokenizer).value() : nullptr, source, prompt,
+                       overrides);
+  });
+}
+
+base::Result<Inputs> Session::prepare(const Prompt& prompt,
+                                      const generation::GenerationOverrides& overrides) const {
+  return base::guarded([&]() -> Inputs {
+    Inputs in = inputs_with(tokenizer, source, prompt, overrides);
+    check_vocabulary(in.prompt_ids, *model);
     return in;
+  });
+}
+
+base::Result<Session> open_model(const model::ModelSource& source, model::LoadOptions load) {
+  return base::guarded([&]() -> Session {
+    Session s;
+    s.source = source;
+    s.tokenizer = optional_tokenizer(source);
+    load_into(s, std::move(load));
+    return s;
   });
 }
 
 base::Result<Session> open_session(const model::ModelSource& source, model::LoadOptions load,
                                    const Prompt& prompt,
-                                   const sampling::GenerationOverrides& overrides) {
+                                   const generation::GenerationOverrides& overrides) {
   return base::guarded([&]() -> Session {
     Session s;
     s.source = source;
     s.inputs = take(prepare(source, prompt, overrides));
+    s.tokenizer = s.inputs.tokenizer;
     load.workload.prompt_tokens = static_cast<std::int64_t>(s.inputs.prompt_ids.size());
     load.workload.new_tokens = s.inputs.generation.max_new_tokens;
-    const auto start = std::chrono::steady_clock::now();
-    s.model = take(model::load_model(source, load));
-    s.load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    s.config_json = model::to_json(s.model->config()).dump(2);
-    const std::int64_t vocab = s.model->config().text.vocab_size;
-    for (const std::int64_t id : s.inputs.prompt_ids) {
-      if (id < 0 || id >= vocab) {
-        base::raise(ErrorCode::InvalidArgument, "prompt token id " + std::to_string(id) +
-                                                    " is outside the vocabulary (0.." +
-                                                    std::to_string(vocab - 1) + ")");
-      }
-    }
+    load_into(s, std::move(load));
+    check_vocabulary(s.inputs.prompt_ids, *s.model);
     return s;
   });
 }

@@ -7,9 +7,9 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include "core/generation/engine.h"
 #include "core/model/diffusion_gemma.h"
 #include "core/model/safetensors.h"
-#include "core/sampling/generate.h"
 
 namespace batchlens::setup {
 
@@ -29,7 +29,7 @@ base::Result<GenerateReport> run_generation(const model::ModelSource& source,
       base::raise(ErrorCode::InvalidArgument,
                   "batch size must be in 1..4096, not " + std::to_string(request.batch_size));
     }
-    const ops::OpPolicy policy = take(ops::policy_by_name(request.policy));
+    const ops::OpPolicy& policy = request.policy;
     model::LoadOptions sized = load;  // what will run, for the memory check before loading
     sized.workload.rows = request.batch_size;
     sized.workload.max_batch = request.batch_size;
@@ -41,17 +41,18 @@ base::Result<GenerateReport> run_generation(const model::ModelSource& source,
     report.has_text = session.inputs.tokenizer != nullptr;
     report.model = source.describe();
     report.policy = ops::describe(policy);
-    report.rng = sampling::name(request.rng);
-    report.prefill = sampling::name(request.prefill);
+    report.rng = generation::name(request.rng);
+    report.prefill = generation::name(request.prefill);
     report.seed = request.seed;
 
-    sampling::GenerateOptions o;
+    generation::GenerateOptions o;
     o.batch_size = request.batch_size;
     o.seed = request.seed;
     o.rng = request.rng;
     o.prefill = request.prefill;
     o.config = report.config;
     o.policy = &policy;
+    o.cuda_graph = load.switches.cuda_graphs;
     o.cancel = request.cancel;
     const int steps = report.config.sampler.max_denoising_steps;
     const std::int64_t canvases =
@@ -61,7 +62,7 @@ base::Result<GenerateReport> run_generation(const model::ModelSource& source,
     std::vector<std::pair<std::string, at::Tensor>> record;
     // Only when someone listens: each record copies the step's tensors to the host.
     if (!request.record_path.empty() || request.progress) {
-      o.on_step = [&](const sampling::StepRecord& r) {
+      o.on_step = [&](const generation::StepRecord& r) {
         if (!request.record_path.empty()) {
           const std::string key =
               "c" + std::to_string(r.canvas) + ".s" + std::to_string(r.step) + ".";
@@ -84,7 +85,7 @@ base::Result<GenerateReport> run_generation(const model::ModelSource& source,
     }
     const at::Tensor prompt =
         at::tensor(report.prompt_ids, at::TensorOptions().dtype(at::kLong)).view({1, -1});
-    const sampling::GenerationResult res = sampling::generate(m, prompt, o);
+    const generation::GenerationResult res = generation::generate(m, prompt, o);
     if (!request.record_path.empty()) {
       record.emplace_back("prompt", prompt);
       record.emplace_back("sequences", res.sequences);
@@ -93,10 +94,10 @@ base::Result<GenerateReport> run_generation(const model::ModelSource& source,
                                 {"seed", std::to_string(request.seed)},
                                 {"rng", report.rng},
                                 {"prefill", report.prefill},
-                                {"generation_config", sampling::to_json(report.config)},
+                                {"generation_config", generation::to_json(report.config)},
                                 {"canvases", std::to_string(res.canvases)}});
     }
-    for (const sampling::RowOutcome& row : res.rows) {
+    for (const generation::RowOutcome& row : res.rows) {
       GeneratedRow out;
       out.tokens = row.tokens;
       out.stop_position = row.stop_position;
@@ -148,7 +149,7 @@ std::string report_json(const GenerateReport& r) {
   j["rng"] = r.rng;
   j["prefill"] = r.prefill;
   j["seed"] = r.seed;
-  j["generation_config"] = nlohmann::ordered_json::parse(sampling::to_json(r.config));
+  j["generation_config"] = nlohmann::ordered_json::parse(generation::to_json(r.config));
   j["prompt_ids"] = r.prompt_ids;
   j["rows"] = nlohmann::ordered_json::array();
   for (const GeneratedRow& row : r.rows) {

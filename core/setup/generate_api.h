@@ -10,9 +10,10 @@
 #include "core/base/cancel.h"
 #include "core/base/error.h"
 #include "core/base/progress.h"
+#include "core/generation/generation_config.h"
+#include "core/generation/modes.h"
 #include "core/model/loader.h"
-#include "core/sampling/generation_config.h"
-#include "core/sampling/modes.h"
+#include "core/ops/policy.h"
 #include "core/setup/front_door.h"
 
 namespace batchlens::setup {
@@ -22,10 +23,10 @@ struct GenerateRequest {
   Prompt prompt;
   std::int64_t batch_size = 1;
   std::uint64_t seed = 0;
-  sampling::GenerationOverrides overrides;  ///< over generation_config.json (or its defaults)
-  sampling::RngMode rng = sampling::RngMode::PerRow;
-  sampling::PrefillMode prefill = sampling::PrefillMode::Copied;
-  std::string policy = "default";  ///< a name ops::policy_by_name knows
+  generation::GenerationOverrides overrides;  ///< over generation_config.json (or its defaults)
+  generation::RngMode rng = generation::RngMode::PerRow;
+  generation::PrefillMode prefill = generation::PrefillMode::Copied;
+  ops::OpPolicy policy;  ///< every op's strategy (default: as transformers computes)
   const base::CancelToken* cancel = nullptr;
   base::ProgressFn progress;  ///< one report per denoising step (all rows)
   /// When set, every step's record (canvas in, draws, argmax, acceptance, entropy, finished)
@@ -48,7 +49,7 @@ struct GenerateReport {
   std::string rng;
   std::string prefill;
   std::uint64_t seed = 0;
-  sampling::GenerationConfig config;     ///< what ran (file + overrides)
+  generation::GenerationConfig config;   ///< what ran (file + overrides)
   std::vector<std::int64_t> prompt_ids;  ///< what the model saw
   bool has_text = false;                 ///< a tokenizer was found; `text` fields are filled
   std::vector<GeneratedRow> rows;        ///< one per batch row

@@ -14,10 +14,10 @@
 #include <c10/util/accumulate.h>
 
 #include "core/experiment/experiment.h"
+#include "core/generation/generation_config.h"
 #include "core/model/config.h"
 #include "core/model/safetensors.h"
 #include "core/ops/policy.h"
-#include "core/sampling/generation_config.h"
 #include "tests/support/gemma_tokenizer.h"
 
 namespace {
@@ -81,14 +81,14 @@ int main(int argc, char** argv) {
 
   write_text(out / "tokenizer" / "gemma_fixture.json", testing::gemma_fixture_tokenizer_json());
 
-  sampling::GenerationConfig gen;
-  write_text(out / "generation_config" / "default.json", sampling::to_json(gen));
+  generation::GenerationConfig gen;
+  write_text(out / "generation_config" / "default.json", generation::to_json(gen));
   gen.sampler.max_denoising_steps = 4;
   gen.sampler.t_min = 0.1;
   gen.sampler.t_max = 0.9;
   gen.max_new_tokens = 16;
   gen.eos_token_ids = {1};
-  write_text(out / "generation_config" / "short.json", sampling::to_json(gen));
+  write_text(out / "generation_config" / "short.json", generation::to_json(gen));
 
   const std::vector<std::pair<std::string, ops::OpPolicy>> policies{
       {"default", ops::OpPolicy::default_policy()},
@@ -105,10 +105,10 @@ int main(int argc, char** argv) {
   spec.model.preset = "tiny";
   write_text(out / "spec" / "default.json", experiment::to_json(spec).dump(2));
   spec.mode = experiment::RunMode::Lockstep;
-  spec.rng = sampling::RngMode::Shared;
-  spec.prefill = sampling::PrefillMode::Batched;
-  spec.policy = "emulated_split_k";
-  spec.workaround = "issue_workaround";
+  spec.rng = generation::RngMode::Shared;
+  spec.prefill = generation::PrefillMode::Batched;
+  spec.policy = ops::OpPolicy::emulated_split_k();
+  spec.workaround = ops::OpPolicy::issue_workaround();
   spec.batch_sizes = {2, 4};
   spec.repeats = 2;
   spec.taps = {"logits", "router_logits"};

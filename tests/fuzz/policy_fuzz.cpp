@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-// Fuzz target: op policy JSON (ops::policy_from_json, and policy_by_name for inline JSON),
+// Fuzz target: op policy JSON (ops::policy_from_json, and policy_from_text),
 // then what runs do with an accepted policy: resolve every family in a few layers, describe it,
 // combine it with the workaround.
 #include <cstddef>
@@ -40,7 +40,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // reader open arbitrary paths.
   const auto text = fuzz::as_text(data, size);
   if (!text.empty() && text.front() == '{') {
-    const auto by_name = ops::policy_by_name(std::string(text));
+    const auto by_name = ops::policy_from_text(std::string(text));
     if (by_name.ok()) {
       exercise(by_name.value());
     }

@@ -35,6 +35,7 @@
 #include <QUrl>
 #include <gtest/gtest.h>
 
+#include "core/experiment/runner.h"
 #include "core/io/experiment_file.h"
 #include "ui/controllers.h"
 #include "ui/heatmap_plot.h"
@@ -66,8 +67,10 @@ experiment::ExperimentSpec demoSpec(const std::string& workaround) {
   s.overrides.max_denoising_steps = 6;
   s.overrides.max_new_tokens = 64;
   s.batch_sizes = {2, 4};
-  s.policy = "emulated_split_k";
-  s.workaround = workaround;
+  s.policy = ops::OpPolicy::emulated_split_k();
+  if (!workaround.empty()) {
+    s.workaround = ops::policy_from_text(workaround).value();
+  }
   return s;
 }
 
@@ -295,14 +298,17 @@ TEST_F(ExplorerTest, WorkaroundToggleStartsARunWithTheWorkaroundOps) {
   panel->workaroundCheck()->click();
   ASSERT_TRUE(window_->runController()->isRunning());
   const auto& spec = window_->runController()->lastSpec();
-  ASSERT_FALSE(spec.workaround.empty());
+  ASSERT_TRUE(spec.workaround.has_value());
   // router_proj + selfcond_matmul (the preset) and the added lm_head, all row-wise.
-  auto policy = nlohmann::json::parse(spec.workaround);
   std::set<std::string> families;
-  for (const auto& rule : policy["rules"]) {
-    EXPECT_EQ(rule["strategy"], "row_wise");
-    for (const auto& f : rule["families"]) {
-      families.insert(f.get<std::string>());
+  for (const auto& rule : spec.workaround->rules) {
+    EXPECT_EQ(rule.strategy, ops::Strategy::RowWise);
+    EXPECT_EQ(rule.first_layer, 0);
+    EXPECT_EQ(rule.last_layer, -1);
+    for (int f = 0; f < ops::kOpFamilyCount; ++f) {
+      if (rule.families.test(static_cast<std::size_t>(f))) {
+        families.insert(std::string(ops::family_name(static_cast<ops::OpFamily>(f))));
+      }
     }
   }
   EXPECT_EQ(families, (std::set<std::string>{"router_proj", "selfcond_matmul", "lm_head"}));
@@ -487,10 +493,10 @@ TEST_F(ExplorerTest, RunPanelBuildsTheSpecAndRefusesBadInput) {
   // One click from the demo preset on this machine, with the emulation labelled as policy.
   EXPECT_EQ(spec.value().model.preset, "demo");
   EXPECT_EQ(spec.value().load.device, "cpu");
-  EXPECT_EQ(spec.value().policy, "emulated_split_k");
-  EXPECT_TRUE(spec.value().workaround.empty());
+  EXPECT_EQ(spec.value().policy, ops::OpPolicy::emulated_split_k());
+  EXPECT_FALSE(spec.value().workaround.has_value());
   panel->setWorkaroundEnabled(true);
-  EXPECT_EQ(panel->spec().value().workaround, "issue_workaround");
+  EXPECT_EQ(panel->spec().value().workaround, ops::OpPolicy::issue_workaround());
   panel->findChild<QLineEdit*>(QStringLiteral("BatchSizesEdit"))->setText(QStringLiteral("2,x"));
   auto bad = panel->spec();
   ASSERT_FALSE(bad.ok());

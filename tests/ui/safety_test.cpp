@@ -21,6 +21,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "core/experiment/runner.h"
 #include "core/io/experiment_file.h"
 #include "ui/controllers.h"
 #include "ui/explorer_state.h"

@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "core/experiment/runner.h"
 #include "core/io/experiment_file.h"
 #include "core/model/config.h"
 
@@ -30,7 +31,7 @@ ExperimentSpec demo_spec(const std::string& policy, RunMode mode = RunMode::Free
   s.seed = 11;
   s.overrides.max_denoising_steps = 6;
   s.overrides.max_new_tokens = 64;  // two canvases of 32
-  s.policy = policy;
+  s.policy = ops::policy_from_argument(policy).value();
   s.mode = mode;
   return s;
 }
@@ -52,7 +53,7 @@ const ExperimentResult& default_run() {
 
 const ExperimentResult& emulated_run() {
   auto s = demo_spec("emulated_split_k");
-  s.workaround = "issue_workaround";
+  s.workaround = ops::OpPolicy::issue_workaround();
   return run_cached("emulated", s);
 }
 
@@ -129,7 +130,7 @@ TEST(Experiment, IssueWorkaroundFixesEmulationOfItsOwnFamilies) {
   auto s = demo_spec(policy);
   s.batch_sizes = {2, 4};
   s.repeats = 0;
-  s.workaround = "issue_workaround";
+  s.workaround = ops::OpPolicy::issue_workaround();
   const ExperimentResult& r = run_cached("two_family", s);
   const ComparisonResult* without = r.comparison("ref__b4");
   const ComparisonResult* with = r.comparison("wa.ref__wa.b4");
@@ -226,13 +227,70 @@ TEST(Experiment, CpuFp32IsARealSourceOfBatchDivergence) {
   EXPECT_NE(summary_text(r).find("real CPU kernels in fp32"), std::string::npos);
 }
 
+// Bitwise equality of two float arrays (NaN where nothing was compared).
+bool same_bits(const NdArray<float>& a, const NdArray<float>& b) {
+  return a.shape == b.shape && a.data.size() == b.data.size() &&
+         std::memcmp(a.data.data(), b.data.data(), a.data.size() * sizeof(float)) == 0;
+}
+
+// issue #15: one loaded model, many experiments: a run on an open session computes what a run
+// that loads its own model computes, bit for bit, and the session stays usable.
+TEST(Experiment, ManyExperimentsOnOneLoadedModel) {
+  const ExperimentSpec spec = [] {
+    auto s = demo_spec("emulated_split_k");
+    s.workaround = ops::OpPolicy::issue_workaround();
+    return s;
+  }();
+  auto session = setup::open_model(spec.model, spec.load);
+  ASSERT_TRUE(session.ok()) << session.error().message;
+  const ExperimentResult& alone = emulated_run();
+  for (int trial = 0; trial < 2; ++trial) {
+    auto r = run_experiment(session.value(), spec);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    EXPECT_EQ(r.value().timings.load_s, 0.0);
+    ASSERT_EQ(r.value().runs.size(), alone.runs.size());
+    for (std::size_t i = 0; i < alone.runs.size(); ++i) {
+      EXPECT_EQ(r.value().runs[i].id, alone.runs[i].id);
+      EXPECT_EQ(r.value().runs[i].tokens, alone.runs[i].tokens) << alone.runs[i].id;
+      EXPECT_EQ(r.value().runs[i].canvas_in.data, alone.runs[i].canvas_in.data);
+    }
+    ASSERT_EQ(r.value().comparisons.size(), alone.comparisons.size());
+    for (std::size_t i = 0; i < alone.comparisons.size(); ++i) {
+      const ComparisonResult& a = alone.comparisons[i];
+      const ComparisonResult& b = r.value().comparisons[i];
+      EXPECT_EQ(a.id, b.id);
+      EXPECT_TRUE(same_bits(a.frac_differ, b.frac_differ)) << a.id;
+      EXPECT_TRUE(same_bits(a.pos_max_ulp, b.pos_max_ulp)) << a.id;
+      EXPECT_EQ(describe(a.first), describe(b.first));
+    }
+  }
+  // Another prompt and seed on the same model: prepared against the session, no reload.
+  auto other = spec;
+  other.prompt = "Hello there";
+  other.seed = 3;
+  other.batch_sizes = {2};
+  other.workaround.reset();
+  auto r = run_experiment(session.value(), other);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  EXPECT_EQ(r.value().runs.size(), 3U);
+  EXPECT_NE(r.value().prompt_ids, alone.prompt_ids);
+  // A spec for another model is refused, naming both.
+  auto tiny = spec;
+  tiny.model.preset = "tiny";
+  auto refused = run_experiment(session.value(), tiny);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code, base::ErrorCode::InvalidArgument);
+  EXPECT_NE(refused.error().message.find("tiny"), std::string::npos) << refused.error().message;
+  EXPECT_NE(refused.error().message.find("demo"), std::string::npos) << refused.error().message;
+}
+
 TEST(Experiment, InvalidSpecsAreRefused) {
   auto s = demo_spec("default");
   s.batch_sizes = {1};
   EXPECT_FALSE(run_experiment(s).ok());
   EXPECT_EQ(parse_run_mode("sideways").error().code, base::ErrorCode::InvalidArgument);
-  EXPECT_EQ(sampling::parse_rng_mode("global").error().code, base::ErrorCode::InvalidArgument);
-  EXPECT_EQ(sampling::parse_prefill_mode("x").error().code, base::ErrorCode::InvalidArgument);
+  EXPECT_EQ(generation::parse_rng_mode("global").error().code, base::ErrorCode::InvalidArgument);
+  EXPECT_EQ(generation::parse_prefill_mode("x").error().code, base::ErrorCode::InvalidArgument);
   for (const RunMode m : {RunMode::Free, RunMode::Lockstep}) {
     EXPECT_EQ(parse_run_mode(name(m)).value(), m);
   }
@@ -307,7 +365,7 @@ TEST(Experiment, SpecTextIsParsedWithANestingLimit) {
   const auto back = spec_from_json_text(to_json(s).dump());
   ASSERT_TRUE(back.ok()) << back.error().message;
   EXPECT_EQ(back.value().batch_sizes, s.batch_sizes);
-  EXPECT_EQ(back.value().policy, "issue_workaround");
+  EXPECT_EQ(back.value().policy, ops::OpPolicy::issue_workaround());
   EXPECT_EQ(back.value().prompt, s.prompt);
 
   const std::string deep =

@@ -17,6 +17,7 @@
 #include <hdf5.h>
 
 #include "core/experiment/experiment.h"
+#include "core/experiment/runner.h"
 #include "core/io/experiment_file.h"
 
 #include <fcntl.h>
@@ -43,7 +44,7 @@ const ExperimentResult& tiny_experiment() {
     s.overrides.max_denoising_steps = 3;
     s.overrides.max_new_tokens = 16;
     s.batch_sizes = {2};
-    s.policy = "emulated_split_k";
+    s.policy = ops::OpPolicy::emulated_split_k();
     auto out = experiment::run_experiment(s);
     EXPECT_TRUE(out.ok()) << (out.ok() ? "" : out.error().message);
     return out.ok() ? out.value() : ExperimentResult{};
@@ -60,9 +61,9 @@ const ExperimentResult& tiny_lockstep_experiment() {
     s.overrides.max_denoising_steps = 3;
     s.overrides.max_new_tokens = 16;
     s.batch_sizes = {2, 3};
-    s.policy = "emulated_split_k";
+    s.policy = ops::OpPolicy::emulated_split_k();
     s.mode = experiment::RunMode::Lockstep;
-    s.workaround = "issue_workaround";
+    s.workaround = ops::OpPolicy::issue_workaround();
     auto out = experiment::run_experiment(s);
     EXPECT_TRUE(out.ok()) << (out.ok() ? "" : out.error().message);
     return out.ok() ? out.value() : ExperimentResult{};

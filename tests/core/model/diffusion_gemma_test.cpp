@@ -263,8 +263,9 @@ TEST(DiffusionGemma, RejectsBadInputsWithClearErrors) {
   ASSERT_FALSE(bad_sc.ok());
   EXPECT_EQ(bad_sc.error().code, base::ErrorCode::InvalidArgument);
 
-  const auto grouped = base::guarded(
-      [&] { return DiffusionGemma(m.config(), m.weights(), RunSettings{ExpertsImpl::GroupedMm}); });
+  const auto grouped = base::guarded([&] {
+    return DiffusionGemma(m.config(), m.weights(), RunSettings{ExpertsImpl::GroupedMm, {}});
+  });
   ASSERT_FALSE(grouped.ok());
   EXPECT_NE(grouped.error().message.find("grouped_mm"), std::string::npos);
 }

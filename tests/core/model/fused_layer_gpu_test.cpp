@@ -9,7 +9,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
-#include "core/compat/fused_ops.h"
+#include "core/kernels/fused_ops.h"
 #include "core/model/diffusion_gemma.h"
 #include "core/model/fused_layer.h"
 #include "core/probe/tap_names.h"
@@ -43,7 +43,7 @@ std::int64_t differing(const at::Tensor& a, const at::Tensor& b) {
 
 TEST(FusedLayerGpu, EveryKernelMatchesAtenOnThisDeviceForTheShippedShapes) {
   ASSERT_TRUE(at::hasCUDA()) << "gpu tests need a CUDA device";
-  ASSERT_TRUE(compat::fused::built());
+  ASSERT_TRUE(kernels::built());
   for (const char* name : {"demo", "mid", "26b-a4b"}) {
     const ModelConfig c = preset(name);
     const FusedKernels f = check_fused_kernels(c.text, at::Device(at::kCUDA, 0), at::kBFloat16);
@@ -74,7 +74,7 @@ TEST(FusedLayerGpu, CombineSumOrderIsObservable) {
   int differing = 0;
   for (const int lanes : {1, 2, 4, 8}) {
     const bool same =
-        at::equal(bits(compat::fused::moe_combine(proj, weights, perm, lanes)), bits(expected));
+        at::equal(bits(kernels::moe_combine(proj, weights, perm, lanes)), bits(expected));
     (same ? matching : differing) += 1;
   }
   EXPECT_GE(matching, 1);
@@ -88,7 +88,7 @@ TEST(FusedLayerGpu, FusedForwardEqualsUnfusedForwardInEveryTap) {
   const ModelConfig cfg = preset("mid");
   const at::Device cuda(at::kCUDA, 0);
   const DiffusionGemma m(cfg, random_weights(cfg, 5, cuda, at::kBFloat16),
-                         RunSettings{ExpertsImpl::GroupedMm});
+                         RunSettings{ExpertsImpl::GroupedMm, {}});
   std::cout << m.fused_kernels().report << "\n";
   ASSERT_TRUE(m.fused_kernels().any()) << m.fused_kernels().report;
   const auto& t = cfg.text;
@@ -136,10 +136,26 @@ TEST(FusedLayerGpu, EnvironmentSwitchTurnsThemOff) {
   ASSERT_TRUE(at::hasCUDA());
   const ModelConfig cfg = preset("demo");
   ::setenv("BATCHLENS_FUSED", "0", 1);
-  const FusedKernels off = check_fused_kernels(cfg.text, at::Device(at::kCUDA, 0), at::kBFloat16);
+  const base::Switches switches = base::Switches::from_environment();
   ::unsetenv("BATCHLENS_FUSED");
+  const FusedKernels off =
+      check_fused_kernels(cfg.text, at::Device(at::kCUDA, 0), at::kBFloat16, switches);
   EXPECT_FALSE(off.any());
   EXPECT_NE(off.report.find("BATCHLENS_FUSED=0"), std::string::npos) << off.report;
+}
+
+TEST(FusedLayerGpu, SwitchesLeaveNamedKernelsUnused) {
+  ASSERT_TRUE(at::hasCUDA());
+  const ModelConfig cfg = preset("demo");
+  base::Switches switches;
+  switches.fused_off = {"norm", "route"};
+  const FusedKernels f =
+      check_fused_kernels(cfg.text, at::Device(at::kCUDA, 0), at::kBFloat16, switches);
+  EXPECT_FALSE(f.norm);
+  EXPECT_FALSE(f.route);
+  EXPECT_TRUE(f.softcap) << f.report;
+  EXPECT_NE(f.report.find("turned off by BATCHLENS_FUSED_OFF=norm,route"), std::string::npos)
+      << f.report;
 }
 
 }  // namespace

@@ -93,49 +93,82 @@ namespace batchlens::ops {
 namespace {
 
 TEST(OpPolicy, ByNameOrJsonFile) {
-  EXPECT_TRUE(policy_by_name("default").value().is_default());
-  EXPECT_EQ(policy_by_name("issue_workaround").value().name, "issue_workaround");
-  EXPECT_EQ(policy_by_name("row_wise_all").value().resolve(OpFamily::LmHead, -1),
+  EXPECT_TRUE(policy_from_argument("default").value().is_default());
+  EXPECT_EQ(policy_from_argument("issue_workaround").value().name, "issue_workaround");
+  EXPECT_EQ(policy_from_argument("row_wise_all").value().resolve(OpFamily::LmHead, -1),
             Strategy::RowWise);
-  const auto missing = policy_by_name("no_such_policy");
+  const auto missing = policy_from_argument("no_such_policy");
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.error().message.find("expected default"), std::string::npos);
 
   const std::string path = ::testing::TempDir() + "/bl_policy_test.json";
   { std::ofstream(path) << to_json(OpPolicy::issue_workaround()).dump(); }
-  const auto from_file = policy_by_name(path);
+  const auto from_file = policy_from_argument(path);
   ASSERT_TRUE(from_file.ok()) << from_file.error().message;
   EXPECT_EQ(from_file.value().resolve(OpFamily::RouterProj, 3), Strategy::RowWise);
   { std::ofstream(path) << "{ not json"; }
-  const auto bad = policy_by_name(path);
+  const auto bad = policy_from_argument(path);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message.find("not valid JSON"), std::string::npos);
   std::remove(path.c_str());
 }
 
 TEST(OpPolicy, InlineJson) {
-  const auto inline_policy = policy_by_name(
+  const auto inline_policy = policy_from_argument(
       R"({"name": "custom", "rules": [{"families": ["router_proj"], "first_layer": 2,)"
       R"( "last_layer": 3, "strategy": "row_wise"}]})");
   ASSERT_TRUE(inline_policy.ok()) << inline_policy.error().message;
   EXPECT_EQ(inline_policy.value().name, "custom");
   EXPECT_EQ(inline_policy.value().resolve(OpFamily::RouterProj, 2), Strategy::RowWise);
   EXPECT_EQ(inline_policy.value().resolve(OpFamily::RouterProj, 4), Strategy::Batched);
-  const auto combined =
-      policy_by_name(R"(emulated_split_k+{"name": "c", "rules": [{"families": ["lm_head"]}]})");
+  const auto combined = policy_from_argument(
+      R"(emulated_split_k+{"name": "c", "rules": [{"families": ["lm_head"]}]})");
   ASSERT_TRUE(combined.ok()) << combined.error().message;
   EXPECT_TRUE(combined.value().emulates(OpFamily::QProj));
   EXPECT_EQ(combined.value().resolve(OpFamily::LmHead, -1), Strategy::RowWise);
-  const auto bad = policy_by_name("{ not json");
+  const auto bad = policy_from_argument("{ not json");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.error().message.find("inline policy"), std::string::npos);
+}
+
+// issue #15: specs and settings carry policies as text; every policy survives the round trip,
+// and named ones keep their name (the files' spec JSON is unchanged).
+TEST(OpPolicy, TextRoundTrip) {
+  for (const OpPolicy& p : {OpPolicy::default_policy(), OpPolicy::issue_workaround(),
+                            OpPolicy::row_wise_all(), OpPolicy::emulated_split_k(),
+                            combine(OpPolicy::emulated_split_k(), OpPolicy::issue_workaround())}) {
+    EXPECT_EQ(policy_text(p), p.name);
+    const auto back = policy_from_text(policy_text(p));
+    ASSERT_TRUE(back.ok()) << back.error().message;
+    EXPECT_EQ(back.value(), p) << p.name;
+  }
+  EXPECT_EQ(policy_text(combine(OpPolicy::default_policy(), OpPolicy::issue_workaround())),
+            "issue_workaround");
+  OpPolicy custom;
+  custom.name = "custom_row_wise";
+  FamilySet lm_head;
+  lm_head.set(static_cast<std::size_t>(OpFamily::LmHead));
+  custom.rules.push_back({lm_head, 2, 5, Strategy::RowWise});
+  custom.emulate_split_k = gemm_families();
+  const std::string text = policy_text(custom);
+  ASSERT_EQ(text.front(), '{');
+  const auto back = policy_from_text(text);
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(back.value(), custom);
+  // A policy named like a preset but with other rules is not mistaken for it.
+  OpPolicy renamed = custom;
+  renamed.name = "issue_workaround";
+  EXPECT_EQ(policy_text(renamed).front(), '{');
+  EXPECT_EQ(policy_from_text(policy_text(renamed)).value(), renamed);
+  // Text never names a file: that is the command line's (policy_from_argument).
+  EXPECT_FALSE(policy_from_text("/etc/passwd").ok());
 }
 
 // issue #14: inline and file policies are depth-limited; the message does not echo them.
 TEST(OpPolicy, DeeplyNestedJsonIsRefused) {
   const std::string deep =
       "{\"rules\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
-  const auto inline_policy = policy_by_name(deep);
+  const auto inline_policy = policy_from_argument(deep);
   ASSERT_FALSE(inline_policy.ok());
   EXPECT_EQ(inline_policy.error().code, base::ErrorCode::InvalidArgument);
   EXPECT_NE(inline_policy.error().message.find("more than 64 deep"), std::string::npos)
@@ -144,18 +177,19 @@ TEST(OpPolicy, DeeplyNestedJsonIsRefused) {
 
   const std::string path = ::testing::TempDir() + "/bl_policy_deep.json";
   { std::ofstream(path) << deep; }
-  const auto from_file = policy_by_name(path);
+  const auto from_file = policy_from_argument(path);
   ASSERT_FALSE(from_file.ok());
   EXPECT_NE(from_file.error().message.find("more than 64 deep"), std::string::npos);
   EXPECT_NE(from_file.error().message.find(path), std::string::npos);
   std::remove(path.c_str());
 
   // Fields of the wrong type are refused, not thrown.
-  const auto typed = policy_by_name(R"({"rules": [{"families": ["lm_head"], "strategy": 3}]})");
+  const auto typed =
+      policy_from_argument(R"({"rules": [{"families": ["lm_head"], "strategy": 3}]})");
   ASSERT_FALSE(typed.ok());
   EXPECT_EQ(typed.error().code, base::ErrorCode::InvalidArgument);
   const auto huge_layer =
-      policy_by_name(R"({"rules": [{"families": ["lm_head"], "first_layer": 1e300}]})");
+      policy_from_argument(R"({"rules": [{"families": ["lm_head"], "first_layer": 1e300}]})");
   ASSERT_FALSE(huge_layer.ok());
 }
 
@@ -166,7 +200,7 @@ TEST(OpPolicy, FifoIsRefusedWithoutBlocking) {
   batchlens::test::make_fifo(path);
   const base::Error error =
       batchlens::test::expect_refused_without_blocking(path, [&]() -> base::Result<void> {
-        auto p = policy_by_name(path.string());
+        auto p = policy_from_argument(path.string());
         if (!p.ok()) {
           return p.error();
         }

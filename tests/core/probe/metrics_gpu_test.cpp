@@ -6,7 +6,7 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include "core/compat/fused_ops.h"
+#include "core/kernels/fused_ops.h"
 #include "core/probe/metrics.h"
 #include "tests/support/diff_pairs.h"
 
@@ -33,7 +33,7 @@ void expect_rows_equal(const at::Tensor& many, const std::vector<at::Tensor>& re
 }
 
 TEST(MetricsGpu, KernelEqualsTheAtenDefinitionAndTheCpuPass) {
-  if (!at::hasCUDA() || !compat::fused::built()) {
+  if (!at::hasCUDA() || !kernels::built()) {
     GTEST_SKIP() << "no CUDA device or no fused kernels in this build";
   }
   const std::int64_t c = 37;
@@ -48,7 +48,7 @@ TEST(MetricsGpu, KernelEqualsTheAtenDefinitionAndTheCpuPass) {
 }
 
 TEST(MetricsGpu, LogitsSizedRowsAndNonContiguousViews) {
-  if (!at::hasCUDA() || !compat::fused::built()) {
+  if (!at::hasCUDA() || !kernels::built()) {
     GTEST_SKIP() << "no CUDA device or no fused kernels in this build";
   }
   // A logits tap [C, V] with V = 262144 (the model's vocabulary), and row 1 of a [B, C, H]
@@ -69,7 +69,7 @@ TEST(MetricsGpu, LogitsSizedRowsAndNonContiguousViews) {
 }
 
 TEST(MetricsGpu, RowsOfBatchedTapsEqualTheCpuPass) {
-  if (!at::hasCUDA() || !compat::fused::built()) {
+  if (!at::hasCUDA() || !kernels::built()) {
     GTEST_SKIP() << "no CUDA device or no fused kernels in this build";
   }
   at::manual_seed(6);
@@ -101,7 +101,7 @@ TEST(MetricsGpu, RowsOfBatchedTapsEqualTheCpuPass) {
 }
 
 TEST(MetricsGpu, MorePairsThanOneGridColumn) {
-  if (!at::hasCUDA() || !compat::fused::built()) {
+  if (!at::hasCUDA() || !kernels::built()) {
     GTEST_SKIP() << "no CUDA device or no fused kernels in this build";
   }
   // 70000 pairs: 584 launches of up to 120 pairs each (the pairs travel as kernel parameters).

@@ -6,15 +6,15 @@
 // - a value ATen stores as bf16 between two ops is rounded here too (round_to), with
 //   __float2bfloat16_rn, which is what c10::BFloat16's conversion compiles to on CUDA;
 // - rsqrtf and tanhf are the CUDA math library's, as in ATen's rsqrt and gelu kernels.
-// core/compat/fused_ops_cuda.cpp checks every kernel against ATen on the device before use.
+// core/kernels/fused_ops_cuda.cpp checks every kernel against ATen on the device before use.
 #include <cub/block/block_radix_sort.cuh>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
-#include "core/compat/fused_kernels.h"
+#include "core/kernels/fused_kernels.h"
 
-namespace batchlens::compat::fused::kernels {
+namespace batchlens::kernels::cuda {
 namespace {
 
 constexpr int kThreads = 256;
@@ -602,4 +602,4 @@ int position_diff(const DiffPair* pairs, std::int64_t count, std::int64_t positi
   return 0;
 }
 
-}  // namespace batchlens::compat::fused::kernels
+}  // namespace batchlens::kernels::cuda

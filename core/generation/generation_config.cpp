@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "core/sampling/generation_config.h"
+#include "core/generation/generation_config.h"
 
 #include <cmath>
 #include <cstdint>
@@ -11,7 +11,7 @@
 
 #include "core/base/input.h"
 
-namespace batchlens::sampling {
+namespace batchlens::generation {
 
 namespace {
 
@@ -203,4 +203,4 @@ std::string to_json(const GenerationConfig& c) {
   return j.dump(2) + "\n";
 }
 
-}  // namespace batchlens::sampling
+}  // namespace batchlens::generation

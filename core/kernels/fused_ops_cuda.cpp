@@ -7,21 +7,21 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
-#include "core/compat/fused_kernels.h"
-#include "core/compat/fused_ops.h"
+#include "core/kernels/fused_kernels.h"
+#include "core/kernels/fused_ops.h"
 
-namespace batchlens::compat::fused {
+namespace batchlens::kernels {
 namespace {
 
-kernels::Elem elem_of(const at::Tensor& t, const char* what) {
+cuda::Elem elem_of(const at::Tensor& t, const char* what) {
   TORCH_CHECK(t.is_cuda(), "fused ", what, ": not a CUDA tensor");
   TORCH_CHECK(t.is_contiguous(), "fused ", what, ": not contiguous");
   if (t.scalar_type() == at::kBFloat16) {
-    return kernels::Elem::BF16;
+    return cuda::Elem::BF16;
   }
   TORCH_CHECK(t.scalar_type() == at::kFloat, "fused ", what, ": bf16 or fp32 only, got ",
               t.scalar_type());
-  return kernels::Elem::F32;
+  return cuda::Elem::F32;
 }
 
 void* stream_of(const at::Tensor& t) {
@@ -53,17 +53,16 @@ bool built() {
 }
 
 at::Tensor square(const at::Tensor& x) {
-  const kernels::Elem elem = elem_of(x, "square");
+  const cuda::Elem elem = elem_of(x, "square");
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = at::empty(x.sizes(), x.options().dtype(at::kFloat));
-  check(kernels::square(elem, x.data_ptr(), out.data_ptr<float>(), x.numel(), stream_of(x)),
-        "square");
+  check(cuda::square(elem, x.data_ptr(), out.data_ptr<float>(), x.numel(), stream_of(x)), "square");
   return out;
 }
 
 NormResult norm_apply(const NormApply& a) {
   const at::Tensor& x = a.x;
-  kernels::NormArgs k;
+  cuda::NormArgs k;
   k.elem = elem_of(x, "norm");
   const c10::cuda::CUDAGuard guard(x.device());
   k.n = x.dim() > 0 ? x.size(-1) : 1;
@@ -95,13 +94,13 @@ NormResult norm_apply(const NormApply& a) {
     result.square = at::empty(x.sizes(), x.options().dtype(at::kFloat));
     k.square = result.square.data_ptr<float>();
   }
-  check(kernels::norm_apply(k, stream_of(x)), "norm");
+  check(cuda::norm_apply(k, stream_of(x)), "norm");
   return result;
 }
 
 at::Tensor moe_combine(const at::Tensor& proj, const at::Tensor& weights, const at::Tensor& perm,
                        int lanes) {
-  const kernels::Elem elem = elem_of(proj, "combine");
+  const cuda::Elem elem = elem_of(proj, "combine");
   const c10::cuda::CUDAGuard guard(proj.device());
   TORCH_CHECK(proj.dim() == 2 && weights.dim() == 2 && weights.scalar_type() == at::kFloat &&
                   weights.is_contiguous() && perm.scalar_type() == at::kLong &&
@@ -113,13 +112,13 @@ at::Tensor moe_combine(const at::Tensor& proj, const at::Tensor& weights, const 
   const std::int64_t hidden = proj.size(1);
   at::Tensor inv = at::empty_like(perm);
   void* stream = stream_of(proj);
-  check(kernels::inverse_permutation(perm.data_ptr<std::int64_t>(), inv.data_ptr<std::int64_t>(),
-                                     perm.numel(), stream),
+  check(cuda::inverse_permutation(perm.data_ptr<std::int64_t>(), inv.data_ptr<std::int64_t>(),
+                                  perm.numel(), stream),
         "inverse permutation");
   at::Tensor out = at::empty({tokens, hidden}, proj.options());
-  check(kernels::moe_combine(elem, proj.data_ptr(), weights.data_ptr<float>(),
-                             inv.data_ptr<std::int64_t>(), tokens, k_count, hidden, lanes,
-                             out.data_ptr(), stream),
+  check(cuda::moe_combine(elem, proj.data_ptr(), weights.data_ptr<float>(),
+                          inv.data_ptr<std::int64_t>(), tokens, k_count, hidden, lanes,
+                          out.data_ptr(), stream),
         "combine");
   return out;
 }
@@ -132,18 +131,17 @@ at::Tensor gelu_mul(const at::Tensor& gate, const at::Tensor& up, bool contract)
               "fused gelu_mul: expected gate and up [R, I] with the same row stride");
   TORCH_CHECK(gate.scalar_type() == at::kBFloat16 || gate.scalar_type() == at::kFloat,
               "fused gelu_mul: bf16 or fp32 only");
-  const kernels::Elem elem =
-      gate.scalar_type() == at::kBFloat16 ? kernels::Elem::BF16 : kernels::Elem::F32;
+  const cuda::Elem elem = gate.scalar_type() == at::kBFloat16 ? cuda::Elem::BF16 : cuda::Elem::F32;
   const c10::cuda::CUDAGuard guard(gate.device());
   at::Tensor out = at::empty(gate.sizes(), gate.options());
-  check(kernels::gelu_mul(elem, gate.data_ptr(), up.data_ptr(), gate.stride(0), gate.size(0),
-                          gate.size(1), contract, out.data_ptr(), stream_of(gate)),
+  check(cuda::gelu_mul(elem, gate.data_ptr(), up.data_ptr(), gate.stride(0), gate.size(0),
+                       gate.size(1), contract, out.data_ptr(), stream_of(gate)),
         "gelu_mul");
   return out;
 }
 
 bool route_fits(std::int64_t count, std::int64_t experts) {
-  return kernels::route_supported(count, experts);
+  return cuda::route_supported(count, experts);
 }
 
 Route route(const at::Tensor& index, std::int64_t experts, std::int64_t rows) {
@@ -161,29 +159,29 @@ Route route(const at::Tensor& index, std::int64_t experts, std::int64_t rows) {
   if (rows > 0) {
     r.row_of = at::empty_like(r.perm);
   }
-  check(kernels::route(index.data_ptr<std::int64_t>(), index.numel(), static_cast<int>(experts),
-                       static_cast<int>(index.size(1)), rows > 0 ? tokens / rows : 0,
-                       r.perm.data_ptr<std::int64_t>(), r.token_of.data_ptr<std::int64_t>(),
-                       r.offsets.data_ptr<std::int32_t>(),
-                       rows > 0 ? r.row_of.data_ptr<std::int64_t>() : nullptr, stream_of(index)),
+  check(cuda::route(index.data_ptr<std::int64_t>(), index.numel(), static_cast<int>(experts),
+                    static_cast<int>(index.size(1)), rows > 0 ? tokens / rows : 0,
+                    r.perm.data_ptr<std::int64_t>(), r.token_of.data_ptr<std::int64_t>(),
+                    r.offsets.data_ptr<std::int32_t>(),
+                    rows > 0 ? r.row_of.data_ptr<std::int64_t>() : nullptr, stream_of(index)),
         "route");
   return r;
 }
 
 at::Tensor softcap(const at::Tensor& logits, double cap) {
-  const kernels::Elem elem = elem_of(logits, "softcap");
+  const cuda::Elem elem = elem_of(logits, "softcap");
   const c10::cuda::CUDAGuard guard(logits.device());
   at::Tensor out = at::empty(logits.sizes(), logits.options().dtype(at::kFloat));
   // ATen: opmath_t(1.0) / scalar_value<opmath_t>() on the host, in fp32.
   const float cap_f = static_cast<float>(cap);
   const float inv = 1.0F / cap_f;
-  check(kernels::softcap(elem, logits.data_ptr(), inv, cap_f, out.data_ptr<float>(), logits.numel(),
-                         stream_of(logits)),
+  check(cuda::softcap(elem, logits.data_ptr(), inv, cap_f, out.data_ptr<float>(), logits.numel(),
+                      stream_of(logits)),
         "softcap");
   return out;
 }
 
-at::Tensor position_diffs(const std::vector<kernels::DiffPair>& pairs, std::int64_t positions,
+at::Tensor position_diffs(const std::vector<cuda::DiffPair>& pairs, std::int64_t positions,
                           const at::Device& device) {
   TORCH_CHECK(device.is_cuda(), "position_diffs: not a CUDA device: ", device.str());
   const c10::cuda::CUDAGuard guard(device);
@@ -194,10 +192,10 @@ at::Tensor position_diffs(const std::vector<kernels::DiffPair>& pairs, std::int6
     return out;
   }
   // The descriptors travel as kernel parameters: no device buffer, no copy, no host sync.
-  check(kernels::position_diff(pairs.data(), count, positions, out.data_ptr<float>(),
-                               c10::cuda::getCurrentCUDAStream(device.index()).stream()),
+  check(cuda::position_diff(pairs.data(), count, positions, out.data_ptr<float>(),
+                            c10::cuda::getCurrentCUDAStream(device.index()).stream()),
         "position_diff");
   return out;
 }
 
-}  // namespace batchlens::compat::fused
+}  // namespace batchlens::kernels

@@ -12,12 +12,12 @@
 
 #include "core/base/cancel.h"
 #include "core/compat/device_graph.h"
+#include "core/generation/sampler.h"
 #include "core/model/diffusion_gemma.h"
 #include "core/ops/policy.h"
 #include "core/probe/taps.h"
-#include "core/sampling/sampler.h"
 
-namespace batchlens::sampling {
+namespace batchlens::generation {
 
 /// One denoising step of one canvas, for every row (tensors on the CPU).
 struct StepRecord {
@@ -50,7 +50,7 @@ struct GenerateOptions {
   /// once per canvas, tap copies included (the same kernels, so the same bits: the first replay
   /// of each capture is checked bitwise against the eager pass, and graphs are dropped for good
   /// if it differs or capture fails).
-  /// The environment variable BATCHLENS_CUDA_GRAPHS=0 turns it off everywhere.
+  /// Callers set it from base::Switches::cuda_graphs (BATCHLENS_CUDA_GRAPHS=0 at the edge).
   bool cuda_graph = true;
 };
 
@@ -166,4 +166,4 @@ class GenerationEngine {
 GenerationResult generate(const model::DiffusionGemma& model, const at::Tensor& prompt,
                           const GenerateOptions& options);
 
-}  // namespace batchlens::sampling
+}  // namespace batchlens::generation

@@ -10,10 +10,10 @@
 #include <ATen/core/Generator.h>
 #include <ATen/core/Tensor.h>
 
-#include "core/sampling/generation_config.h"
-#include "core/sampling/modes.h"
+#include "core/generation/generation_config.h"
+#include "core/generation/modes.h"
 
-namespace batchlens::sampling {
+namespace batchlens::generation {
 
 /// The temperature at `cur_step` (counting down N .. 1) as the reference computes it: a 0-dim
 /// fp32 tensor t_min + (t_max - t_min) * (int32(cur_step) / N) on `device`.
@@ -71,4 +71,4 @@ class StableConfidentStopping {
   at::Tensor history_;  // [s, B, C], starts at -1
 };
 
-}  // namespace batchlens::sampling
+}  // namespace batchlens::generation

@@ -7,7 +7,7 @@
 
 #include "core/base/error.h"
 
-namespace batchlens::sampling {
+namespace batchlens::generation {
 
 /// Where random numbers come from. Per-row (BatchLens's default): logical row r owns one
 /// generator seeded from (seed, r) - row 0 with `seed` itself - so a row draws the same numbers
@@ -29,4 +29,4 @@ const char* name(PrefillMode mode);
 base::Result<RngMode> parse_rng_mode(std::string_view text);
 base::Result<PrefillMode> parse_prefill_mode(std::string_view text);
 
-}  // namespace batchlens::sampling
+}  // namespace batchlens::generation

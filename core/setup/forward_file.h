@@ -8,10 +8,15 @@
 #include <vector>
 
 #include "core/base/error.h"
+#include "core/ops/policy.h"
+
+namespace batchlens::setup {}  // namespace batchlens::setup
 
 namespace batchlens::model {
-
 class DiffusionGemma;
+}  // namespace batchlens::model
+
+namespace batchlens::setup {
 
 /// What to run and what to keep.
 struct ForwardRequest {
@@ -27,10 +32,9 @@ struct ForwardRequest {
   /// `selfcond.out`).
   std::filesystem::path output;
   std::vector<std::string> taps;  ///< tap names (probe/tap_names.h), or {"all"}
-  std::string policy =
-      "default";          ///< "default", "issue_workaround", "row_wise_all", or a JSON file
-  std::int64_t rows = 0;  ///< > 0: use row 0 of the inputs, repeated to this many rows
-  int repeat = 0;         ///< > 0: time this many extra decoder passes (after one warm-up)
+  ops::OpPolicy policy;           ///< every op's strategy (default: as transformers computes)
+  std::int64_t rows = 0;          ///< > 0: use row 0 of the inputs, repeated to this many rows
+  int repeat = 0;                 ///< > 0: time this many extra decoder passes (after one warm-up)
   /// With repeat > 0 on CUDA: also time the decoder pass with the canvas already on the device
   /// and no host synchronisation, then captured once as a CUDA graph and replayed `repeat`
   /// times; the replay's logits are checked bitwise against the eager pass's.
@@ -71,7 +75,7 @@ struct ForwardSummary {
 /// Runs the request. Errors: FileNotFound / FileCorrupted (inputs), InvalidArgument (missing
 /// or misshapen inputs, unknown tap or policy), IoFailed, OutOfMemory. Never throws; never
 /// leaves a partial output file.
-base::Result<ForwardSummary> run_forward_file(const DiffusionGemma& model,
+base::Result<ForwardSummary> run_forward_file(const model::DiffusionGemma& model,
                                               const ForwardRequest& request);
 
-}  // namespace batchlens::model
+}  // namespace batchlens::setup

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "core/sampling/generation_config.h"
+#include "core/generation/generation_config.h"
 
 #include <filesystem>
 #include <fstream>
@@ -9,7 +9,7 @@
 
 #include "tests/support/special_files.h"
 
-namespace batchlens::sampling {
+namespace batchlens::generation {
 namespace {
 
 // The released file as the converter writes it (spec §1.3).
@@ -150,4 +150,4 @@ TEST(GenerationConfig, FifoIsRefusedWithoutBlocking) {
 }
 
 }  // namespace
-}  // namespace batchlens::sampling
+}  // namespace batchlens::generation

@@ -1,9 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Built when LibTorch has no CUDA: there are no fused kernels; callers check built() first.
 #include "core/base/error.h"
-#include "core/compat/fused_ops.h"
+#include "core/kernels/fused_ops.h"
 
-namespace batchlens::compat::fused {
+namespace batchlens::kernels {
 namespace {
 [[noreturn]] void unavailable() {
   base::raise(base::ErrorCode::InvalidArgument, "fused kernels need a LibTorch build with CUDA");
@@ -36,9 +36,9 @@ at::Tensor softcap(const at::Tensor& /*logits*/, double /*cap*/) {
   unavailable();
 }
 
-at::Tensor position_diffs(const std::vector<kernels::DiffPair>& /*pairs*/,
-                          std::int64_t /*positions*/, const at::Device& /*device*/) {
+at::Tensor position_diffs(const std::vector<cuda::DiffPair>& /*pairs*/, std::int64_t /*positions*/,
+                          const at::Device& /*device*/) {
   unavailable();
 }
 
-}  // namespace batchlens::compat::fused
+}  // namespace batchlens::kernels

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "core/sampling/generate.h"
+#include "core/generation/engine.h"
 
 #include <cstdio>
 #include <cstdlib>
@@ -9,7 +9,7 @@
 
 #include "core/base/error.h"
 
-namespace batchlens::sampling {
+namespace batchlens::generation {
 
 namespace {
 
@@ -56,9 +56,7 @@ GenerationEngine::GenerationEngine(const DiffusionGemma& model, const at::Tensor
   max_length_ = prompt.size(1) + gc.max_new_tokens;
   max_canvases_ = static_cast<int>((gc.max_new_tokens + c - 1) / c);
   finished_sequences_ = at::zeros({b}, at::TensorOptions().dtype(at::kBool).device(device));
-  const char* env = std::getenv("BATCHLENS_CUDA_GRAPHS");  // NOLINT(concurrency-mt-unsafe)
-  use_graph_ = options_.cuda_graph && compat::DeviceGraph::supported(device) &&
-               !(env != nullptr && std::string(env) == "0");
+  use_graph_ = options_.cuda_graph && compat::DeviceGraph::supported(device);
 }
 
 namespace {
@@ -317,4 +315,4 @@ GenerationResult generate(const DiffusionGemma& model, const at::Tensor& prompt,
   return engine.result();
 }
 
-}  // namespace batchlens::sampling
+}  // namespace batchlens::generation

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Raw launchers of BatchLens's fused elementwise CUDA kernels (fused_kernels.cu). No LibTorch
-// here: nvcc compiles only plain CUDA. core/compat/fused_ops_cuda.cpp checks the tensors, picks
+// here: nvcc compiles only plain CUDA. core/kernels/fused_ops_cuda.cpp checks the tensors, picks
 // the element type and calls these on the current stream. Every kernel computes, per element,
 // exactly the fp32 operations of the ATen op chain it replaces, each rounded where ATen rounds
 // (explicit __fmul_rn / __fadd_rn, so the compiler cannot contract them), and converts to bf16
@@ -10,7 +10,7 @@
 
 #include <cstdint>
 
-namespace batchlens::compat::fused::kernels {
+namespace batchlens::kernels::cuda {
 
 enum class Elem { F32, BF16 };
 
@@ -95,4 +95,4 @@ constexpr int kDiffPairsPerLaunch = 120;  // 120 * 32 bytes: within the 4 KB of 
 int position_diff(const DiffPair* pairs, std::int64_t count, std::int64_t positions, float* out,
                   void* stream);
 
-}  // namespace batchlens::compat::fused::kernels
+}  // namespace batchlens::kernels::cuda

@@ -11,7 +11,7 @@
 
 #include "core/base/error.h"
 
-namespace batchlens::sampling {
+namespace batchlens::generation {
 
 /// Sampler settings; defaults are the released generation_config.json and the reference's
 /// library defaults. ref: DiffusionGemmaGenerationConfig._get_default_generation_params
@@ -67,4 +67,4 @@ base::Result<void> validate(const GenerationConfig& config);
 /// generation_config.json text in the released file's layout.
 std::string to_json(const GenerationConfig& config);
 
-}  // namespace batchlens::sampling
+}  // namespace batchlens::generation

@@ -12,9 +12,9 @@
 
 #include <ATen/core/Tensor.h>
 
-#include "core/compat/fused_kernels.h"
+#include "core/kernels/fused_kernels.h"
 
-namespace batchlens::compat::fused {
+namespace batchlens::kernels {
 
 /// True when this build has the CUDA kernels.
 bool built();
@@ -86,7 +86,7 @@ at::Tensor softcap(const at::Tensor& logits, double cap);
 /// until this returns: the work is queued on the current stream); returns [n, 3, positions] fp32,
 /// per position the share of differing bit patterns, max |Δ| and max ULP distance
 /// (probe::position_diff defines them).
-at::Tensor position_diffs(const std::vector<kernels::DiffPair>& pairs, std::int64_t positions,
+at::Tensor position_diffs(const std::vector<cuda::DiffPair>& pairs, std::int64_t positions,
                           const at::Device& device);
 
-}  // namespace batchlens::compat::fused
+}  // namespace batchlens::kernels

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "core/model/forward_file.h"
+#include "core/setup/forward_file.h"
 
 #include <algorithm>
 #include <chrono>
@@ -15,7 +15,13 @@
 #include "core/model/safetensors.h"
 #include "core/probe/taps.h"
 
-namespace batchlens::model {
+namespace batchlens::setup {
+
+using model::DiffusionGemma;
+using model::ForwardContext;
+using model::KvCache;
+using model::SafetensorsFile;
+using model::write_safetensors;
 
 namespace {
 
@@ -178,11 +184,7 @@ base::Result<ForwardSummary> run_forward_file(const DiffusionGemma& model,
         sc = sc.narrow(0, 0, 1).expand({request.rows, -1, -1}).contiguous();
       }
     }
-    auto resolved = ops::policy_by_name(request.policy);
-    if (!resolved.ok()) {
-      throw base::ErrorException(resolved.error());
-    }
-    const ops::OpPolicy policy = std::move(resolved).value();
+    const ops::OpPolicy& policy = request.policy;
     probe::TapRecorder taps(resolve_taps(request.taps));
 
     ForwardSummary summary;
@@ -264,4 +266,4 @@ base::Result<ForwardSummary> run_forward_file(const DiffusionGemma& model,
   });
 }
 
-}  // namespace batchlens::model
+}  // namespace batchlens::setup

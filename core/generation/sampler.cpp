@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "core/sampling/sampler.h"
+#include "core/generation/sampler.h"
 
 #include <limits>
 
@@ -8,7 +8,7 @@
 #include "core/base/error.h"
 #include "core/compat/torch_compat.h"
 
-namespace batchlens::sampling {
+namespace batchlens::generation {
 
 at::Tensor temperature(int cur_step, const SamplerConfig& config, const at::Device& device) {
   // The reference turns cur_step into an int32 tensor; int / int true-divides into fp32 and
@@ -113,4 +113,4 @@ at::Tensor StableConfidentStopping::operator()(const at::Tensor& argmax,
   return stable & confident;
 }
 
-}  // namespace batchlens::sampling
+}  // namespace batchlens::generation

@@ -1,12 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "core/sampling/sampler.h"
+#include "core/generation/sampler.h"
 
 #include <cmath>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-namespace batchlens::sampling {
+namespace batchlens::generation {
 namespace {
 
 TEST(Temperature, LinearFromTMaxAtTheFirstStepTowardsTMin) {
@@ -106,4 +106,4 @@ TEST(StableConfidentStopping, NeedsARepeatedArgmaxAndLowEntropy) {
 }
 
 }  // namespace
-}  // namespace batchlens::sampling
+}  // namespace batchlens::generation

@@ -1,5 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
-#include "core/sampling/generate.h"
+#include "core/generation/engine.h"
 
 #include <vector>
 
@@ -9,7 +9,7 @@
 #include "core/base/error.h"
 #include "core/model/weights.h"
 
-namespace batchlens::sampling {
+namespace batchlens::generation {
 namespace {
 
 model::DiffusionGemma tiny_model() {
@@ -149,4 +149,4 @@ TEST(Generate, CancelAndBadInputsAreReported) {
 }
 
 }  // namespace
-}  // namespace batchlens::sampling
+}  // namespace batchlens::generation

@@ -1,0 +1,30 @@
+// SPDX-License-Identifier: Apache-2.0
+// Switches that change how BatchLens computes, never what it computes: the fused CUDA kernels and
+// CUDA graphs give bitwise the same results and can be turned off to bisect or to measure each.
+// Read from the environment once, at the program's edge (the CLI's options, the GUI's main);
+// carried in model::LoadOptions to where they act; recorded in experiment provenance.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace batchlens::base {
+
+struct Switches {
+  bool fused = true;                   ///< BATCHLENS_FUSED=0: no fused kernel at all
+  std::vector<std::string> fused_off;  ///< BATCHLENS_FUSED_OFF=norm,combine,gelu,softcap,route,diff
+  bool cuda_graphs = true;             ///< BATCHLENS_CUDA_GRAPHS=0: denoising steps run eagerly
+
+  /// Whether the fused kernel `name` may run (it is then still checked bitwise on the device).
+  bool fused_kernel(std::string_view name) const;
+  /// "" at the defaults, else what is set in the environment's words, e.g.
+  /// "BATCHLENS_FUSED_OFF=diff,norm; BATCHLENS_CUDA_GRAPHS=0".
+  std::string describe() const;
+
+  /// BATCHLENS_FUSED, BATCHLENS_FUSED_OFF (comma-separated) and BATCHLENS_CUDA_GRAPHS, read now.
+  /// Call it where the program starts or takes its options, never deep inside a run.
+  static Switches from_environment();
+};
+
+}  // namespace batchlens::base

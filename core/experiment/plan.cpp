@@ -1,0 +1,64 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "core/experiment/plan.h"
+
+#include <algorithm>
+
+namespace batchlens::experiment {
+
+std::vector<PlannedGroup> plan_groups(const ExperimentSpec& spec) {
+  const auto group = [&spec](const std::string& name, const std::string& prefix,
+                             const ops::OpPolicy& policy, int repeats) {
+    PlannedGroup g{name, {}};
+    g.runs.push_back({prefix + "ref", 1, name, policy});
+    for (int r = 1; r <= repeats; ++r) {
+      g.runs.push_back({prefix + "repeat" + std::to_string(r), 1, name, policy});
+    }
+    for (const std::int64_t b : spec.batch_sizes) {
+      g.runs.push_back({prefix + "b" + std::to_string(b), b, name, policy});
+    }
+    return g;
+  };
+  std::vector<PlannedGroup> groups{group("main", "", spec.policy, spec.repeats)};
+  if (spec.workaround) {
+    groups.push_back(group("workaround", "wa.", ops::combine(spec.policy, *spec.workaround), 0));
+  }
+  return groups;
+}
+
+std::vector<PlannedComparison> plan_comparisons(const PlannedGroup& group, RunMode mode) {
+  std::vector<PlannedComparison> out;
+  for (std::size_t i = 1; i < group.runs.size(); ++i) {
+    out.push_back({group.runs[0].id + "__" + group.runs[i].id, 0, i, "row0"});
+    if (mode == RunMode::Lockstep && group.runs[i].batch_size > 1) {
+      out.push_back({group.runs[i].id + ".rows", i, i, "rows"});
+    }
+  }
+  return out;
+}
+
+model::Workload workload_of(const ExperimentSpec& spec) {
+  model::Workload w;
+  w.rows = 1 + spec.repeats;
+  w.max_batch = 1;
+  for (const std::int64_t b : spec.batch_sizes) {
+    w.rows += b;
+    w.max_batch = std::max(w.max_batch, b);
+  }
+  return w;
+}
+
+std::vector<probe::Tap> planned_taps(const std::vector<std::string>& names) {
+  std::vector<probe::Tap> taps;
+  if (names.empty()) {
+    for (const probe::Tap t : probe::all_taps()) {
+      taps.push_back(t);
+    }
+  } else if (!(names.size() == 1 && names[0] == "none")) {
+    for (const auto& n : names) {
+      taps.push_back(*probe::tap_from_name(n));
+    }
+  }
+  return taps;
+}
+
+}  // namespace batchlens::experiment

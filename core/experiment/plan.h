@@ -1,0 +1,66 @@
+// SPDX-License-Identifier: Apache-2.0
+// Planning an experiment: which engines run (the runs of each group and their policies), which
+// pairs are compared, what is tapped and what the model's shape makes of the arrays. Plain
+// values, torch-free; the runner (runner.cpp) executes a plan group by group.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/experiment/experiment.h"
+#include "core/model/loader.h"
+#include "core/ops/policy.h"
+#include "core/probe/tap_names.h"
+
+namespace batchlens::experiment {
+
+/// One engine of an experiment.
+struct PlannedRun {
+  std::string id;  ///< "ref", "repeat1", "b2", "wa.ref", "wa.b2", ...
+  std::int64_t batch_size = 1;
+  std::string group;  ///< "main" or "workaround"
+  ops::OpPolicy policy;
+};
+
+/// The engines of one group, stepped together: runs[0] is its B=1 reference.
+struct PlannedGroup {
+  std::string name;  ///< "main" or "workaround"
+  std::vector<PlannedRun> runs;
+};
+
+/// One comparison inside a group, by index into the group's runs.
+struct PlannedComparison {
+  std::string id;         ///< "ref__b2", "b4.rows"
+  std::size_t reference;  ///< index of the reference run
+  std::size_t run;        ///< index of the compared run (== reference for kind "rows")
+  std::string kind;       ///< "row0": row 0 vs the reference's row 0; "rows": rows 1.. vs row 0
+};
+
+/// The groups of a spec: "main" (the B=1 reference, the repeats, each batch size, with the
+/// spec's policy), then, when the spec has a workaround, "workaround" (the reference and each
+/// batch size with ops::combine(policy, workaround), ids prefixed "wa.").
+std::vector<PlannedGroup> plan_groups(const ExperimentSpec& spec);
+
+/// The comparisons of a group: its reference against every other run; in lockstep mode also
+/// each batched run's rows against its own row 0.
+std::vector<PlannedComparison> plan_comparisons(const PlannedGroup& group, RunMode mode);
+
+/// What the runs hold at once, for the memory check before loading: a group's engines coexist
+/// (its B=1 reference and repeats and every batch), the groups run one after the other. The
+/// prompt and new-token counts are left to the front door.
+model::Workload workload_of(const ExperimentSpec& spec);
+
+/// The tapped taps in the order of the T axis: every tap for an empty list, none for {"none"}.
+/// The names must be valid (validate()).
+std::vector<probe::Tap> planned_taps(const std::vector<std::string>& names);
+
+/// The model's shape as the result arrays see it.
+struct Layout {
+  std::vector<probe::Tap> taps;  ///< the T axis
+  int layers = 0;                ///< L
+  std::int64_t c = 0;            ///< canvas length C
+  std::int64_t k = 0;            ///< top-k experts
+};
+
+}  // namespace batchlens::experiment

@@ -1,0 +1,39 @@
+// SPDX-License-Identifier: Apache-2.0
+// Running experiments: a plan (plan.h) executed group by group, its engines stepped together
+// (stepper.h) and compared on the device as they go (comparator.h). Load a model once with
+// setup::open_model and run many experiments or trials against it (other policies, prompts,
+// seeds, batch sizes): the culprit finder and sweeps do. Torch-free header.
+#pragma once
+
+#include "core/base/cancel.h"
+#include "core/base/error.h"
+#include "core/base/progress.h"
+#include "core/experiment/experiment.h"
+#include "core/setup/front_door.h"
+
+namespace batchlens::experiment {
+
+/// Progress and cancellation of a run.
+struct RunControl {
+  const base::CancelToken* cancel = nullptr;
+  base::ProgressFn progress;       ///< one report per tick
+  base::ProgressFn load_progress;  ///< weights being loaded (run_experiment(spec) only)
+};
+
+/// Runs `spec` on an open session without loading anything: builds one generation engine per
+/// run (the B=1 reference, the B=1 repeats, each batch size; then the same with the workaround
+/// policy), steps each group's engines together one denoising step at a time and compares their
+/// taps on the device as they go. The spec's model and load options (device, dtype, experts) must
+/// be the session's; its prompt and generation overrides are prepared against the session
+/// (Session::prepare). timings.load_s is 0. Errors: InvalidArgument (spec, or a spec for another
+/// model), those of preparing the prompt, OutOfMemory, Cancelled. Never throws.
+base::Result<ExperimentResult> run_experiment(const setup::Session& session,
+                                              const ExperimentSpec& spec,
+                                              const RunControl& control = {});
+
+/// Opens a session for `spec` (setup::open_session, the memory check sized for the spec's
+/// runs) and runs it there. Errors: those of open_session and of the overload above.
+base::Result<ExperimentResult> run_experiment(const ExperimentSpec& spec,
+                                              const RunControl& control = {});
+
+}  // namespace batchlens::experiment

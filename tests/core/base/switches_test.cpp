@@ -1,0 +1,61 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "core/base/switches.h"
+
+#include <cstdlib>
+
+#include <gtest/gtest.h>
+
+namespace batchlens::base {
+namespace {
+
+// Sets environment variables for one test and restores them (tests run single-threaded here).
+class SwitchesEnv : public ::testing::Test {
+ protected:
+  void TearDown() override {
+    for (const char* name : {"BATCHLENS_FUSED", "BATCHLENS_FUSED_OFF", "BATCHLENS_CUDA_GRAPHS"}) {
+      ::unsetenv(name);  // NOLINT(concurrency-mt-unsafe)
+    }
+  }
+  static void set(const char* name, const char* value) {
+    ::setenv(name, value, 1);  // NOLINT(concurrency-mt-unsafe)
+  }
+};
+
+TEST_F(SwitchesEnv, DefaultsAllowEverythingAndDescribeNothing) {
+  const Switches s = Switches::from_environment();
+  EXPECT_TRUE(s.fused);
+  EXPECT_TRUE(s.fused_off.empty());
+  EXPECT_TRUE(s.cuda_graphs);
+  EXPECT_TRUE(s.fused_kernel("diff"));
+  EXPECT_EQ(s.describe(), "");
+}
+
+TEST_F(SwitchesEnv, ReadsEachVariable) {
+  set("BATCHLENS_FUSED_OFF", "diff,,norm");
+  set("BATCHLENS_CUDA_GRAPHS", "0");
+  const Switches s = Switches::from_environment();
+  EXPECT_TRUE(s.fused);
+  EXPECT_EQ(s.fused_off, (std::vector<std::string>{"diff", "norm"}));
+  EXPECT_FALSE(s.fused_kernel("diff"));
+  EXPECT_FALSE(s.fused_kernel("norm"));
+  EXPECT_TRUE(s.fused_kernel("softcap"));
+  EXPECT_FALSE(s.cuda_graphs);
+  EXPECT_EQ(s.describe(), "BATCHLENS_FUSED_OFF=diff,norm; BATCHLENS_CUDA_GRAPHS=0");
+
+  set("BATCHLENS_FUSED", "0");
+  const Switches off = Switches::from_environment();
+  EXPECT_FALSE(off.fused_kernel("softcap"));
+  EXPECT_EQ(off.describe().rfind("BATCHLENS_FUSED=0; ", 0), 0U) << off.describe();
+}
+
+TEST_F(SwitchesEnv, OnlyZeroTurnsThingsOff) {
+  set("BATCHLENS_FUSED", "1");
+  set("BATCHLENS_CUDA_GRAPHS", "yes");
+  const Switches s = Switches::from_environment();
+  EXPECT_TRUE(s.fused);
+  EXPECT_TRUE(s.cuda_graphs);
+  EXPECT_EQ(s.describe(), "");
+}
+
+}  // namespace
+}  // namespace batchlens::base
