@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "core/base/input.h"
+#include "core/experiment/schema.h"
 #include "core/ops/policy.h"
 #include "core/probe/tap_names.h"
 
@@ -330,54 +331,84 @@ LastStepDiff last_step_logit_diff(const ExperimentResult& r, const ComparisonRes
   return {};
 }
 
+namespace {
+
+// Adds the fields that a schema declaration marks Opt::summary to a JSON object, under their
+// summary keys. Only single values and lists of ints are summarised.
+class SummaryFields {
+ public:
+  explicit SummaryFields(nlohmann::json& out) : out_(out) {}
+
+  template <class T>
+  void attr(const char* name, const T& value, const schema::Opt& o = {}) {
+    add(name, value, o);
+  }
+  template <class T>
+  void array(const char* name, const T& value, const schema::Shape& /*shape*/,
+             const schema::Opt& o = {}) {
+    add(name, value, o);
+  }
+  template <class S>
+  void nested(const char* prefix, const S& s, const schema::Opt& o) {
+    if (o.summarised) {
+      nlohmann::json sub = nlohmann::json::object();
+      schema::visit_fields(s, SummaryFields(sub));
+      out_[key(prefix, o)] = std::move(sub);
+    }
+  }
+
+ private:
+  static const char* key(const char* name, const schema::Opt& o) {
+    return *o.summary_key != '\0' ? o.summary_key : name;
+  }
+  template <class T>
+  void add(const char* name, const T& value, const schema::Opt& o) {
+    if constexpr (std::is_arithmetic_v<T> || std::is_same_v<T, std::string> ||
+                  std::is_same_v<T, std::vector<int>>) {
+      if (o.summarised && o.stored) {
+        out_[key(name, o)] = value;
+      }
+    }
+  }
+
+  nlohmann::json& out_;
+};
+
+}  // namespace
+
 nlohmann::json summary_json(const ExperimentResult& r) {
   nlohmann::json runs = nlohmann::json::array();
   for (const auto& run : r.runs) {
-    runs.push_back({{"id", run.id},
-                    {"batch_size", run.batch_size},
-                    {"group", run.group},
-                    {"policy", run.policy_text},
-                    {"emulated", run.emulated},
-                    {"wall_time_s", run.wall_time_s},
-                    {"stop_position", run.stop_position},
-                    {"steps", run.steps},
-                    {"text", run.text}});
+    nlohmann::json j = nlohmann::json::object();
+    j["id"] = run.id;
+    schema::visit_fields(run, SummaryFields(j));
+    runs.push_back(std::move(j));
   }
   nlohmann::json comps = nlohmann::json::array();
   for (const auto& c : r.comparisons) {
-    nlohmann::json first = nullptr;
-    if (c.first.found()) {
-      first = {{"tick", c.first.tick}, {"canvas", c.first.canvas},
-               {"step", c.first.step}, {"layer", c.first.layer},
-               {"tap", c.first.tap},   {"position", c.first.position}};
+    nlohmann::json j = nlohmann::json::object();
+    j["id"] = c.id;
+    schema::visit_fields(c, SummaryFields(j));
+    if (!c.first.found()) {
+      j["first_divergence"] = nullptr;
     }
     const auto [positions, scores, readable] = last_step_logit_diff(r, c);
-    comps.push_back(
-        {{"id", c.id},
-         {"reference", c.reference},
-         {"run", c.run},
-         {"kind", c.kind},
-         {"first_divergence", first},
-         {"tokens_identical", c.tokens_identical},
-         {"tokens_changed", c.tokens_changed},
-         {"stop_changed", c.stop_changed},
-         {"steps_changed", c.steps_changed},
-         {"last_step_positions_differing", readable ? nlohmann::json(positions) : nlohmann::json()},
-         {"last_step_logits_differing", readable ? nlohmann::json(scores) : nlohmann::json()}});
+    j["last_step_positions_differing"] = readable ? nlohmann::json(positions) : nlohmann::json();
+    j["last_step_logits_differing"] = readable ? nlohmann::json(scores) : nlohmann::json();
+    comps.push_back(std::move(j));
   }
   const ComparisonResult* floor = r.comparison("ref__repeat1");
-  return {{"model", r.spec.model.describe()},
-          {"device", r.provenance.device},
-          {"device_name", r.provenance.device_name},
-          {"libtorch", r.provenance.libtorch},
-          {"emulated", r.provenance.emulated},
-          {"mode", name(r.spec.mode)},
-          {"rng", sampling::name(r.spec.rng)},
-          {"prefill", sampling::name(r.spec.prefill)},
-          {"noise_floor_clean",
-           floor == nullptr ? nlohmann::json(nullptr) : nlohmann::json(!floor->first.found())},
-          {"runs", runs},
-          {"comparisons", comps}};
+  nlohmann::json out = nlohmann::json::object();
+  out["model"] = r.spec.model.describe();
+  schema::visit_fields(r.provenance, SummaryFields(out));  // device, device_name, libtorch, ...
+  out["mode"] = name(r.spec.mode);
+  out["rng"] = sampling::name(r.spec.rng);
+  out["prefill"] = sampling::name(r.spec.prefill);
+  out["noise_floor_clean"] =
+      floor == nullptr ? nlohmann::json(nullptr) : nlohmann::json(!floor->first.found());
+  out["runs"] = std::move(runs);
+  out["comparisons"] = std::move(comps);
+  return out;
 }
 
 std::string summary_text(const ExperimentResult& r) {
