@@ -240,6 +240,9 @@ QString OverviewView::detailsHtml() const {
   row(tr("Policy"),
       q(ops::policy_text(r->spec.policy)) + (p.emulated ? tr(" (EMULATED split-K)") : QString()));
   row(tr("Workaround"), r->spec.workaround ? q(ops::policy_text(*r->spec.workaround)) : tr("none"));
+  if (const std::string switches = r->spec.load.switches.describe(); !switches.empty()) {
+    row(tr("Switches"), q(switches));
+  }
   row(tr("Sampling"), tr("mode %1, rng %2, prefill %3, seed %4")
                           .arg(QString::fromLatin1(experiment::name(r->spec.mode)),
                                QString::fromLatin1(generation::name(r->spec.rng)),

@@ -61,14 +61,15 @@ bool preflight(const experiment::ExperimentSpec& spec, const fs::path& out, int&
 
 // Writes `result` to `out`; when that fails, to the first rescue path that works, so a computed
 // result is never thrown away. Returns the path written, empty when every write failed.
-fs::path write_or_rescue(const fs::path& out, const experiment::ExperimentResult& result) {
-  const auto written = io::write_experiment(out, result);
+fs::path write_or_rescue(const fs::path& out, const experiment::ExperimentResult& result,
+                         const io::WriteOptions& options) {
+  const auto written = io::write_experiment(out, result, options);
   if (written.ok()) {
     return out;
   }
   report_error(written.error());
   for (const fs::path& rescue : rescue_paths()) {
-    const auto saved = io::write_experiment(rescue, result);
+    const auto saved = io::write_experiment(rescue, result, options);
     if (saved.ok()) {
       std::cerr << "batchlens-cli: the computed experiment was saved to " << rescue.string()
                 << " instead; move it where you want it\n";
@@ -94,6 +95,8 @@ void register_run(CLI::App& app, int& exit_code) {
     std::string rng = "per_row";
     std::string policy = "default";
     std::string workaround;
+    // The program's edge: how files are written, as the environment sets it.
+    io::WriteOptions write = io::WriteOptions::from_environment();
     std::string prefill = "copied";
     std::string mode = "free";
     bool raw = false;
@@ -193,7 +196,7 @@ void register_run(CLI::App& app, int& exit_code) {
       return;
     }
     const auto write_start = std::chrono::steady_clock::now();
-    const auto written = write_or_rescue(out, result.value());
+    const auto written = write_or_rescue(out, result.value(), opts->write);
     const double write_s =
         std::chrono::duration<double>(std::chrono::steady_clock::now() - write_start).count();
     const auto& t = result.value().timings;

@@ -8,6 +8,7 @@
 
 #include "core/base/input.h"
 #include "core/base/named.h"
+#include "core/experiment/schema.h"
 #include "core/ops/policy.h"
 #include "core/probe/tap_names.h"
 
@@ -179,25 +180,34 @@ nlohmann::json to_json(const ExperimentSpec& s) {
   put_optional(o, "entropy_bound", s.overrides.entropy_bound);
   put_optional(o, "stability_threshold", s.overrides.stability_threshold);
   put_optional(o, "confidence_threshold", s.overrides.confidence_threshold);
-  return {{"preset", s.model.preset},
-          {"checkpoint", s.model.checkpoint_dir.string()},
-          {"weight_seed", s.model.seed},
-          {"device", s.load.device},
-          {"dtype", s.load.dtype},
-          {"experts", s.load.experts},
-          {"prompt", s.prompt},
-          {"chat_template", s.chat_template},
-          {"prompt_ids", s.prompt_ids},
-          {"seed", s.seed},
-          {"overrides", o},
-          {"batch_sizes", s.batch_sizes},
-          {"repeats", s.repeats},
-          {"rng", generation::name(s.rng)},
-          {"prefill", generation::name(s.prefill)},
-          {"mode", name(s.mode)},
-          {"policy", ops::policy_text(s.policy)},
-          {"workaround", s.workaround ? ops::policy_text(*s.workaround) : std::string()},
-          {"taps", s.taps}};
+  nlohmann::json j = {
+      {"preset", s.model.preset},
+      {"checkpoint", s.model.checkpoint_dir.string()},
+      {"weight_seed", s.model.seed},
+      {"device", s.load.device},
+      {"dtype", s.load.dtype},
+      {"experts", s.load.experts},
+      {"prompt", s.prompt},
+      {"chat_template", s.chat_template},
+      {"prompt_ids", s.prompt_ids},
+      {"seed", s.seed},
+      {"overrides", o},
+      {"batch_sizes", s.batch_sizes},
+      {"repeats", s.repeats},
+      {"rng", generation::name(s.rng)},
+      {"prefill", generation::name(s.prefill)},
+      {"mode", name(s.mode)},
+      {"policy", ops::policy_text(s.policy)},
+      {"workaround", s.workaround ? ops::policy_text(*s.workaround) : std::string()},
+      {"taps", s.taps}};
+  // Only when set: files of runs with every fused kernel and CUDA graphs allowed stay as they
+  // were, and older readers ignore the key.
+  if (!s.load.switches.describe().empty()) {
+    j["switches"] = {{"fused", s.load.switches.fused},
+                     {"fused_off", s.load.switches.fused_off},
+                     {"cuda_graphs", s.load.switches.cuda_graphs}};
+  }
+  return j;
 }
 
 base::Result<ExperimentSpec> spec_from_json(const nlohmann::json& doc) {
@@ -238,6 +248,12 @@ base::Result<ExperimentSpec> spec_from_json(const nlohmann::json& doc) {
       s.workaround = parsed_field(j, "workaround", ops::OpPolicy{}, ops::policy_from_text);
     }
     s.taps = j.value("taps", std::vector<std::string>{});
+    if (j.contains("switches")) {
+      const auto& w = j.at("switches");
+      s.load.switches.fused = w.at("fused").get<bool>();
+      s.load.switches.fused_off = w.at("fused_off").get<std::vector<std::string>>();
+      s.load.switches.cuda_graphs = w.at("cuda_graphs").get<bool>();
+    }
     return s;
   } catch (const nlohmann::json::exception& e) {
     return base::Error{ErrorCode::FileCorrupted, std::string("experiment spec: ") + e.what()};
@@ -322,54 +338,87 @@ LastStepDiff last_step_logit_diff(const ExperimentResult& r, const ComparisonRes
   return {};
 }
 
+namespace {
+
+// Adds the fields that a schema declaration marks Opt::summary to a JSON object, under their
+// summary keys. Only single values and lists of ints are summarised.
+class SummaryFields {
+ public:
+  explicit SummaryFields(nlohmann::json& out) : out_(out) {}
+
+  template <class T>
+  void attr(const char* name, const T& value, const schema::Opt& o = {}) {
+    add(name, value, o);
+  }
+  template <class T>
+  void array(const char* name, const T& value, const schema::Shape& /*shape*/,
+             const schema::Opt& o = {}) {
+    add(name, value, o);
+  }
+  template <class S>
+  void nested(const char* prefix, const S& s, const schema::Opt& o) {
+    if (o.summarised) {
+      nlohmann::json sub = nlohmann::json::object();
+      schema::visit_fields(s, SummaryFields(sub));
+      out_[key(prefix, o)] = std::move(sub);
+    }
+  }
+
+ private:
+  static const char* key(const char* name, const schema::Opt& o) {
+    return *o.summary_key != '\0' ? o.summary_key : name;
+  }
+  template <class T>
+  void add(const char* name, const T& value, const schema::Opt& o) {
+    if constexpr (std::is_arithmetic_v<T> || std::is_same_v<T, std::string> ||
+                  std::is_same_v<T, std::vector<int>>) {
+      if (o.summarised && o.stored) {
+        out_[key(name, o)] = value;
+      }
+    }
+  }
+
+  nlohmann::json& out_;
+};
+
+}  // namespace
+
 nlohmann::json summary_json(const ExperimentResult& r) {
   nlohmann::json runs = nlohmann::json::array();
   for (const auto& run : r.runs) {
-    runs.push_back({{"id", run.id},
-                    {"batch_size", run.batch_size},
-                    {"group", run.group},
-                    {"policy", run.policy_text},
-                    {"emulated", run.emulated},
-                    {"wall_time_s", run.wall_time_s},
-                    {"stop_position", run.stop_position},
-                    {"steps", run.steps},
-                    {"text", run.text}});
+    nlohmann::json j = nlohmann::json::object();
+    j["id"] = run.id;
+    schema::visit_fields(run, SummaryFields(j));
+    runs.push_back(std::move(j));
   }
   nlohmann::json comps = nlohmann::json::array();
   for (const auto& c : r.comparisons) {
-    nlohmann::json first = nullptr;
-    if (c.first.found()) {
-      first = {{"tick", c.first.tick}, {"canvas", c.first.canvas},
-               {"step", c.first.step}, {"layer", c.first.layer},
-               {"tap", c.first.tap},   {"position", c.first.position}};
+    nlohmann::json j = nlohmann::json::object();
+    j["id"] = c.id;
+    schema::visit_fields(c, SummaryFields(j));
+    if (!c.first.found()) {
+      j["first_divergence"] = nullptr;
     }
     const auto [positions, scores, readable] = last_step_logit_diff(r, c);
-    comps.push_back(
-        {{"id", c.id},
-         {"reference", c.reference},
-         {"run", c.run},
-         {"kind", c.kind},
-         {"first_divergence", first},
-         {"tokens_identical", c.tokens_identical},
-         {"tokens_changed", c.tokens_changed},
-         {"stop_changed", c.stop_changed},
-         {"steps_changed", c.steps_changed},
-         {"last_step_positions_differing", readable ? nlohmann::json(positions) : nlohmann::json()},
-         {"last_step_logits_differing", readable ? nlohmann::json(scores) : nlohmann::json()}});
+    j["last_step_positions_differing"] = readable ? nlohmann::json(positions) : nlohmann::json();
+    j["last_step_logits_differing"] = readable ? nlohmann::json(scores) : nlohmann::json();
+    comps.push_back(std::move(j));
   }
   const ComparisonResult* floor = r.comparison("ref__repeat1");
-  return {{"model", r.spec.model.describe()},
-          {"device", r.provenance.device},
-          {"device_name", r.provenance.device_name},
-          {"libtorch", r.provenance.libtorch},
-          {"emulated", r.provenance.emulated},
-          {"mode", name(r.spec.mode)},
-          {"rng", generation::name(r.spec.rng)},
-          {"prefill", generation::name(r.spec.prefill)},
-          {"noise_floor_clean",
-           floor == nullptr ? nlohmann::json(nullptr) : nlohmann::json(!floor->first.found())},
-          {"runs", runs},
-          {"comparisons", comps}};
+  nlohmann::json out = nlohmann::json::object();
+  out["model"] = r.spec.model.describe();
+  schema::visit_fields(r.provenance, SummaryFields(out));  // device, device_name, libtorch, ...
+  out["mode"] = name(r.spec.mode);
+  out["rng"] = generation::name(r.spec.rng);
+  out["prefill"] = generation::name(r.spec.prefill);
+  if (const std::string switches = r.spec.load.switches.describe(); !switches.empty()) {
+    out["switches"] = switches;
+  }
+  out["noise_floor_clean"] =
+      floor == nullptr ? nlohmann::json(nullptr) : nlohmann::json(!floor->first.found());
+  out["runs"] = std::move(runs);
+  out["comparisons"] = std::move(comps);
+  return out;
 }
 
 std::string summary_text(const ExperimentResult& r) {
@@ -387,7 +436,11 @@ std::string summary_text(const ExperimentResult& r) {
   }
   o << "mode " << name(r.spec.mode) << ", rng " << generation::name(r.spec.rng) << ", prefill "
     << generation::name(r.spec.prefill) << ", seed " << r.spec.seed << ", " << r.layers
-    << " layers, taps " << r.taps.size() << "\n\n";
+    << " layers, taps " << r.taps.size() << "\n";
+  if (const std::string switches = r.spec.load.switches.describe(); !switches.empty()) {
+    o << "switches: " << switches << "\n";
+  }
+  o << "\n";
   o << "runs:\n";
   for (const auto& run : r.runs) {
     o << "  " << std::left << std::setw(10) << run.id << " B=" << run.batch_size << "  "

@@ -88,7 +88,9 @@ base::Result<RunMode> parse_run_mode(std::string_view text);
 /// the prompt cache copied from batch 1, free trajectories, the default policy.
 struct ExperimentSpec {
   model::ModelSource model;
-  model::LoadOptions load;  ///< device, dtype, experts (progress/cancel are not part of a spec)
+  /// device, dtype, experts; switches (fused kernels, CUDA graphs: how it computed, never what;
+  /// kept in the spec JSON only when one is set). Progress and cancel are not part of a spec.
+  model::LoadOptions load;
   std::string prompt = "Write a long essay about Portugal.";
   bool chat_template = true;
   std::vector<std::int64_t> prompt_ids;  ///< used instead of `prompt` when non-empty
@@ -129,9 +131,6 @@ struct Provenance {
   std::string dtype;
   std::int64_t threads = 0;
   bool emulated = false;  ///< some run used the emulated split-K kernel
-  /// base::Switches::describe() of the run: "" when every fused kernel and CUDA graphs were
-  /// allowed (files store it only when set).
-  std::string switches;
 };
 
 /// One engine's run: its batch size, policy and row 0's trajectory.

@@ -25,7 +25,6 @@ Provenance provenance_now(const model::LoadOptions& load, bool emulated) {
   p.device = load.device;
   p.dtype = load.dtype;
   p.emulated = emulated;
-  p.switches = load.switches.describe();
   auto info = base::query_system_info();
   if (!info.ok()) {
     return p;

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Where and with what an experiment ran: tool version and git hash, host, device and its driver,
-// LibTorch, BLAS, threads, the switches in force. Torch-free.
+// LibTorch, BLAS, threads. (The switches in force are the spec's: ExperimentSpec::load.)
+// Torch-free.
 #pragma once
 
 #include <string>
@@ -10,7 +11,7 @@
 
 namespace batchlens::experiment {
 
-/// The provenance of a run now, on `load`'s device with its dtype and switches; `emulated` when
+/// The provenance of a run now, on `load`'s device with its dtype; `emulated` when
 /// some run used the emulated split-K kernel.
 Provenance provenance_now(const model::LoadOptions& load, bool emulated);
 

@@ -359,6 +359,25 @@ TEST(Experiment, PromptThatIsNotUtf8IsRefusedUpFrontWithTheOffset) {
   EXPECT_NE(r.error().message.find("byte 3"), std::string::npos) << r.error().message;
 }
 
+// issue #15: switches (fused kernels, CUDA graphs) are part of how a spec ran; the spec JSON
+// keeps them only when one is set, so files of default runs are unchanged.
+TEST(Experiment, SpecJsonKeepsSwitchesOnlyWhenSet) {
+  auto s = demo_spec("default");
+  EXPECT_FALSE(to_json(s).contains("switches"));
+  s.load.switches.fused_off = {"diff"};
+  s.load.switches.cuda_graphs = false;
+  const auto back = spec_from_json_text(to_json(s).dump());
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(back.value().load.switches.fused_off, std::vector<std::string>{"diff"});
+  EXPECT_FALSE(back.value().load.switches.cuda_graphs);
+  EXPECT_TRUE(back.value().load.switches.fused);
+  auto doc = to_json(s);
+  doc["switches"]["fused"] = "yes";
+  const auto bad = spec_from_json(doc);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().code, base::ErrorCode::FileCorrupted);
+}
+
 TEST(Experiment, SpecTextIsParsedWithANestingLimit) {
   auto s = demo_spec("issue_workaround");
   s.batch_sizes = {2, 3};

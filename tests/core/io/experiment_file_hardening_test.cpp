@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,7 @@
 
 #include "core/experiment/experiment.h"
 #include "core/experiment/runner.h"
+#include "core/experiment/schema.h"
 #include "core/io/experiment_file.h"
 
 #include <fcntl.h>
@@ -654,6 +656,152 @@ TEST(ExperimentFileOldSchema, TheEmbeddedSchema11SampleStillReads) {
   EXPECT_FALSE(r.value().runs.empty());
   EXPECT_FALSE(r.value().runs.front().text.empty());
   EXPECT_FALSE(r.value().comparisons.empty());
+}
+
+TEST(ExperimentFileOldSchema, FieldsAddedIn11MayBeMissingBefore12AllOrNone) {
+  // A file that says schema 1.0 (no checksums checked) without a row0 comparison's pos_max_abs
+  // and pos_max_ulp reads, without them; one that lacks only pos_max_ulp does not. From 1.2 on
+  // both are required.
+  const ExperimentResult& r = tiny_experiment();
+  const std::string good = temp_path("old_schema_good");
+  ASSERT_TRUE(write_experiment(good, r).ok());
+  const std::string cmp = "/comparisons/" + r.comparisons.front().id;
+  ASSERT_EQ(r.comparisons.front().kind, "row0");
+  const auto edited = [&](std::int64_t minor, std::vector<const char*> remove) {
+    const std::string p = temp_path("old_schema");
+    fs::copy_file(good, p, fs::copy_options::overwrite_existing);
+    const hid_t f = H5Fopen(p.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    EXPECT_GE(f, 0);
+    const hid_t a = H5Aopen(f, "schema_minor", H5P_DEFAULT);
+    EXPECT_GE(H5Awrite(a, H5T_NATIVE_INT64, &minor), 0);
+    H5Aclose(a);
+    for (const char* name : remove) {
+      EXPECT_GE(H5Ldelete(f, (cmp + "/" + name).c_str(), H5P_DEFAULT), 0) << name;
+    }
+    H5Fclose(f);
+    return read_experiment(p);
+  };
+  auto back = edited(0, {"pos_max_abs", "pos_max_ulp"});
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_TRUE(back.value().comparisons.front().pos_max_abs.empty());
+  EXPECT_TRUE(back.value().comparisons.front().pos_max_ulp.empty());
+  EXPECT_FALSE(back.value().comparisons.front().pos_frac_differ.empty());
+  back = edited(1, {});
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(first_difference(back.value(), r), "");
+  back = edited(0, {"pos_max_ulp"});
+  ASSERT_FALSE(back.ok());
+  EXPECT_NE(back.error().message.find("missing dataset " + cmp + "/pos_max_ulp"), std::string::npos)
+      << back.error().message;
+  // Schema 1.2 (the root's checksum still matches: only the datasets go).
+  back = edited(2, {"pos_max_abs", "pos_max_ulp"});
+  ASSERT_FALSE(back.ok());
+  EXPECT_NE(back.error().message.find("missing dataset " + cmp + "/pos_max_abs"), std::string::npos)
+      << back.error().message;
+}
+
+// ---- one schema: the file holds what core/experiment/schema.h declares ----------------------
+
+// The names a schema declaration visits, as a file stores them.
+struct DeclaredNames {
+  std::set<std::string> attributes;
+  std::set<std::string> root_attributes;
+  std::set<std::string> datasets;
+  std::string prefix;
+
+  template <class T>
+  void attr(const char* name, const T& /*value*/, const experiment::schema::Opt& o = {}) {
+    if (o.stored) {
+      (o.root ? root_attributes : attributes).insert(prefix + name);
+    }
+  }
+  template <class T>
+  void array(const char* name, const T& /*value*/, const experiment::schema::Shape& /*shape*/,
+             const experiment::schema::Opt& o = {}) {
+    if (o.stored) {
+      datasets.insert(prefix + name);
+    }
+  }
+  template <class S>
+  void nested(const char* p, const S& s, const experiment::schema::Opt& /*o*/) {
+    const std::string outer = prefix;
+    prefix += p;
+    experiment::schema::visit_fields(s, *this);
+    prefix = outer;
+  }
+};
+
+template <class S>
+DeclaredNames declared(const S& s) {
+  DeclaredNames names;
+  experiment::schema::visit_fields(s, names);
+  return names;
+}
+
+// What the object at `path` holds: its attributes' names and its links' names.
+struct Stored {
+  std::set<std::string> attributes;
+  std::set<std::string> links;
+};
+
+// An HDF5 iteration callback (attributes or links) that collects names into a std::set.
+template <class Info>
+herr_t collect_name(hid_t /*object*/, const char* name, const Info* /*info*/, void* names) {
+  static_cast<std::set<std::string>*>(names)->insert(name);
+  return 0;
+}
+
+Stored stored_at(hid_t f, const std::string& path) {
+  Stored s;
+  const hid_t o = H5Oopen(f, path.c_str(), H5P_DEFAULT);
+  EXPECT_GE(o, 0) << path;
+  H5Aiterate2(o, H5_INDEX_NAME, H5_ITER_INC, nullptr, collect_name<H5A_info_t>, &s.attributes);
+  H5Literate(o, H5_INDEX_NAME, H5_ITER_INC, nullptr, collect_name<H5L_info_t>, &s.links);
+  H5Oclose(o);
+  return s;
+}
+
+std::set<std::string> with_digest(std::set<std::string> names) {
+  names.insert("attrs_crc32");
+  return names;
+}
+
+TEST(ExperimentFileSchema, TheFileHoldsExactlyTheDeclaredFields) {
+  // Lockstep with a workaround: row0 and rows comparisons, main and workaround runs.
+  const ExperimentResult& r = tiny_lockstep_experiment();
+  const std::string p = temp_path("declared");
+  ASSERT_TRUE(write_experiment(p, r).ok());
+  const hid_t f = H5Fopen(p.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+
+  Stored s = stored_at(f, "/");
+  std::set<std::string> want = declared(r.provenance).root_attributes;
+  want.insert({"format", "schema_major", "schema_minor"});
+  EXPECT_EQ(s.attributes, with_digest(want));
+  EXPECT_EQ(s.links, (std::set<std::string>{"comparisons", "provenance", "runs", "spec"}));
+  s = stored_at(f, "/provenance");
+  EXPECT_EQ(s.attributes, with_digest(declared(r.provenance).attributes));
+  EXPECT_TRUE(s.links.empty());
+  s = stored_at(f, "/spec");
+  EXPECT_EQ(s.attributes, with_digest(declared(r).attributes));
+  EXPECT_EQ(s.links, declared(r).datasets);
+  for (const RunResult& run : r.runs) {
+    s = stored_at(f, "/runs/" + run.id);
+    EXPECT_EQ(s.attributes, with_digest(declared(run).attributes)) << run.id;
+    EXPECT_EQ(s.links, declared(run).datasets) << run.id;
+  }
+  int kinds = 0;
+  for (const ComparisonResult& c : r.comparisons) {
+    s = stored_at(f, "/comparisons/" + c.id);
+    const DeclaredNames names = declared(c);
+    EXPECT_EQ(s.attributes, with_digest(names.attributes)) << c.id;
+    EXPECT_EQ(s.links, names.datasets) << c.id;
+    EXPECT_TRUE(names.attributes.count("first_tick") == 1) << "nested Divergence fields";
+    kinds |= c.kind == "row0" ? 1 : 2;
+    EXPECT_EQ(names.datasets.count("token_diff"), c.kind == "row0" ? 1U : 0U) << c.id;
+  }
+  EXPECT_EQ(kinds, 3) << "both kinds of comparison";
+  H5Fclose(f);
 }
 
 // ---- special files -------------------------------------------------------------------------

@@ -165,22 +165,6 @@ std::string temp_path(const std::string& name) {
       .string();
 }
 
-// Sets an environment variable for a scope.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    ::setenv(name, value, 1);  // NOLINT(concurrency-mt-unsafe): tests set it before any thread
-  }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-  ScopedEnv(ScopedEnv&&) = delete;
-  ScopedEnv& operator=(ScopedEnv&&) = delete;
-  ~ScopedEnv() { ::unsetenv(name_); }  // NOLINT(concurrency-mt-unsafe)
-
- private:
-  const char* name_;
-};
-
 template <class T>
 void expect_bits(const std::vector<T>& got, const std::vector<T>& want, const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
@@ -454,18 +438,17 @@ print("ok")
   fs::remove(dump);
 }
 
-// BATCHLENS_HDF5_SERIAL=1 writes through HDF5's filter pipeline on one thread. Both files must
-// hold the same values and, chunk for chunk, the same compressed bytes: both are shuffle +
-// compress2 level 4 of the same zero-padded chunks.
+// WriteOptions::serial (BATCHLENS_HDF5_SERIAL=1) writes through HDF5's filter pipeline on one
+// thread. Both files must hold the same values and, chunk for chunk, the same compressed bytes:
+// both are shuffle + compress2 level 4 of the same zero-padded chunks.
 TEST(ExperimentFileArrays, ParallelChunksMatchHdf5sOwnPipeline) {
   for (const ExperimentResult* experiment : {&multi_chunk_experiment(), &huge_experiment()}) {
     const ExperimentResult& r = *experiment;
     const std::string serial = temp_path("serial");
     const std::string parallel = temp_path("parallel");
-    {
-      const ScopedEnv env("BATCHLENS_HDF5_SERIAL", "1");
-      ASSERT_TRUE(write_experiment(serial, r).ok());
-    }
+    WriteOptions one_thread;
+    one_thread.serial = true;
+    ASSERT_TRUE(write_experiment(serial, r, one_thread).ok());
     ASSERT_TRUE(write_experiment(parallel, r).ok());
     const auto a = read_experiment(serial);
     const auto b = read_experiment(parallel);
