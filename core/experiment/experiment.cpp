@@ -22,20 +22,6 @@ base::Error bad(const std::string& m) {
   return base::Error{ErrorCode::InvalidArgument, "experiment: " + m};
 }
 
-template <class T>
-void put_optional(nlohmann::json& j, const char* key, const std::optional<T>& v) {
-  if (v) {
-    j[key] = *v;
-  }
-}
-
-template <class T>
-void get_optional(const nlohmann::json& j, const char* key, std::optional<T>& v) {
-  if (j.contains(key) && !j[key].is_null()) {
-    v = j[key].get<T>();
-  }
-}
-
 [[noreturn]] void bad_field(const std::string& key, const char* what) {
   throw base::ErrorException(ErrorCode::FileCorrupted, "experiment spec: " + key + ": " + what);
 }
@@ -56,7 +42,14 @@ T to_integer(const nlohmann::json& v, const std::string& key) {
   if (!v.is_number_integer()) {
     bad_field(key, "expected an integer");
   }
-  const auto i = v.get<std::int64_t>();  // negative: is_number_unsigned() was false
+  // Signed storage: a negative number, or one built in memory rather than parsed from text.
+  const auto i = v.get<std::int64_t>();
+  if (i >= 0) {
+    if (static_cast<std::uint64_t>(i) > static_cast<std::uint64_t>(std::numeric_limits<T>::max())) {
+      bad_field(key, "out of range");
+    }
+    return static_cast<T>(i);
+  }
   if constexpr (std::is_signed_v<T>) {
     if (i < static_cast<std::int64_t>(std::numeric_limits<T>::min())) {
       bad_field(key, "out of range");
@@ -65,11 +58,6 @@ T to_integer(const nlohmann::json& v, const std::string& key) {
     bad_field(key, "out of range");
   }
   return static_cast<T>(i);
-}
-
-template <class T>
-T integer_field(const nlohmann::json& j, const char* key, T fallback) {
-  return j.contains(key) ? to_integer<T>(j[key], key) : fallback;
 }
 
 template <class T>
@@ -87,13 +75,6 @@ std::vector<T> integer_list(const nlohmann::json& j, const char* key, std::vecto
     out.push_back(to_integer<T>(e, key));
   }
   return out;
-}
-
-template <class T>
-void optional_integer(const nlohmann::json& j, const char* key, std::optional<T>& v) {
-  if (j.contains(key) && !j[key].is_null()) {
-    v = to_integer<T>(j[key], std::string("overrides.") + key);
-  }
 }
 
 // A mode or policy stored by name: absent gives `fallback`; another type or an unknown name is
@@ -114,6 +95,159 @@ T parsed_field(const nlohmann::json& j, const char* key, T fallback, Parse parse
   return parsed.value();
 }
 
+// The spec's fields, named once: to_json (SpecWriter) and spec_from_json (SpecReader) visit them.
+// A visitor has field(key, member) for each member type below and object(key, overrides).
+template <class S, class V>
+void visit_spec(S& s, V& v) {
+  v.field("preset", s.model.preset);
+  v.field("checkpoint", s.model.checkpoint_dir);
+  v.field("weight_seed", s.model.seed);
+  v.field("device", s.load.device);
+  v.field("dtype", s.load.dtype);
+  v.field("experts", s.load.experts);
+  v.field("prompt", s.prompt);
+  v.field("chat_template", s.chat_template);
+  v.field("prompt_ids", s.prompt_ids);
+  v.field("seed", s.seed);
+  v.object("overrides", s.overrides);
+  v.field("batch_sizes", s.batch_sizes);
+  v.field("repeats", s.repeats);
+  v.field("rng", s.rng);
+  v.field("prefill", s.prefill);
+  v.field("mode", s.mode);
+  v.field("policy", s.policy);
+  v.field("workaround", s.workaround);
+  v.field("taps", s.taps);
+  v.field("switches", s.load.switches);
+}
+
+template <class O, class V>
+void visit_overrides(O& o, V& v) {
+  v.field("max_denoising_steps", o.max_denoising_steps);
+  v.field("max_new_tokens", o.max_new_tokens);
+  v.field("t_min", o.t_min);
+  v.field("t_max", o.t_max);
+  v.field("entropy_bound", o.entropy_bound);
+  v.field("stability_threshold", o.stability_threshold);
+  v.field("confidence_threshold", o.confidence_threshold);
+}
+
+// Modes by name (generation::name, experiment::name) and back.
+base::Result<generation::RngMode> parse_as(generation::RngMode /*tag*/, std::string_view text) {
+  return generation::parse_rng_mode(text);
+}
+base::Result<generation::PrefillMode> parse_as(generation::PrefillMode /*tag*/,
+                                               std::string_view text) {
+  return generation::parse_prefill_mode(text);
+}
+base::Result<RunMode> parse_as(RunMode /*tag*/, std::string_view text);
+
+class SpecWriter {
+ public:
+  explicit SpecWriter(nlohmann::json& out) : out_(out) {}
+  template <class T>
+  void field(const char* key, const T& value) {
+    if constexpr (std::is_enum_v<T>) {
+      out_[key] = name(value);
+    } else {
+      out_[key] = value;
+    }
+  }
+  void field(const char* key, const std::filesystem::path& value) { out_[key] = value.string(); }
+  void field(const char* key, const ops::OpPolicy& value) { out_[key] = ops::policy_text(value); }
+  void field(const char* key, const std::optional<ops::OpPolicy>& value) {
+    out_[key] = value ? ops::policy_text(*value) : std::string();
+  }
+  template <class T>
+  void field(const char* key, const std::optional<T>& value) {
+    if (value) {
+      out_[key] = *value;
+    }
+  }
+  // Only when set: files of runs with every fused kernel and CUDA graphs allowed stay as they
+  // were, and older readers ignore the key.
+  void field(const char* key, const base::Switches& value) {
+    if (!value.describe().empty()) {
+      out_[key] = {{"fused", value.fused},
+                   {"fused_off", value.fused_off},
+                   {"cuda_graphs", value.cuda_graphs}};
+    }
+  }
+  void object(const char* key, const generation::GenerationOverrides& value) {
+    nlohmann::json sub = nlohmann::json::object();
+    SpecWriter w(sub);
+    visit_overrides(value, w);
+    out_[key] = std::move(sub);
+  }
+
+ private:
+  nlohmann::json& out_;
+};
+
+// Absent keys keep the member's value (a default spec's); a value of another type or out of
+// range is FileCorrupted naming the field (nlohmann's type errors are turned into that by
+// spec_from_json).
+class SpecReader {
+ public:
+  SpecReader(const nlohmann::json& in, std::string prefix) : in_(in), prefix_(std::move(prefix)) {}
+  template <class T>
+  void field(const char* key, T& value) {
+    if (!in_.contains(key)) {
+      return;
+    }
+    if constexpr (std::is_enum_v<T>) {
+      value = parsed_field(in_, key, value, [](std::string_view t) { return parse_as(T{}, t); });
+    } else if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      value = to_integer<T>(in_[key], prefix_ + key);
+    } else if constexpr (std::is_same_v<T, std::vector<std::int64_t>>) {
+      value = integer_list(in_, key, value);
+    } else {
+      value = in_[key].template get<T>();
+    }
+  }
+  void field(const char* key, std::filesystem::path& value) {
+    value = in_.value(key, std::string());
+  }
+  void field(const char* key, ops::OpPolicy& value) {
+    value = parsed_field(in_, key, value, ops::policy_from_text);
+  }
+  // "" (the key as every file writes it without a workaround) or a policy.
+  void field(const char* key, std::optional<ops::OpPolicy>& value) {
+    if (!in_.value(key, std::string()).empty()) {
+      value = parsed_field(in_, key, ops::OpPolicy{}, ops::policy_from_text);
+    }
+  }
+  template <class T>
+  void field(const char* key, std::optional<T>& value) {
+    if (!in_.contains(key) || in_[key].is_null()) {
+      return;
+    }
+    if constexpr (std::is_integral_v<T>) {
+      value = to_integer<T>(in_[key], prefix_ + key);
+    } else {
+      value = in_[key].template get<T>();
+    }
+  }
+  void field(const char* key, base::Switches& value) {
+    if (in_.contains(key)) {
+      const auto& w = in_.at(key);
+      value.fused = w.at("fused").get<bool>();
+      value.fused_off = w.at("fused_off").get<std::vector<std::string>>();
+      value.cuda_graphs = w.at("cuda_graphs").get<bool>();
+    }
+  }
+  void object(const char* key, generation::GenerationOverrides& value) {
+    if (in_.contains(key)) {
+      SpecReader r(in_[key], prefix_ + key + ".");
+      visit_overrides(value, r);
+    }
+  }
+
+ private:
+  const nlohmann::json& in_;
+  std::string prefix_;
+};
+
 }  // namespace
 
 const char* name(RunMode mode) {
@@ -123,6 +257,12 @@ const char* name(RunMode mode) {
 base::Result<RunMode> parse_run_mode(std::string_view text) {
   return base::parse_named(text, {RunMode::Free, RunMode::Lockstep}, &name, "mode");
 }
+
+namespace {
+base::Result<RunMode> parse_as(RunMode /*tag*/, std::string_view text) {
+  return parse_run_mode(text);
+}
+}  // namespace
 
 base::Result<void> validate(const ExperimentSpec& s) {
   if (s.model.preset.empty() == s.model.checkpoint_dir.empty()) {
@@ -172,42 +312,10 @@ base::Result<void> validate(const ExperimentSpec& s) {
 }
 
 nlohmann::json to_json(const ExperimentSpec& s) {
-  nlohmann::json o = nlohmann::json::object();
-  put_optional(o, "max_denoising_steps", s.overrides.max_denoising_steps);
-  put_optional(o, "max_new_tokens", s.overrides.max_new_tokens);
-  put_optional(o, "t_min", s.overrides.t_min);
-  put_optional(o, "t_max", s.overrides.t_max);
-  put_optional(o, "entropy_bound", s.overrides.entropy_bound);
-  put_optional(o, "stability_threshold", s.overrides.stability_threshold);
-  put_optional(o, "confidence_threshold", s.overrides.confidence_threshold);
-  nlohmann::json j = {
-      {"preset", s.model.preset},
-      {"checkpoint", s.model.checkpoint_dir.string()},
-      {"weight_seed", s.model.seed},
-      {"device", s.load.device},
-      {"dtype", s.load.dtype},
-      {"experts", s.load.experts},
-      {"prompt", s.prompt},
-      {"chat_template", s.chat_template},
-      {"prompt_ids", s.prompt_ids},
-      {"seed", s.seed},
-      {"overrides", o},
-      {"batch_sizes", s.batch_sizes},
-      {"repeats", s.repeats},
-      {"rng", generation::name(s.rng)},
-      {"prefill", generation::name(s.prefill)},
-      {"mode", name(s.mode)},
-      {"policy", ops::policy_text(s.policy)},
-      {"workaround", s.workaround ? ops::policy_text(*s.workaround) : std::string()},
-      {"taps", s.taps}};
-  // Only when set: files of runs with every fused kernel and CUDA graphs allowed stay as they
-  // were, and older readers ignore the key.
-  if (!s.load.switches.describe().empty()) {
-    j["switches"] = {{"fused", s.load.switches.fused},
-                     {"fused_off", s.load.switches.fused_off},
-                     {"cuda_graphs", s.load.switches.cuda_graphs}};
-  }
-  return j;
+  nlohmann::json out = nlohmann::json::object();
+  SpecWriter w(out);
+  visit_spec(s, w);
+  return out;
 }
 
 base::Result<ExperimentSpec> spec_from_json(const nlohmann::json& doc) {
@@ -217,43 +325,8 @@ base::Result<ExperimentSpec> spec_from_json(const nlohmann::json& doc) {
   }
   try {
     ExperimentSpec s;
-    s.model.preset = j.value("preset", std::string());
-    s.model.checkpoint_dir = j.value("checkpoint", std::string());
-    s.model.seed = integer_field(j, "weight_seed", std::uint64_t{0});
-    s.load.device = j.value("device", s.load.device);
-    s.load.dtype = j.value("dtype", s.load.dtype);
-    s.load.experts = j.value("experts", s.load.experts);
-    s.prompt = j.value("prompt", s.prompt);
-    s.chat_template = j.value("chat_template", true);
-    s.prompt_ids = integer_list(j, "prompt_ids", std::vector<std::int64_t>{});
-    s.seed = integer_field(j, "seed", std::uint64_t{0});
-    if (j.contains("overrides")) {
-      const auto& o = j["overrides"];
-      optional_integer(o, "max_denoising_steps", s.overrides.max_denoising_steps);
-      optional_integer(o, "max_new_tokens", s.overrides.max_new_tokens);
-      get_optional(o, "t_min", s.overrides.t_min);
-      get_optional(o, "t_max", s.overrides.t_max);
-      get_optional(o, "entropy_bound", s.overrides.entropy_bound);
-      optional_integer(o, "stability_threshold", s.overrides.stability_threshold);
-      get_optional(o, "confidence_threshold", s.overrides.confidence_threshold);
-    }
-    s.batch_sizes = integer_list(j, "batch_sizes", s.batch_sizes);
-    s.repeats = integer_field(j, "repeats", s.repeats);
-    s.rng = parsed_field(j, "rng", s.rng, generation::parse_rng_mode);
-    s.prefill = parsed_field(j, "prefill", s.prefill, generation::parse_prefill_mode);
-    s.mode = parsed_field(j, "mode", s.mode, parse_run_mode);
-    s.policy = parsed_field(j, "policy", s.policy, ops::policy_from_text);
-    // "" (the key as every file writes it without a workaround) or a policy.
-    if (!j.value("workaround", std::string()).empty()) {
-      s.workaround = parsed_field(j, "workaround", ops::OpPolicy{}, ops::policy_from_text);
-    }
-    s.taps = j.value("taps", std::vector<std::string>{});
-    if (j.contains("switches")) {
-      const auto& w = j.at("switches");
-      s.load.switches.fused = w.at("fused").get<bool>();
-      s.load.switches.fused_off = w.at("fused_off").get<std::vector<std::string>>();
-      s.load.switches.cuda_graphs = w.at("cuda_graphs").get<bool>();
-    }
+    SpecReader r(j, "");
+    visit_spec(s, r);
     return s;
   } catch (const nlohmann::json::exception& e) {
     return base::Error{ErrorCode::FileCorrupted, std::string("experiment spec: ") + e.what()};

@@ -378,6 +378,54 @@ TEST(Experiment, SpecJsonKeepsSwitchesOnlyWhenSet) {
   EXPECT_EQ(bad.error().code, base::ErrorCode::FileCorrupted);
 }
 
+// issue #15: the spec's fields are named once (visit_spec); every one survives the round trip.
+TEST(Experiment, SpecJsonRoundTripKeepsEveryField) {
+  ExperimentSpec s;
+  s.model.checkpoint_dir = "/models/dg";
+  s.model.seed = 9;
+  s.load.device = "cuda:1";
+  s.load.dtype = "fp32";
+  s.load.experts = "grouped_mm";
+  s.load.switches.cuda_graphs = false;
+  s.prompt = "Olá";
+  s.chat_template = false;
+  s.prompt_ids = {2, 5, 7};
+  s.seed = std::uint64_t{1} << 40;
+  s.overrides.max_denoising_steps = 12;
+  s.overrides.max_new_tokens = 96;
+  s.overrides.t_min = 0.25;
+  s.overrides.t_max = 0.75;
+  s.overrides.entropy_bound = 0.2;
+  s.overrides.stability_threshold = 2;
+  s.overrides.confidence_threshold = 0.01;
+  s.batch_sizes = {3, 8};
+  s.repeats = 2;
+  s.rng = generation::RngMode::Shared;
+  s.prefill = generation::PrefillMode::Batched;
+  s.mode = RunMode::Lockstep;
+  s.policy = ops::OpPolicy::emulated_split_k();
+  s.workaround = ops::OpPolicy::row_wise_all();
+  s.taps = {"logits", "router.scores"};
+  const nlohmann::json doc = to_json(s);
+  const auto back = spec_from_json(doc);
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(to_json(back.value()), doc);
+  EXPECT_EQ(back.value().overrides.t_max, 0.75);
+  EXPECT_EQ(back.value().workaround, ops::OpPolicy::row_wise_all());
+  EXPECT_EQ(back.value().mode, RunMode::Lockstep);
+  // Absent keys keep the defaults; a nested integer out of range names its path.
+  const auto empty = spec_from_json(nlohmann::json::object());
+  ASSERT_TRUE(empty.ok());
+  EXPECT_EQ(to_json(empty.value()), to_json(ExperimentSpec{}));
+  nlohmann::json bad = doc;
+  bad["overrides"]["stability_threshold"] = std::int64_t{1} << 40;
+  const auto refused = spec_from_json(bad);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code, base::ErrorCode::FileCorrupted);
+  EXPECT_NE(refused.error().message.find("overrides.stability_threshold"), std::string::npos)
+      << refused.error().message;
+}
+
 TEST(Experiment, SpecTextIsParsedWithANestingLimit) {
   auto s = demo_spec("issue_workaround");
   s.batch_sizes = {2, 3};
