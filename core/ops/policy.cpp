@@ -60,10 +60,57 @@ OpPolicy OpPolicy::issue_workaround() {
 }
 
 OpPolicy OpPolicy::emulated_split_k() {
+  return emulation_profile("emulated_split_k");
+}
+
+OpPolicy OpPolicy::emulation_profile(std::string_view name) {
+  const EmulationProfile* profile = find_emulation_profile(name);
+  if (profile == nullptr) {
+    base::raise(base::ErrorCode::InvalidArgument,
+                "unknown emulation profile '" + std::string(name) + "'");
+  }
   OpPolicy p;
-  p.name = "emulated_split_k";
-  p.emulate_split_k = gemm_families();
+  p.name = std::string(profile->name);
+  p.emulate_split_k = profile->families;
   return p;
+}
+
+const std::vector<EmulationProfile>& emulation_profiles() {
+  static const std::vector<EmulationProfile> profiles = [] {
+    const auto of = [](std::initializer_list<OpFamily> families) {
+      FamilySet f;
+      for (OpFamily family : families) {
+        f.set(static_cast<std::size_t>(family));
+      }
+      return f;
+    };
+    return std::vector<EmulationProfile>{
+        {"emulated_h200", of({OpFamily::SelfCondMatmul}), "NVIDIA H200",
+         "split-K emulated in the self-conditioning matmul only: on the H200 it is the one op "
+         "whose row 0 depends on the batch size (router projection, attention, MLP, experts "
+         "and lm_head are batch invariant there)",
+         "docs/findings/h200-issue7.md"},
+        {"emulated_h100_report", of({OpFamily::RouterProj, OpFamily::SelfCondMatmul}),
+         "NVIDIA H100",
+         "split-K emulated in the router projection and the self-conditioning matmul: the two "
+         "ops the original H100 report found diverging (and made row-wise as its workaround)",
+         "docs/PRODUCT.md (the user's findings)"},
+        {"emulated_split_k", gemm_families(), "no particular GPU",
+         "split-K emulated in every GEMM family: a stress test, not any GPU's finding (the "
+         "issue's workaround cannot fix it)",
+         "ops::emulated_split_count"},
+    };
+  }();
+  return profiles;
+}
+
+const EmulationProfile* find_emulation_profile(std::string_view name) {
+  for (const EmulationProfile& p : emulation_profiles()) {
+    if (p.name == name) {
+      return &p;
+    }
+  }
+  return nullptr;
 }
 
 FamilySet gemm_families() {
@@ -236,17 +283,20 @@ base::Result<OpPolicy> policy_from_text(const std::string& text) {
     }
     return combine(a.value(), b.value());
   }
-  for (OpPolicy (*make)() : {&OpPolicy::default_policy, &OpPolicy::issue_workaround,
-                             &OpPolicy::row_wise_all, &OpPolicy::emulated_split_k}) {
+  for (OpPolicy (*make)() :
+       {&OpPolicy::default_policy, &OpPolicy::issue_workaround, &OpPolicy::row_wise_all}) {
     if (OpPolicy p = make(); p.name == text) {
       return p;
     }
   }
+  if (find_emulation_profile(text) != nullptr) {
+    return OpPolicy::emulation_profile(text);
+  }
   const std::string shown = text.size() > 100 ? text.substr(0, 97) + "..." : text;
   return base::Error{base::ErrorCode::InvalidArgument,
                      "policy '" + shown +
-                         "': expected default, issue_workaround, row_wise_all, emulated_split_k, "
-                         "policy JSON, such parts joined with + or a JSON file"};
+                         "': expected default, issue_workaround, row_wise_all, emulated_h200, "
+                         "emulated_h100_report, emulated_split_k, policy JSON, such parts joined with + or a JSON file"};
 }
 
 std::string policy_text(const OpPolicy& policy) {

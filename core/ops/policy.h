@@ -5,6 +5,7 @@
 
 #include <bitset>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -68,6 +69,8 @@ struct OpPolicy {
   static OpPolicy issue_workaround();
   /// Every GEMM family (all but attention) on the emulated split-K kernel, batched.
   static OpPolicy emulated_split_k();
+  /// The emulation profile of a recorded GPU (EmulationProfile), batched.
+  static OpPolicy emulation_profile(std::string_view name);
 
   /// Same name, rules and emulation.
   friend bool operator==(const OpPolicy& a, const OpPolicy& b) {
@@ -78,6 +81,21 @@ struct OpPolicy {
 
 /// The GEMM families the emulation can apply to (every family but Attention).
 FamilySet gemm_families();
+
+/// A named CPU emulation of one GPU's finding: split-K emulated only in the families that
+/// diverged on that GPU, so the CPU demo tells the GPU's story (the same first divergence, the
+/// same workaround fixing it). Taken from recorded findings, never guessed.
+struct EmulationProfile {
+  std::string_view name;         ///< policy name, e.g. "emulated_h200"
+  FamilySet families;            ///< the families whose GEMMs are emulated
+  std::string_view gpu;          ///< "NVIDIA H200"
+  std::string_view description;  ///< one sentence for the UI and reports
+  std::string_view source;       ///< where the finding is recorded
+};
+/// The profiles, the default first: emulated_h200, emulated_h100_report, emulated_split_k.
+const std::vector<EmulationProfile>& emulation_profiles();
+/// The profile of a policy name, or null.
+const EmulationProfile* find_emulation_profile(std::string_view name);
 
 /// `a` then `b`: b's rules after a's (so b wins where both match), emulation sets joined,
 /// names joined with "+".
@@ -91,7 +109,8 @@ nlohmann::json to_json(const OpPolicy& policy);
 /// Inverse of to_json; InvalidArgument on malformed input. Never throws.
 base::Result<OpPolicy> policy_from_json(const nlohmann::json& doc);
 /// The text form of a policy in experiment specs, settings and on the command line: a named
-/// policy ("default", "issue_workaround", "row_wise_all", "emulated_split_k"), inline policy
+/// policy ("default", "issue_workaround", "row_wise_all", an emulation profile's name:
+/// "emulated_h200", "emulated_h100_report", "emulated_split_k"), inline policy
 /// JSON (text starting with '{': to_json's format, nesting limited, never echoed in messages),
 /// or such parts joined with "+" (combined left to right, e.g.
 /// "emulated_split_k+issue_workaround"). InvalidArgument otherwise. Never throws.

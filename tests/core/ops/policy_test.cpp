@@ -136,6 +136,8 @@ TEST(OpPolicy, InlineJson) {
 TEST(OpPolicy, TextRoundTrip) {
   for (const OpPolicy& p : {OpPolicy::default_policy(), OpPolicy::issue_workaround(),
                             OpPolicy::row_wise_all(), OpPolicy::emulated_split_k(),
+                            OpPolicy::emulation_profile("emulated_h200"),
+                            OpPolicy::emulation_profile("emulated_h100_report"),
                             combine(OpPolicy::emulated_split_k(), OpPolicy::issue_workaround())}) {
     EXPECT_EQ(policy_text(p), p.name);
     const auto back = policy_from_text(policy_text(p));
@@ -213,3 +215,27 @@ TEST(OpPolicy, FifoIsRefusedWithoutBlocking) {
 
 }  // namespace
 }  // namespace batchlens::ops
+
+// issue #16: the CPU demo emulates only what diverged on the GPU it stands for, so the issue's
+// workaround (row-wise router_proj + selfcond_matmul) covers every emulated family.
+TEST(OpPolicy, EmulationProfilesFollowTheRecordedFindings) {
+  const OpPolicy h200 = OpPolicy::emulation_profile("emulated_h200");
+  EXPECT_TRUE(h200.emulates(OpFamily::SelfCondMatmul));
+  EXPECT_EQ(h200.emulate_split_k.count(), 1U);
+  const OpPolicy h100 = OpPolicy::emulation_profile("emulated_h100_report");
+  EXPECT_TRUE(h100.emulates(OpFamily::RouterProj));
+  EXPECT_TRUE(h100.emulates(OpFamily::SelfCondMatmul));
+  EXPECT_EQ(h100.emulate_split_k.count(), 2U);
+  const OpPolicy fix = OpPolicy::issue_workaround();
+  for (const OpPolicy& p : {h200, h100}) {
+    for (OpFamily f : all_families()) {
+      if (p.emulates(f)) {
+        EXPECT_EQ(fix.resolve(f, 0), Strategy::RowWise) << family_name(f);
+      }
+    }
+  }
+  EXPECT_EQ(emulation_profiles().front().name, "emulated_h200");
+  EXPECT_EQ(find_emulation_profile("emulated_h300"), nullptr);
+  EXPECT_FALSE(policy_from_text("emulated_h300").ok());
+  EXPECT_EQ(OpPolicy::emulated_split_k().emulate_split_k, gemm_families());
+}
