@@ -213,9 +213,6 @@ TEST(OpPolicy, FifoIsRefusedWithoutBlocking) {
   std::filesystem::remove(path);
 }
 
-}  // namespace
-}  // namespace batchlens::ops
-
 // issue #16: the CPU demo emulates only what diverged on the GPU it stands for, so the issue's
 // workaround (row-wise router_proj + selfcond_matmul) covers every emulated family.
 TEST(OpPolicy, EmulationProfilesFollowTheRecordedFindings) {
@@ -239,3 +236,6 @@ TEST(OpPolicy, EmulationProfilesFollowTheRecordedFindings) {
   EXPECT_FALSE(policy_from_text("emulated_h300").ok());
   EXPECT_EQ(OpPolicy::emulated_split_k().emulate_split_k, gemm_families());
 }
+
+}  // namespace
+}  // namespace batchlens::ops
