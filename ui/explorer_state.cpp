@@ -4,6 +4,7 @@
 #include <cmath>
 #include <limits>
 
+#include "core/experiment/story.h"
 #include "core/probe/tap_names.h"
 
 namespace batchlens::ui {
@@ -90,16 +91,8 @@ void ExplorerState::setDocument(ExperimentDocument document) {
   tick_ = 0;
   layer_slot_ = 0;
   if (const auto* r = result()) {
-    // Prefer the first main comparison of row 0 that diverges: it is what the user came for.
-    for (const auto& c : r->comparisons) {
-      if (c.kind == "row0" && c.reference == "ref" && c.first.found()) {
-        comparison_id_ = QString::fromStdString(c.id);
-        break;
-      }
-    }
-    if (comparison_id_.isEmpty() && !r->comparisons.empty()) {
-      comparison_id_ = QString::fromStdString(r->comparisons.front().id);
-    }
+    // The comparison the headline tells: the first main row-0 comparison that diverges.
+    comparison_id_ = QString::fromStdString(experiment::headline_comparison(*r));
     show_workaround_ = r->spec.workaround.has_value();
     selectFirstDivergence();
   }
@@ -123,7 +116,8 @@ void ExplorerState::setComparison(const QString& id) {
     return;
   }
   comparison_id_ = id;
-  selectFirstDivergence();
+  // The user's tap stays: only the cell moves to where this comparison first differs.
+  selectFirstDivergence(/*keep_tap=*/true);
   Q_EMIT comparisonChanged();
   Q_EMIT selectionChanged();
 }
@@ -243,15 +237,13 @@ QString ExplorerState::tickLabel(int tick) const {
     return {};
   }
   const auto* ref = result()->run(c->reference);
-  const int* canvas = ref == nullptr ? nullptr : elementAt(ref->tick_canvas, tick);
-  const int* step = ref == nullptr ? nullptr : elementAt(ref->tick_step, tick);
-  if (canvas == nullptr || step == nullptr || *canvas < 0) {
+  if (ref == nullptr) {
     return tr("tick %1").arg(tick);
   }
-  return tr("canvas %1 · step %2").arg(*canvas).arg(*step);
+  return QString::fromStdString(experiment::tick_label(*ref, tick));
 }
 
-void ExplorerState::selectFirstDivergence() {
+void ExplorerState::selectFirstDivergence(bool keep_tap) {
   const auto* c = comparison();
   if (c == nullptr) {
     return;
@@ -262,10 +254,16 @@ void ExplorerState::selectFirstDivergence() {
   // A file's divergence may point outside its own arrays: select only what exists.
   tick_ = c->first.tick < ticks() ? c->first.tick : 0;
   const int tap = tapIndex(*result(), c->first.tap.c_str());
-  if (tap >= 0) {
+  if (tap >= 0 && !keep_tap) {
     tap_ = tap;
   }
-  layer_slot_ = c->first.layer >= 0 && c->first.layer < layers() ? c->first.layer : layers();
+  if (tap_ == tap || !keep_tap) {
+    layer_slot_ = c->first.layer >= 0 && c->first.layer < layers() ? c->first.layer : layers();
+  } else if (!tapIsPerLayer(tap_)) {
+    layer_slot_ = layers();
+  } else if (layer_slot_ >= layers()) {
+    layer_slot_ = c->first.layer >= 0 && c->first.layer < layers() ? c->first.layer : 0;
+  }
   position_ = c->first.position >= 0 && c->first.position < canvasLength()
                   ? static_cast<int>(c->first.position)
                   : -1;

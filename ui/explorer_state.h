@@ -46,8 +46,9 @@ class ExplorerState : public QObject {
  public:
   explicit ExplorerState(QObject* parent = nullptr);
 
-  /// Replaces the document; picks the first comparison where row 0 diverges (else the first),
-  /// the first tap and the cell of its first divergence. Emits documentChanged, then the rest.
+  /// Replaces the document; picks the comparison of the headline (experiment::
+  /// headline_comparison), the tap and the cell of its first divergence. Emits documentChanged,
+  /// then the rest.
   void setDocument(ExperimentDocument document);
   const ExperimentDocument& document() const { return document_; }
   /// Null until a document is set.
@@ -92,7 +93,8 @@ class ExplorerState : public QObject {
   QStringList tapNames() const;
   /// True when the selected tap is recorded per layer (else once per step, slot L).
   bool tapIsPerLayer(int tap) const;
-  /// "canvas 0 · step 12" for a tick, from the reference run of the comparison.
+  /// "canvas 1 · step 12" for a tick (canvases and steps counted from 1), from the reference
+  /// run of the comparison.
   QString tickLabel(int tick) const;
   /// The workaround counterpart's id of a comparison id, or empty.
   static QString counterpartId(const QString& id);
@@ -105,14 +107,14 @@ class ExplorerState : public QObject {
   void selectionChanged();
 
  private:
-  void selectFirstDivergence();
+  void selectFirstDivergence(bool keep_tap = false);
 
   ExperimentDocument document_;
   QString comparison_id_;
   bool show_workaround_ = true;
   int tap_ = 0;
   Metric metric_ = Metric::FracDiffer;
-  bool log_scale_ = false;
+  bool log_scale_ = true;  ///< the first, tiny difference must be visible at once
   int tick_ = 0;
   int layer_slot_ = 0;
   int position_ = -1;

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
-// A QCustomPlot colour map with its colour scale: NaN cells (not compared) drawn grey, exact
-// values on hover, a click selects a cell. The adaptor every heatmap view of BatchLens uses.
+// A QCustomPlot colour map with its colour scale: NaN cells (not compared) drawn grey, zero
+// (bitwise identical) white, any difference in a colour-blind-safe scale (viridis) that starts
+// well away from white; exact values on hover, a click or the arrow keys select a cell, the
+// wheel zooms, a drag pans, a double click resets. The adaptor every heatmap view uses.
 #pragma once
 
 #include <functional>
@@ -10,6 +12,15 @@
 
 namespace batchlens::ui {
 
+/// The values a colour scale spans: the smallest positive and the largest value. Views that
+/// show two plots side by side (before / after) give both the union of their ranges.
+struct ValueRange {
+  double min_positive = 0;  ///< 0 when no value is positive
+  double max = 0;
+  static ValueRange of(const std::vector<double>& values);
+  ValueRange united(const ValueRange& other) const;
+};
+
 /// GUI thread only. Cells are addressed (column, row); values are row-major.
 class HeatmapPlot : public QCustomPlot {
   Q_OBJECT
@@ -17,15 +28,24 @@ class HeatmapPlot : public QCustomPlot {
  public:
   explicit HeatmapPlot(QWidget* parent = nullptr);
 
-  /// Shows `values` ([rows][columns], row-major; NaN = no data). With `log_scale`, zeros are
-  /// drawn in the lowest colour and the scale spans the positive values.
-  void setGrid(int columns, int rows, std::vector<double> values, bool log_scale);
+  /// Shows `values` ([rows][columns], row-major; NaN = no data) on a colour scale spanning
+  /// `range` (default: the values' own). Zeros are white on both scales; the smallest positive
+  /// value gets a clearly visible colour (the log scale spans exactly [min positive, max]).
+  /// The zoom is kept while the grid keeps its size.
+  void setGrid(int columns, int rows, std::vector<double> values, bool log_scale,
+               const ValueRange* range = nullptr);
+  /// Shows the whole grid again (undoes zoom and pan).
+  void resetZoom();
+  /// The colour the plot draws a value in (tests: zero is white, positives are not).
+  QColor colorOf(double value) const;
   void setTitle(const QString& title);
   /// Text labels of the rows (e.g. "per step"); empty = integer row numbers.
   void setRowLabels(const QStringList& labels);
   void setAxisLabels(const QString& x, const QString& y, const QString& scale);
   /// Marks one cell with a frame; (-1, -1) removes the mark.
   void setSelectedCell(int column, int row);
+  int selectedColumn() const { return selected_column_; }
+  int selectedRow() const { return selected_row_; }
   /// Text of the hover tooltip of a cell; the default shows the value.
   void setTooltipText(std::function<QString(int column, int row, double value)> text);
 
@@ -46,6 +66,10 @@ class HeatmapPlot : public QCustomPlot {
  protected:
   void mouseMoveEvent(QMouseEvent* event) override;
   void mousePressEvent(QMouseEvent* event) override;
+  void mouseReleaseEvent(QMouseEvent* event) override;
+  void mouseDoubleClickEvent(QMouseEvent* event) override;
+  /// Arrow keys move the selected cell (emitted as cellClicked), Home resets the zoom.
+  void keyPressEvent(QKeyEvent* event) override;
 
  private:
   QCPTextElement* title_ = nullptr;
@@ -54,6 +78,10 @@ class HeatmapPlot : public QCustomPlot {
   QCPItemRect* mark_ = nullptr;
   int columns_ = 0;
   int rows_ = 0;
+  int selected_column_ = -1;
+  int selected_row_ = -1;
+  QPoint press_pos_;
+  bool pressed_ = false;
   std::vector<double> values_;
   std::function<QString(int, int, double)> tooltip_;
 };

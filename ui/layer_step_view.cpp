@@ -6,7 +6,6 @@
 #include <QComboBox>
 #include <QHBoxLayout>
 #include <QLabel>
-#include <QSplitter>
 #include <QVBoxLayout>
 
 #include "core/probe/tap_names.h"
@@ -44,6 +43,10 @@ LayerStepView::LayerStepView(ExplorerState* state, QWidget* parent) : CoalescedV
       tr("share differing: elements whose bits differ; max |Δ|: largest absolute difference; "
          "max ULP: largest distance in units in the last place"));
   log_ = new QCheckBox(tr("Log scale"), this);
+  log_->setToolTip(
+      tr("Log colour scale spanning exactly the smallest and the largest "
+         "difference shown; white is always 0 (bitwise identical), grey not "
+         "compared"));
   log_->setObjectName(QStringLiteral("LogScaleCheck"));
   cell_ = new QLabel(this);
   cell_->setObjectName(QStringLiteral("CellLabel"));
@@ -60,13 +63,14 @@ LayerStepView::LayerStepView(ExplorerState* state, QWidget* parent) : CoalescedV
   before_->setObjectName(QStringLiteral("LayerStepBefore"));
   after_ = new HeatmapPlot(this);
   after_->setObjectName(QStringLiteral("LayerStepAfter"));
-  auto* split = new QSplitter(Qt::Horizontal, this);
-  split->addWidget(before_);
-  split->addWidget(after_);
+  // Equal stretch, not a splitter: the two sides keep equal widths whatever was shown before.
+  auto* plots = new QHBoxLayout;
+  plots->addWidget(before_, 1);
+  plots->addWidget(after_, 1);
 
   auto* layout = new QVBoxLayout(this);
   layout->addLayout(controls);
-  layout->addWidget(split, 1);
+  layout->addLayout(plots, 1);
   layout->addWidget(cell_);
 
   connect(tap_, &QComboBox::currentIndexChanged, this, [this](int i) { state_->setTap(i); });
@@ -85,11 +89,9 @@ LayerStepView::LayerStepView(ExplorerState* state, QWidget* parent) : CoalescedV
       }
       const bool per_layer = state_->tapIsPerLayer(state_->tap());
       const int slot = per_layer ? row : state_->layers();
-      QString text =
-          QStringLiteral("%1 · %2 (tick %3)\n%4")
-              .arg(per_layer ? tr("layer %1").arg(row) : tr("per step"), state_->tickLabel(column))
-              .arg(column)
-              .arg(state_->tapNames().value(state_->tap()));
+      QString text = QStringLiteral("%1 · %2\n%3")
+                         .arg(per_layer ? tr("layer %1").arg(row) : tr("per-step tap"),
+                              state_->tickLabel(column), state_->tapNames().value(state_->tap()));
       for (Metric m : {Metric::FracDiffer, Metric::MaxAbs, Metric::MaxUlp}) {
         text +=
             QStringLiteral("\n%1: %2")
@@ -107,7 +109,26 @@ LayerStepView::LayerStepView(ExplorerState* state, QWidget* parent) : CoalescedV
   });
 }
 
-void LayerStepView::fill(HeatmapPlot* plot, const experiment::ComparisonResult* c) {
+std::vector<double> LayerStepView::values(const experiment::ComparisonResult* c) const {
+  if (c == nullptr) {
+    return {};
+  }
+  const int ticks = state_->ticks();
+  const bool per_layer = state_->tapIsPerLayer(state_->tap());
+  const int rows = per_layer ? state_->layers() : 1;
+  std::vector<double> out(static_cast<std::size_t>(ticks) * static_cast<std::size_t>(rows));
+  for (int r = 0; r < rows; ++r) {
+    const int slot = per_layer ? r : state_->layers();
+    for (int t = 0; t < ticks; ++t) {
+      out[static_cast<std::size_t>(r) * static_cast<std::size_t>(ticks) +
+          static_cast<std::size_t>(t)] = cellValue(*c, state_->metric(), t, slot, state_->tap());
+    }
+  }
+  return out;
+}
+
+void LayerStepView::fill(HeatmapPlot* plot, const experiment::ComparisonResult* c,
+                         std::vector<double> cells, const ValueRange& range) {
   plot->setVisible(c != nullptr);
   if (c == nullptr) {
     return;
@@ -115,18 +136,11 @@ void LayerStepView::fill(HeatmapPlot* plot, const experiment::ComparisonResult* 
   const int ticks = state_->ticks();
   const bool per_layer = state_->tapIsPerLayer(state_->tap());
   const int rows = per_layer ? state_->layers() : 1;
-  std::vector<double> values(static_cast<std::size_t>(ticks) * static_cast<std::size_t>(rows));
-  for (int r = 0; r < rows; ++r) {
-    const int slot = per_layer ? r : state_->layers();
-    for (int t = 0; t < ticks; ++t) {
-      values[static_cast<std::size_t>(r) * static_cast<std::size_t>(ticks) +
-             static_cast<std::size_t>(t)] = cellValue(*c, state_->metric(), t, slot, state_->tap());
-    }
-  }
-  plot->setGrid(ticks, rows, std::move(values), state_->logScale());
-  plot->setAxisLabels(tr("denoising step (tick)"), per_layer ? tr("layer") : QString(),
-                      metricLabel(state_->metric()));
-  plot->setRowLabels(per_layer ? QStringList() : QStringList{tr("per step")});
+  plot->setGrid(ticks, rows, std::move(cells), state_->logScale(), &range);
+  setStepAxis(plot->xAxis, *state_);
+  plot->setAxisLabels(tr("denoising step (canvas 1 unless marked)"),
+                      per_layer ? tr("layer") : QString(), metricLabel(state_->metric()));
+  plot->setRowLabels(per_layer ? QStringList() : QStringList{tr("per-step tap")});
   const auto* r = state_->result();
   plot->setTitle(comparisonLabel(*r, *c) +
                  (c->first.found() ? QString() : tr(" (bitwise identical)")));
@@ -149,15 +163,20 @@ void LayerStepView::refresh() {
     metric_->setCurrentIndex(metric_->findData(static_cast<int>(state_->metric())));
     log_->setChecked(state_->logScale());
   }
-  fill(before_, state_->comparison(Side::Before));
-  fill(after_, state_->comparison(Side::After));
+  // Before and after share one colour scale: the same colour means the same value.
+  std::vector<double> before = values(state_->comparison(Side::Before));
+  std::vector<double> after = values(state_->comparison(Side::After));
+  const ValueRange range = ValueRange::of(before).united(ValueRange::of(after));
+  fill(before_, state_->comparison(Side::Before), std::move(before), range);
+  fill(after_, state_->comparison(Side::After), std::move(after), range);
   const auto* c = state_->comparison(Side::Before);
   if (c != nullptr) {
     const int slot = state_->layerSlot();
     cell_->setText(
-        tr("Selected: %1 · %2 · %3 = %4")
+        tr("Selected: %1 · %2 · %3 = %4   (arrow keys move the cell; wheel zooms, drag pans, "
+           "double click resets)")
             .arg(
-                slot < state_->layers() ? tr("layer %1").arg(slot) : tr("per step"),
+                slot < state_->layers() ? tr("layer %1").arg(slot) : tr("per-step tap"),
                 state_->tickLabel(state_->tick()), state_->tapNames().value(state_->tap()),
                 formatValue(cellValue(*c, state_->metric(), state_->tick(), slot, state_->tap()))));
   }

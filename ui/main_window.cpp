@@ -200,6 +200,27 @@ void MainWindow::buildCentre() {
   tabs_->addTab(spread_, tr("Canvas spread"));
   tabs_->addTab(text_diff_, tr("Text diff"));
   tabs_->addTab(routing_, tr("Routing"));
+  // A headline clause opens the view that shows it (its cell already selected).
+  connect(overview_, &OverviewView::viewRequested, this, [this](int view) {
+    QWidget* target = overview_;
+    switch (static_cast<experiment::StoryView>(view)) {
+      case experiment::StoryView::LayerStep:
+        target = layer_step_;
+        break;
+      case experiment::StoryView::Spread:
+        target = spread_;
+        break;
+      case experiment::StoryView::Routing:
+        target = routing_;
+        break;
+      case experiment::StoryView::TextDiff:
+        target = text_diff_;
+        break;
+      case experiment::StoryView::Overview:
+        break;
+    }
+    tabs_->setCurrentWidget(target);
+  });
 
   auto* top = new QHBoxLayout;
   top->addWidget(new QLabel(tr("Comparison:"), this));

@@ -1,5 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // Overview: the verdict of every comparison, provenance and the runs.
+#include <algorithm>
+#include <cmath>
+
 #include <QBrush>
 #include <QColor>
 #include <QHeaderView>
@@ -10,7 +13,9 @@
 #include <QTextBrowser>
 #include <QVBoxLayout>
 
+#include "core/experiment/story.h"
 #include "ui/comparison_table_model.h"
+#include "ui/qcp.h"
 #include "ui/report_render.h"
 #include "ui/views.h"
 
@@ -79,26 +84,39 @@ int ComparisonTableModel::columnCount(const QModelIndex& parent) const {
 
 QVariant ComparisonTableModel::headerData(int section, Qt::Orientation orientation,
                                           int role) const {
-  if (orientation != Qt::Horizontal || role != Qt::DisplayRole) {
+  if (orientation != Qt::Horizontal || (role != Qt::DisplayRole && role != Qt::ToolTipRole)) {
     return {};
   }
+  const bool tip = role == Qt::ToolTipRole;
   switch (section) {
     case Comparison:
-      return tr("Comparison");
+      return tip ? tr("Which runs are compared: row 0 of a run against the B=1 reference's row "
+                      "0, or a batch's rows 1.. against its own row 0")
+                 : tr("Comparison");
     case Text:
-      return tr("Text");
+      return tip ? tr("Whether row 0's final text is identical to the reference's") : tr("Text");
     case TokensChanged:
-      return tr("Tokens changed");
+      return tip ? tr("Generated tokens of row 0 that differ from the reference's, of all "
+                      "generated tokens")
+                 : tr("Tokens changed");
     case Stop:
-      return tr("Stop");
+      return tip ? tr("Whether the position where row 0 stops (its end-of-sequence token) moved")
+                 : tr("Stop");
     case Steps:
-      return tr("Steps");
+      return tip ? tr("Whether the number of denoising steps per canvas changed") : tr("Steps");
     case FirstDivergence:
-      return tr("First divergence");
+      return tip ? tr("The first canvas · step, layer, tap and position where any bit of row 0 "
+                      "differs (canvases and steps counted from 1, layers and positions from 0)")
+                 : tr("First divergence");
     case PositionsDiffering:
-      return tr("Positions differing (last step)");
+      return tip ? tr("At the last compared step: the share of canvas positions whose token "
+                      "scores (logits) differ in any bit. Numeric differences, not changed "
+                      "tokens: see the headline's last line")
+                 : tr("Positions differ (last step)");
     case ScoresDiffering:
-      return tr("Token scores differing (last step)");
+      return tip ? tr("At the last compared step: the share of all token-score elements "
+                      "(positions × vocabulary) whose bits differ")
+                 : tr("Scores differ (last step)");
     default:
       return {};
   }
@@ -132,8 +150,18 @@ QVariant ComparisonTableModel::data(const QModelIndex& index, int role) const {
     case Text:
       return rows ? QVariant(tr("—"))
                   : QVariant(c.tokens_identical ? tr("identical") : tr("DIFFERS"));
-    case TokensChanged:
-      return rows ? QVariant() : QVariant(static_cast<qlonglong>(c.tokens_changed));
+    case TokensChanged: {
+      if (rows) {
+        return {};
+      }
+      const auto* ref = result_->run(c.reference);
+      const auto* run = result_->run(c.run);
+      const qlonglong total =
+          ref != nullptr && run != nullptr
+              ? static_cast<qlonglong>(std::max(ref->tokens.size(), run->tokens.size()))
+              : 0;
+      return tr("%1 of %2").arg(c.tokens_changed).arg(total);
+    }
     case Stop:
       return rows ? QVariant() : QVariant(c.stop_changed ? tr("CHANGED") : tr("unchanged"));
     case Steps:
@@ -161,20 +189,64 @@ OverviewView::OverviewView(ExplorerState* state, QWidget* parent) : CoalescedVie
   table_->setSelectionBehavior(QAbstractItemView::SelectRows);
   table_->setSelectionMode(QAbstractItemView::SingleSelection);
   table_->verticalHeader()->hide();
-  table_->horizontalHeader()->setStretchLastSection(true);
+  table_->horizontalHeader()->setStretchLastSection(false);
+  table_->setHorizontalScrollBarPolicy(Qt::ScrollBarAsNeeded);
   table_->setWordWrap(false);
   details_ = new QTextBrowser(this);
   details_->setObjectName(QStringLiteral("OverviewDetails"));
+  headline_ = new QLabel(this);
+  headline_->setObjectName(QStringLiteral("Headline"));
+  headline_->setWordWrap(true);
+  headline_->setMargin(6);
+  headline_->setTextFormat(Qt::RichText);
+  headline_->setTextInteractionFlags(Qt::TextBrowserInteraction);
+  headline_->setStyleSheet(QStringLiteral("font-size: 13pt;"));
+  headline_->setToolTip(tr("Each part links to the view that shows it"));
+  why_ = new QLabel(this);
+  why_->setObjectName(QStringLiteral("HeadlineWhy"));
+  why_->setWordWrap(true);
+  why_->setMargin(6);
+  why_->setStyleSheet(QStringLiteral("color:#444;"));
+  growth_ = new QCustomPlot(this);
+  growth_->setObjectName(QStringLiteral("GrowthPlot"));
+  growth_->setMinimumHeight(170);
+  growth_->yAxis->setScaleType(QCPAxis::stLogarithmic);
+  growth_->yAxis->setTicker(QSharedPointer<QCPAxisTickerLog>::create());
+  growth_->yAxis->setLabel(tr("share differing (log)"));
+  growth_->xAxis->setLabel(tr("denoising step (canvas 1 unless marked)"));
+  growth_->legend->setVisible(true);
+  growth_->legend->setFont(QFont(font().family(), 8));
+  growth_->setInteractions(QCP::iRangeDrag | QCP::iRangeZoom);
+  growth_->axisRect()->setRangeDrag(Qt::Horizontal);
+  growth_->axisRect()->setRangeZoom(Qt::Horizontal);
+  growth_->setToolTip(
+      tr("How the difference grows: for each comparison, the share of canvas positions where "
+         "any tapped tensor differs (solid) and the largest share of differing elements over "
+         "the taps and layers (dashed, selected comparison). Log scale; steps where nothing "
+         "differs are left out."));
+  // The legend goes below the plot, never over the data.
+  auto* legend_row = new QCPLayoutGrid;
+  growth_->plotLayout()->addElement(1, 0, legend_row);
+  legend_row->addElement(0, 0, growth_->legend);
+  legend_row->setMargins(QMargins(0, 0, 0, 0));
+  growth_->legend->setFillOrder(QCPLegend::foColumnsFirst);
+  growth_->plotLayout()->setRowStretchFactor(1, 0.001);
 
   auto* split = new QSplitter(Qt::Vertical, this);
+  split->addWidget(growth_);
   split->addWidget(table_);
   split->addWidget(details_);
-  split->setStretchFactor(0, 1);
+  split->setStretchFactor(0, 2);
   split->setStretchFactor(1, 2);
+  split->setStretchFactor(2, 3);
   auto* layout = new QVBoxLayout(this);
   layout->setContentsMargins(0, 0, 0, 0);
   layout->addWidget(banner_);
+  layout->addWidget(headline_);
+  layout->addWidget(why_);
   layout->addWidget(split, 1);
+
+  connect(headline_, &QLabel::linkActivated, this, &OverviewView::openClause);
 
   connect(table_->selectionModel(), &QItemSelectionModel::currentRowChanged, this,
           [this](const QModelIndex& current) {
@@ -204,6 +276,108 @@ void OverviewView::refresh() {
   }
   table_->resizeColumnsToContents();
   details_->setHtml(detailsHtml());
+  story_ = experiment::build_story(*r, state_->comparisonId().toStdString());
+  headline_->setText(headlineHtml(story_, /*links=*/true));
+  why_->setText(QString::fromStdString(story_.why).toHtmlEscaped());
+  why_->setVisible(!story_.why.empty());
+  fillGrowth();
+}
+
+QString OverviewView::headlineHtml(const experiment::Story& story, bool links) {
+  QString html;
+  for (std::size_t i = 0; i < story.clauses.size(); ++i) {
+    const QString text = QString::fromStdString(story.clauses[i].text).toHtmlEscaped();
+    if (i > 0) {
+      html += QStringLiteral(" → ");
+    }
+    html += links ? QStringLiteral("<a href='clause:%1'>%2</a>").arg(i).arg(text) : text;
+  }
+  return html.isEmpty() ? html : QStringLiteral("<b>%1.</b>").arg(html);
+}
+
+void OverviewView::openClause(const QString& link) {
+  bool ok = false;
+  const int i = link.section(QLatin1Char(':'), 1).toInt(&ok);
+  if (!ok || i < 0 || static_cast<std::size_t>(i) >= story_.clauses.size()) {
+    return;
+  }
+  const experiment::StoryClause& clause = story_.clauses[static_cast<std::size_t>(i)];
+  if (clause.workaround) {
+    state_->setShowWorkaround(true);
+  }
+  if (!clause.tap.empty() && state_->result() != nullptr) {
+    const int tap = tapIndex(*state_->result(), clause.tap.c_str());
+    if (tap >= 0) {
+      state_->setTap(tap);
+    }
+  }
+  if (clause.tick >= 0) {
+    state_->setCell(clause.tick, clause.layer_slot >= 0 ? clause.layer_slot : state_->layerSlot());
+  }
+  if (clause.position >= 0) {
+    state_->setPosition(static_cast<int>(clause.position));
+  }
+  Q_EMIT viewRequested(static_cast<int>(clause.view));
+}
+
+void OverviewView::fillGrowth() {
+  growth_->clearGraphs();
+  const auto* r = state_->result();
+  const auto* selected = state_->comparison();
+  if (r == nullptr || selected == nullptr) {
+    growth_->replot(QCustomPlot::rpQueuedReplot);
+    return;
+  }
+  // Okabe-Ito: distinguishable with any colour vision.
+  static const QColor colours[] = {QColor(0xe6, 0x9f, 0x00), QColor(0x56, 0xb4, 0xe9),
+                                   QColor(0x00, 0x9e, 0x73), QColor(0xd5, 0x5e, 0x00),
+                                   QColor(0x00, 0x72, 0xb2), QColor(0xcc, 0x79, 0xa7),
+                                   QColor(0x00, 0x00, 0x00)};
+  const bool workaround_group = selected->id.rfind("wa.", 0) == 0;
+  double lowest = 1.0;
+  int ticks = 0;
+  int n = 0;
+  const auto add = [&](const QVector<double>& ys, const QString& name, const QPen& pen) {
+    QVector<double> xs;
+    QVector<double> kept;
+    for (int t = 0; t < ys.size(); ++t) {
+      if (!std::isnan(ys[t]) && ys[t] > 0) {
+        xs << t;
+        kept << ys[t];
+        lowest = std::min(lowest, ys[t]);
+      }
+    }
+    QCPGraph* g = growth_->addGraph();
+    g->setName(name);
+    g->setPen(pen);
+    g->setData(xs, kept, /*alreadySorted=*/true);
+    g->setScatterStyle(QCPScatterStyle(QCPScatterStyle::ssDisc, 3));
+  };
+  for (const auto& c : r->comparisons) {
+    if (c.kind != "row0" || (c.id.rfind("wa.", 0) == 0) != workaround_group) {
+      continue;
+    }
+    const experiment::Growth g = experiment::growth(*r, c);
+    ticks = std::max(ticks, static_cast<int>(g.positions.size()));
+    const QColor colour = colours[n++ % std::size(colours)];
+    QPen pen(colour, c.id == selected->id ? 2.5 : 1.5);
+    add(QVector<double>(g.positions.begin(), g.positions.end()),
+        tr("%1: positions").arg(comparisonLabel(*r, c)), pen);
+    if (c.id == selected->id) {
+      pen.setStyle(Qt::DashLine);
+      add(QVector<double>(g.elements.begin(), g.elements.end()),
+          tr("%1: elements").arg(comparisonLabel(*r, c)), pen);
+    }
+  }
+  growth_->xAxis->setRange(-0.5, std::max(ticks, 1) - 0.5);
+  setStepAxis(growth_->xAxis, *state_);
+  growth_->yAxis->setRange(std::pow(10.0, std::floor(std::log10(lowest))), 1.5);
+  growth_->replot(QCustomPlot::rpQueuedReplot);
+}
+
+QPixmap OverviewView::renderGrowth(const QSize& size) {
+  flush();
+  return growth_->toPixmap(size.width(), size.height());
 }
 
 QString OverviewView::detailsHtml() const {
@@ -303,8 +477,14 @@ QPixmap OverviewView::renderReport(const QSize& size) {
     }
     table += QStringLiteral("</table>");
   }
-  return composeDocuments(size, tr("Overview"), {tr("Comparisons"), tr("Provenance and runs")},
-                          {table, detailsHtml()});
+  const QString headline =
+      headlineHtml(story_, /*links=*/false) +
+      (story_.why.empty()
+           ? QString()
+           : QStringLiteral("<p>%1</p>").arg(QString::fromStdString(story_.why).toHtmlEscaped()));
+  return composeDocuments(size, tr("Overview"),
+                          {tr("Headline"), tr("Comparisons"), tr("Provenance and runs")},
+                          {headline, table, detailsHtml()});
 }
 
 }  // namespace batchlens::ui

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "ui/report_export.h"
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 
@@ -9,11 +10,15 @@
 #include <QDir>
 #include <QFile>
 #include <QFileInfo>
+#include <QPainter>
 #include <QPixmap>
+#include <QTextDocument>
 
 #include "core/base/atomic_file.h"
 #include "core/base/input.h"
 #include "core/base/version.h"
+#include "core/experiment/story.h"
+#include "ui/heatmap_plot.h"
 #include "ui/report_render.h"
 #include "ui/views.h"
 
@@ -47,28 +52,301 @@ base::Result<void> writeBytes(const std::filesystem::path& path, const QByteArra
 
 }  // namespace
 
+namespace {
+
+// The tokens a comparison changed, in order: (reference position or -1, reference token or
+// -1, run token or -1). Read bounds-checked from the comparison's token diff.
+struct ChangedToken {
+  std::int64_t position = -1;
+  std::int64_t ref = -1;
+  std::int64_t run = -1;
+};
+
+std::vector<ChangedToken> changedTokens(const experiment::RunResult& ref,
+                                        const experiment::RunResult& run,
+                                        const experiment::ComparisonResult& c) {
+  std::vector<ChangedToken> out;
+  for (const text::TokenEdit& e : c.token_diff) {
+    if (e.op == text::TokenEdit::Op::Equal) {
+      continue;
+    }
+    ChangedToken t;
+    const std::int64_t* a = elementAt(ref.tokens, e.ref_pos);
+    const std::int64_t* b = elementAt(run.tokens, e.run_pos);
+    t.position = e.ref_pos >= 0 ? e.ref_pos : e.run_pos;
+    t.ref = a != nullptr ? *a : -1;
+    t.run = b != nullptr ? *b : -1;
+    out.push_back(t);
+  }
+  return out;
+}
+
+QString tokenCell(const text::Tokenizer* tokenizer, std::int64_t id) {
+  return id < 0
+             ? QStringLiteral("(none)")
+             : QStringLiteral("`%1`").arg(
+                   cell(tokenText(tokenizer, id)).replace(QLatin1Char('`'), QStringLiteral("'")));
+}
+
+// The caveats a reader must know before drawing conclusions from this one experiment.
+QStringList caveats(const experiment::ExperimentResult& r) {
+  QStringList out;
+  if (r.spec.model.checkpoint_dir.empty()) {
+    out << QStringLiteral(
+               "Random weights (preset `%1`, seed %2): the texts are not meaningful language; what "
+               "counts is whether and where they differ, which depends on the kernels, not on "
+               "training.")
+               .arg(q(r.spec.model.preset))
+               .arg(r.spec.model.seed);
+  }
+  out << QStringLiteral(
+      "One prompt and one sampling seed: this shows that and where the batch size changes the "
+      "output, not how often it does across prompts and seeds.");
+  if (r.provenance.emulated) {
+    const auto* profile = ops::find_emulation_profile(r.spec.policy.name);
+    out << QStringLiteral(
+               "EMULATED: the divergence comes from BatchLens's emulated split-K kernel on the "
+               "CPU%1, not from a measurement on a GPU.")
+               .arg(profile != nullptr
+                        ? QStringLiteral(" (profile `%1`, standing for the %2: %3)")
+                              .arg(q(std::string(profile->name)), q(std::string(profile->gpu)),
+                                   q(std::string(profile->description)))
+                        : QString());
+  }
+  if (r.spec.mode == experiment::RunMode::Lockstep) {
+    out << QStringLiteral(
+        "Lockstep mode: every batched run is put back on the reference's canvas each step, so "
+        "token changes cannot compound; free mode shows the end-to-end effect.");
+  }
+  return out;
+}
+
+// An HTML excerpt of the changed tokens: the first changes as "position: ref → run".
+QString changedTokensHtml(const ExplorerState& state) {
+  const auto* r = state.result();
+  const auto* c = state.comparison(Side::Before);
+  if (r == nullptr || c == nullptr || c->kind != "row0") {
+    return {};
+  }
+  const auto* ref = r->run(c->reference);
+  const auto* run = r->run(c->run);
+  if (ref == nullptr || run == nullptr) {
+    return {};
+  }
+  const text::Tokenizer* tokenizer = state.document().tokenizer.get();
+  const std::vector<ChangedToken> changed = changedTokens(*ref, *run, *c);
+  QString html = QStringLiteral("<h3>Changed tokens (%1 of %2)</h3>")
+                     .arg(c->tokens_changed)
+                     .arg(std::max(ref->tokens.size(), run->tokens.size()));
+  if (changed.empty()) {
+    return html + QStringLiteral("<p>none: the texts are identical.</p>");
+  }
+  html += QStringLiteral(
+      "<table cellpadding='2'><tr><th align='left'>position</th>"
+      "<th align='left'>reference</th><th align='left'>run</th></tr>");
+  constexpr std::size_t kShown = 14;
+  const auto token = [tokenizer](std::int64_t id) {
+    return id < 0 ? QStringLiteral("(none)") : tokenText(tokenizer, id).toHtmlEscaped();
+  };
+  for (std::size_t i = 0; i < changed.size() && i < kShown; ++i) {
+    html += QStringLiteral(
+                "<tr><td>%1</td><td style='background:#e0ecf8'>%2</td>"
+                "<td style='background:#fde0c5'>%3</td></tr>")
+                .arg(changed[i].position)
+                .arg(token(changed[i].ref), token(changed[i].run));
+  }
+  html += QStringLiteral("</table>");
+  if (changed.size() > kShown) {
+    html += QStringLiteral("<p>… and %1 more</p>").arg(changed.size() - kShown);
+  }
+  return html;
+}
+
+// One picture that reads on its own: the headline, the growth plot, the onset heatmap and the
+// changed tokens, with the provenance underneath.
+QPixmap compositeFigure(const ExplorerState& state, OverviewView* overview,
+                        LayerStepView* layer_step) {
+  const QSize size = reportSize();
+  QPixmap page(size);
+  page.fill(Qt::white);
+  const auto* r = state.result();
+  if (r == nullptr) {
+    return page;
+  }
+  overview->flush();
+  layer_step->flush();
+  QPainter painter(&page);
+  const int margin = 20;
+  const int width = size.width() - 2 * margin;
+  QTextDocument head;
+  head.setTextWidth(width);
+  head.setHtml(
+      QStringLiteral("<div style='font-size:15pt'>%1</div><div style='color:#444'>%2</div>")
+          .arg(OverviewView::headlineHtml(overview->story(), /*links=*/false),
+               QString::fromStdString(overview->story().why).toHtmlEscaped()));
+  painter.translate(margin, margin);
+  head.drawContents(&painter);
+  painter.resetTransform();
+  const int top = margin + static_cast<int>(head.size().height()) + 10;
+  const int footer = 40;
+  const int rest = size.height() - top - footer - margin;
+  const int growth_h = rest * 2 / 5;
+  painter.drawPixmap(margin, top, overview->renderGrowth(QSize(width, growth_h)));
+  const int row_top = top + growth_h + 10;
+  const int row_h = rest - growth_h - 10;
+  const int map_w = width * 3 / 5;
+  painter.drawPixmap(margin, row_top, layer_step->plot(Side::Before)->render(QSize(map_w, row_h)));
+  QTextDocument tokens;
+  tokens.setTextWidth(width - map_w - 20);
+  tokens.setHtml(changedTokensHtml(state));
+  painter.translate(margin + map_w + 20, row_top);
+  tokens.drawContents(&painter, QRectF(0, 0, width - map_w - 20, row_h));
+  painter.resetTransform();
+  const auto& p = r->provenance;
+  painter.setPen(QColor(0x55, 0x55, 0x55));
+  painter.drawText(
+      QRect(margin, size.height() - margin - footer, width, footer),
+      Qt::AlignLeft | Qt::AlignVCenter,
+      QStringLiteral("%1 · %2 (%3) · LibTorch %4 · %5 · policy %6%7 · BatchLens %8 · canvases and "
+                     "steps count from 1, layers and positions from 0")
+          .arg(q(r->spec.model.describe()), q(p.device), q(p.device_name), q(p.libtorch),
+               q(p.dtype), q(ops::policy_text(r->spec.policy)),
+               p.emulated ? QStringLiteral(" (EMULATED)") : QString(), q(p.tool_version)));
+  return page;
+}
+
+}  // namespace
+
 QString reportMarkdown(const ExplorerState& state, const QStringList& images) {
   const auto* r = state.result();
   if (r == nullptr) {
     return {};
   }
   const auto& p = r->provenance;
+  const auto* c = state.comparison(Side::Before);
+  const text::Tokenizer* tokenizer = state.document().tokenizer.get();
   QString md;
   md += QStringLiteral("# BatchLens report: %1\n\n").arg(q(r->spec.model.describe()));
+  const experiment::Story story =
+      experiment::build_story(*r, c != nullptr ? c->id : experiment::headline_comparison(*r));
+  if (!story.clauses.empty()) {
+    md += QStringLiteral("**%1**\n\n").arg(q(story.headline()));
+  }
+  if (!story.why.empty()) {
+    md += q(story.why) + QStringLiteral("\n\n");
+  }
   if (p.emulated) {
     md += QStringLiteral(
         "> **EMULATED**: some runs used the emulated split-K kernel (a CPU emulation of GPU "
         "libraries choosing the reduction split by batch shape). Not a GPU measurement.\n\n");
   }
+  for (const QString& image : images) {
+    if (QFileInfo(image).baseName() == QStringLiteral("figure")) {
+      md += QStringLiteral("![Growth, onset and changed tokens](figure.png)\n\n");
+    }
+  }
+  md += QStringLiteral("## Prompt\n\n```text\n%1\n```\n\n").arg(q(r->prompt_text));
+  if (c != nullptr && c->kind == "row0") {
+    const auto* ref = r->run(c->reference);
+    const auto* run = r->run(c->run);
+    if (ref != nullptr && run != nullptr) {
+      const std::vector<ChangedToken> changed = changedTokens(*ref, *run, *c);
+      md +=
+          QStringLiteral("## Changed tokens: %1 (`%2`)\n\n").arg(comparisonLabel(*r, *c), q(c->id));
+      md += QStringLiteral("%1 of %2 generated tokens change; stop position %3 → %4.\n\n")
+                .arg(c->tokens_changed)
+                .arg(std::max(ref->tokens.size(), run->tokens.size()))
+                .arg(ref->stop_position)
+                .arg(run->stop_position);
+      if (!changed.empty()) {
+        constexpr std::size_t kRows = 60;
+        md += QStringLiteral("| position | reference | run |\n|---|---|---|\n");
+        for (std::size_t i = 0; i < changed.size() && i < kRows; ++i) {
+          md +=
+              QStringLiteral("| %1 | %2 | %3 |\n")
+                  .arg(changed[i].position)
+                  .arg(tokenCell(tokenizer, changed[i].ref), tokenCell(tokenizer, changed[i].run));
+        }
+        if (changed.size() > kRows) {
+          md += QStringLiteral("\n… and %1 more (summary.json and the experiment file hold all).\n")
+                    .arg(changed.size() - kRows);
+        }
+        md += QStringLiteral("\n");
+      }
+    }
+  }
+  if (c != nullptr) {
+    md += QStringLiteral("## First divergence\n\n%1").arg(q(experiment::describe(c->first)));
+    if (c->first.found()) {
+      const int slot = c->first.layer >= 0 ? c->first.layer : r->layers;
+      const int tap = tapIndex(*r, c->first.tap.c_str());
+      if (tap >= 0) {
+        md += QStringLiteral(": share differing %1, max |Δ| %2, max ULP %3")
+                  .arg(formatValue(cellValue(*c, Metric::FracDiffer, c->first.tick, slot, tap)),
+                       formatValue(cellValue(*c, Metric::MaxAbs, c->first.tick, slot, tap)),
+                       formatValue(cellValue(*c, Metric::MaxUlp, c->first.tick, slot, tap)));
+      }
+    }
+    md += QStringLiteral(".\n\n");
+    if (const auto* after = state.comparison(Side::After)) {
+      md += QStringLiteral("With the workaround (`%1`): first divergence %2; text %3.\n\n")
+                .arg(q(after->id), q(experiment::describe(after->first)),
+                     after->tokens_identical ? QStringLiteral("identical")
+                                             : QStringLiteral("DIFFERS"));
+    }
+  }
+  md += QStringLiteral("## Noise floor\n\n");
+  if (const auto* floor = r->comparison("ref__repeat1")) {
+    md += floor->first.found()
+              ? QStringLiteral("NOT clean: the B=1 repeat already differs (%1).\n\n")
+                    .arg(q(experiment::describe(floor->first)))
+              : QStringLiteral(
+                    "Clean: the B=1 repeat is bitwise identical to the reference at "
+                    "every step and tap.\n\n");
+  } else {
+    md += QStringLiteral("Not measured (no B=1 repeat in this experiment).\n\n");
+  }
+  md += QStringLiteral(
+      "## Comparisons\n\n| comparison | id | text | tokens changed | stop | "
+      "steps | first divergence | positions differing (last step) | token "
+      "scores differing (last step) |\n|---|---|---|---|---|---|---|---|---|\n");
+  for (const auto& k : r->comparisons) {
+    const auto last = experiment::last_step_logit_diff(*r, k);
+    const bool rows = k.kind == "rows";
+    const auto* kref = r->run(k.reference);
+    const auto* krun = r->run(k.run);
+    const std::size_t total =
+        kref != nullptr && krun != nullptr ? std::max(kref->tokens.size(), krun->tokens.size()) : 0;
+    md += QStringLiteral("| %1 | `%2` | %3 | %4 | %5 | %6 | %7 | %8 | %9 |\n")
+              .arg(cell(comparisonLabel(*r, k)), q(k.id),
+                   rows ? QStringLiteral("-")
+                        : yesNo(!k.tokens_identical, QStringLiteral("**DIFFERS**"),
+                                QStringLiteral("identical")),
+                   rows ? QStringLiteral("-")
+                        : QStringLiteral("%1 of %2").arg(k.tokens_changed).arg(total),
+                   rows ? QStringLiteral("-")
+                        : yesNo(k.stop_changed, QStringLiteral("**changed**"),
+                                QStringLiteral("unchanged")),
+                   rows ? QStringLiteral("-")
+                        : yesNo(k.steps_changed, QStringLiteral("**changed**"),
+                                QStringLiteral("unchanged")),
+                   cell(q(experiment::describe(k.first))),
+                   rows ? QStringLiteral("-")
+                        : QStringLiteral("%1 %").arg(100 * last.positions, 0, 'g', 4),
+                   rows ? QStringLiteral("-")
+                        : QStringLiteral("%1 %").arg(100 * last.scores, 0, 'g', 4));
+  }
+  md += QStringLiteral("\n## Environment\n\n");
   md += QStringLiteral("- Device: %1 (%2); driver %3, CUDA %4, cuBLAS %5\n")
             .arg(q(p.device), q(p.device_name), q(p.driver.empty() ? "-" : p.driver),
                  q(p.cuda.empty() ? "-" : p.cuda), q(p.cublas.empty() ? "-" : p.cublas));
-  md += QStringLiteral("- LibTorch %1 (%2), %3, experts %4\n")
-            .arg(q(p.libtorch), q(p.blas), q(p.dtype), q(r->spec.load.experts));
-  md += QStringLiteral("- Policy: %1; workaround: %2\n")
-            .arg(q(ops::policy_text(r->spec.policy)), r->spec.workaround
-                                                          ? q(ops::policy_text(*r->spec.workaround))
-                                                          : QStringLiteral("none"));
+  md += QStringLiteral("- LibTorch %1 (%2), %3, experts %4, %5 threads\n")
+            .arg(q(p.libtorch), q(p.blas), q(p.dtype), q(r->spec.load.experts))
+            .arg(p.threads);
+  md +=
+      QStringLiteral("- Policy: %1; workaround: %2\n")
+          .arg(q(ops::describe(r->spec.policy)),
+               r->spec.workaround ? q(ops::describe(*r->spec.workaround)) : QStringLiteral("none"));
   md += QStringLiteral("- Mode %1, rng %2, prefill %3, seed %4; %5 layers, canvas %6\n")
             .arg(QString::fromLatin1(experiment::name(r->spec.mode)),
                  QString::fromLatin1(generation::name(r->spec.rng)),
@@ -79,65 +357,15 @@ QString reportMarkdown(const ExplorerState& state, const QStringList& images) {
   md +=
       QStringLiteral("- Recorded %1 on %2 with BatchLens %3; report by BatchLens %4\n")
           .arg(q(p.created_utc), q(p.host), q(p.tool_version), q(base::build_info().tool_version));
-  if (const auto* floor = r->comparison("ref__repeat1")) {
-    md += QStringLiteral("- Noise floor (B=1 repeat): %1\n")
-              .arg(floor->first.found()
-                       ? QStringLiteral("NOT clean (%1)").arg(q(experiment::describe(floor->first)))
-                       : QStringLiteral("clean, bitwise identical"));
-  }
   md += QStringLiteral(
-      "\n## Comparisons\n\n| comparison | id | text | tokens changed | stop | "
-      "steps | first divergence | positions differing (last step) | token "
-      "scores differing (last step) |\n|---|---|---|---|---|---|---|---|---|\n");
-  for (const auto& c : r->comparisons) {
-    const auto last = experiment::last_step_logit_diff(*r, c);
-    const bool rows = c.kind == "rows";
-    md += QStringLiteral("| %1 | `%2` | %3 | %4 | %5 | %6 | %7 | %8 | %9 |\n")
-              .arg(cell(comparisonLabel(*r, c)), q(c.id),
-                   rows ? QStringLiteral("-")
-                        : yesNo(!c.tokens_identical, QStringLiteral("**DIFFERS**"),
-                                QStringLiteral("identical")),
-                   rows ? QStringLiteral("-") : QString::number(c.tokens_changed),
-                   rows ? QStringLiteral("-")
-                        : yesNo(c.stop_changed, QStringLiteral("**changed**"),
-                                QStringLiteral("unchanged")),
-                   rows ? QStringLiteral("-")
-                        : yesNo(c.steps_changed, QStringLiteral("**changed**"),
-                                QStringLiteral("unchanged")),
-                   cell(q(experiment::describe(c.first))),
-                   rows ? QStringLiteral("-")
-                        : QStringLiteral("%1 %").arg(100 * last.positions, 0, 'g', 4),
-                   rows ? QStringLiteral("-")
-                        : QStringLiteral("%1 %").arg(100 * last.scores, 0, 'g', 4));
+      "- Numbering: canvases and denoising steps count from 1; layers and "
+      "canvas positions are indices from 0 (as in `model.layers.0`).\n");
+  md += QStringLiteral("\n## Caveats\n\n");
+  for (const QString& caveat : caveats(*r)) {
+    md += QStringLiteral("- %1\n").arg(caveat);
   }
-  if (const auto* c = state.comparison(Side::Before)) {
-    md += QStringLiteral("\n## Selected comparison: %1 (`%2`)\n\n")
-              .arg(comparisonLabel(*r, *c), q(c->id));
-    md += QStringLiteral("First divergence: %1.\n\n").arg(q(experiment::describe(c->first)));
-    md += QStringLiteral("View: tap `%1`, metric %2%3, selected %4, layer slot %5.\n\n")
-              .arg(state.tapNames().value(state.tap()), metricLabel(state.metric()),
-                   state.logScale() ? QStringLiteral(" (log)") : QString(),
-                   state.tickLabel(state.tick()))
-              .arg(state.layerSlot());
-    if (const auto* after = state.comparison(Side::After)) {
-      md += QStringLiteral("With the workaround (`%1`): first divergence %2; text %3.\n\n")
-                .arg(q(after->id), q(experiment::describe(after->first)),
-                     after->tokens_identical ? QStringLiteral("identical")
-                                             : QStringLiteral("DIFFERS"));
-    }
-    const auto* ref = r->run(c->reference);
-    const auto* run = r->run(c->run);
-    if (ref != nullptr && run != nullptr) {
-      md += QStringLiteral("Reference text (`%1`, stop %2):\n\n```\n%3\n```\n\n")
-                .arg(q(ref->id))
-                .arg(ref->stop_position)
-                .arg(q(ref->text));
-      md += QStringLiteral("Run text (`%1`, stop %2):\n\n```\n%3\n```\n\n")
-                .arg(q(run->id))
-                .arg(run->stop_position)
-                .arg(q(run->text));
-    }
-  }
+  md += QStringLiteral("\n## Reproduce\n\n```sh\n%1\nbatchlens-cli summary experiment.h5\n```\n\n")
+            .arg(q(experiment::run_command(r->spec, "experiment.h5")));
   if (!images.isEmpty()) {
     md += QStringLiteral("## Views\n\n");
     for (const QString& image : images) {
@@ -213,10 +441,22 @@ base::Result<QStringList> exportReport(const QString& dir, const ExplorerState& 
                        "cannot create the folder " + parent.toStdString()};
   }
   // Rendered first: nothing touches the disk until every page exists.
+  std::vector<std::pair<QString, QPixmap>> pages;
+  OverviewView* overview = nullptr;
+  LayerStepView* layer_step = nullptr;
+  for (const auto& [stem, view] : views) {
+    overview = overview != nullptr ? overview : qobject_cast<OverviewView*>(view);
+    layer_step = layer_step != nullptr ? layer_step : qobject_cast<LayerStepView*>(view);
+  }
+  if (overview != nullptr && layer_step != nullptr) {
+    pages.emplace_back(QStringLiteral("figure"), compositeFigure(state, overview, layer_step));
+  }
+  for (const auto& [stem, view] : views) {
+    pages.emplace_back(stem, view->renderReport(reportSize()));
+  }
   std::vector<std::pair<QString, QByteArray>> files;
   QStringList images;
-  for (const auto& [stem, view] : views) {
-    const QPixmap page = view->renderReport(reportSize());
+  for (const auto& [stem, page] : pages) {
     QByteArray png;
     QBuffer buffer(&png);
     buffer.open(QIODevice::WriteOnly);
@@ -238,6 +478,18 @@ base::Result<QStringList> exportReport(const QString& dir, const ExplorerState& 
                              {"dtype", r->provenance.dtype},
                              {"blas", r->provenance.blas}};
     summary["spec"] = experiment::to_json(r->spec);
+    summary["reproduce"] = experiment::run_command(r->spec, "experiment.h5");
+    if (const auto* c = state.comparison(Side::Before)) {
+      const auto* ref = r->run(c->reference);
+      const auto* run = r->run(c->run);
+      nlohmann::json changed = nlohmann::json::array();
+      if (ref != nullptr && run != nullptr && c->kind == "row0") {
+        for (const ChangedToken& t : changedTokens(*ref, *run, *c)) {
+          changed.push_back({{"position", t.position}, {"reference", t.ref}, {"run", t.run}});
+        }
+      }
+      summary["changed_tokens"] = {{"comparison", c->id}, {"tokens", changed}};
+    }
     nlohmann::json image_names = nlohmann::json::array();
     for (const QString& image : images) {
       image_names.push_back(QFileInfo(image).fileName().toStdString());

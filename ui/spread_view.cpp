@@ -33,7 +33,7 @@ SpreadView::SpreadView(ExplorerState* state, QWidget* parent) : CoalescedView(st
     p->graph(0)->setScatterStyle(
         QCPScatterStyle(QCPScatterStyle::ssDisc, QColor(0xd7, 0x30, 0x27), 5));
     p->xAxis->setLabel(tr("canvas position"));
-    p->yAxis->setLabel(tr("first diverged (tick)"));
+    p->yAxis->setLabel(tr("first differs at step"));
     p->plotLayout()->insertRow(0);
     p->plotLayout()->addElement(0, 0, new QCPTextElement(p, QString()));
     auto* line = new QCPItemStraightLine(p);
@@ -63,8 +63,7 @@ SpreadView::SpreadView(ExplorerState* state, QWidget* parent) : CoalescedView(st
       if (c == nullptr) {
         return QString();
       }
-      QString text =
-          tr("position %1 · %2 (tick %3)").arg(row).arg(state_->tickLabel(column)).arg(column);
+      QString text = tr("position %1 · %2").arg(row).arg(state_->tickLabel(column));
       for (Metric m : {Metric::FracDiffer, Metric::MaxAbs, Metric::MaxUlp}) {
         text +=
             QStringLiteral("\n%1: %2")
@@ -83,8 +82,26 @@ SpreadView::SpreadView(ExplorerState* state, QWidget* parent) : CoalescedView(st
   }
 }
 
+std::vector<double> SpreadView::values(const experiment::ComparisonResult* c) const {
+  if (c == nullptr) {
+    return {};
+  }
+  const int ticks = state_->ticks();
+  const int positions = state_->canvasLength();
+  std::vector<double> out(static_cast<std::size_t>(ticks) * static_cast<std::size_t>(positions));
+  for (int p = 0; p < positions; ++p) {
+    for (int t = 0; t < ticks; ++t) {
+      out[static_cast<std::size_t>(p) * static_cast<std::size_t>(ticks) +
+          static_cast<std::size_t>(t)] =
+          positionValue(*c, state_->metric(), t, state_->layerSlot(), state_->tap(), p);
+    }
+  }
+  return out;
+}
+
 void SpreadView::fill(HeatmapPlot* plot, QCustomPlot* first_plot, std::vector<int>* first,
-                      const experiment::ComparisonResult* c) {
+                      const experiment::ComparisonResult* c, std::vector<double> values,
+                      const ValueRange& range) {
   plot->setVisible(c != nullptr);
   first_plot->setVisible(c != nullptr);
   first->clear();
@@ -95,20 +112,18 @@ void SpreadView::fill(HeatmapPlot* plot, QCustomPlot* first_plot, std::vector<in
   const int positions = state_->canvasLength();
   const int slot = state_->layerSlot();
   const int tap = state_->tap();
-  std::vector<double> values(static_cast<std::size_t>(ticks) * static_cast<std::size_t>(positions));
   first->assign(static_cast<std::size_t>(positions), -1);
   for (int p = 0; p < positions; ++p) {
     for (int t = 0; t < ticks; ++t) {
-      values[static_cast<std::size_t>(p) * static_cast<std::size_t>(ticks) +
-             static_cast<std::size_t>(t)] = positionValue(*c, state_->metric(), t, slot, tap, p);
       const double share = positionValue(*c, Metric::FracDiffer, t, slot, tap, p);
       if ((*first)[static_cast<std::size_t>(p)] < 0 && !std::isnan(share) && share > 0) {
         (*first)[static_cast<std::size_t>(p)] = t;
       }
     }
   }
-  plot->setGrid(ticks, positions, std::move(values), state_->logScale());
-  plot->setAxisLabels(tr("denoising step (tick)"), tr("canvas position"),
+  plot->setGrid(ticks, positions, std::move(values), state_->logScale(), &range);
+  setStepAxis(plot->xAxis, *state_);
+  plot->setAxisLabels(tr("denoising step (canvas 1 unless marked)"), tr("canvas position"),
                       metricLabel(state_->metric()));
   plot->setTitle(comparisonLabel(*state_->result(), *c));
   plot->setSelectedCell(state_->tick(), state_->position());
@@ -124,13 +139,15 @@ void SpreadView::fill(HeatmapPlot* plot, QCustomPlot* first_plot, std::vector<in
   first_plot->graph(0)->setData(xs, ys);
   first_plot->xAxis->setRange(-0.5, std::max(positions, 1) - 0.5);
   first_plot->yAxis->setRange(-0.5, std::max(ticks, 1) - 0.5);
+  setStepAxis(first_plot->yAxis, *state_);
   auto* title = qobject_cast<QCPTextElement*>(first_plot->plotLayout()->element(0, 0));
   if (title != nullptr) {
     title->setText(xs.isEmpty() ? tr("no position diverged at this layer and tap")
-                                : tr("%1 of %2 positions diverged; first at tick %3")
+                                : tr("%1 of %2 positions diverged; the first at %3")
                                       .arg(xs.size())
                                       .arg(positions)
-                                      .arg(*std::min_element(ys.begin(), ys.end())));
+                                      .arg(state_->tickLabel(static_cast<int>(
+                                          *std::min_element(ys.begin(), ys.end())))));
   }
   auto* line = qobject_cast<QCPItemStraightLine*>(first_plot->item(0));
   if (line != nullptr) {
@@ -141,17 +158,28 @@ void SpreadView::fill(HeatmapPlot* plot, QCustomPlot* first_plot, std::vector<in
   first_plot->replot(QCustomPlot::rpQueuedReplot);
 }
 
+QString SpreadView::subject() const {
+  const int slot = state_->layerSlot();
+  return tr("%1, %2, %3")
+      .arg(state_->tapNames().value(state_->tap()),
+           slot < state_->layers() ? tr("layer %1").arg(slot) : tr("per-step tap"),
+           metricLabel(state_->metric()));
+}
+
 void SpreadView::refresh() {
   if (state_->result() == nullptr) {
     return;
   }
-  const int slot = state_->layerSlot();
-  caption_->setText(tr("%1 at %2 · metric %3 · click a cell to select the step and position")
-                        .arg(state_->tapNames().value(state_->tap()),
-                             slot < state_->layers() ? tr("layer %1").arg(slot) : tr("per step"),
-                             metricLabel(state_->metric())));
-  fill(before_, first_before_plot_, &first_before_, state_->comparison(Side::Before));
-  fill(after_, first_after_plot_, &first_after_, state_->comparison(Side::After));
+  caption_->setText(tr("%1 · click a cell to select the step and position; arrow keys move it, "
+                       "the wheel zooms, double click resets")
+                        .arg(subject()));
+  std::vector<double> before = values(state_->comparison(Side::Before));
+  std::vector<double> after = values(state_->comparison(Side::After));
+  const ValueRange range = ValueRange::of(before).united(ValueRange::of(after));
+  fill(before_, first_before_plot_, &first_before_, state_->comparison(Side::Before),
+       std::move(before), range);
+  fill(after_, first_after_plot_, &first_after_, state_->comparison(Side::After), std::move(after),
+       range);
 }
 
 QPixmap SpreadView::renderReport(const QSize& size) {
@@ -161,7 +189,7 @@ QPixmap SpreadView::renderReport(const QSize& size) {
   if (state_->hasAfter()) {
     columns.push_back({tr("after (row-wise workaround)"), {after_, first_after_plot_}, {3, 1}});
   }
-  return composePlots(size, tr("Canvas spread: %1").arg(caption_->text()), columns);
+  return composePlots(size, tr("Canvas spread: %1").arg(subject()), columns);
 }
 
 }  // namespace batchlens::ui

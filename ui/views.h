@@ -6,7 +6,9 @@
 #include <QPixmap>
 #include <QWidget>
 
+#include "core/experiment/story.h"
 #include "ui/explorer_state.h"
+#include "ui/heatmap_plot.h"
 
 class QCheckBox;
 class QComboBox;
@@ -18,10 +20,10 @@ class QCustomPlot;
 class QCPGraph;
 class QCPBars;
 class QCPItemStraightLine;
+class QCPAxis;
 
 namespace batchlens::ui {
 
-class HeatmapPlot;
 class ComparisonTableModel;
 
 /// Redraws a view once per event-loop turn however many state signals arrive.
@@ -44,21 +46,41 @@ class CoalescedView : public QWidget {
   bool pending_ = false;
 };
 
-/// Overview: one row per comparison with its verdict, plus provenance and the runs.
+/// Overview: the story headline (each clause a link to its view), the growth plot, one row
+/// per comparison with its verdict, plus provenance and the runs.
 class OverviewView : public CoalescedView {
   Q_OBJECT
 
  public:
   explicit OverviewView(ExplorerState* state, QWidget* parent = nullptr);
   QPixmap renderReport(const QSize& size) override;
+  /// The growth plot alone at `size` (the composite figure).
+  QPixmap renderGrowth(const QSize& size);
   QTableView* table() const { return table_; }
+  QLabel* headline() const { return headline_; }
+  QCustomPlot* growthPlot() const { return growth_; }
+  /// The story the headline shows, as last drawn.
+  const experiment::Story& story() const { return story_; }
   /// The provenance / runs panel's HTML.
   QString detailsHtml() const;
+  /// The headline as HTML: clauses joined with arrows, as links "clause:N" when `links`.
+  static QString headlineHtml(const experiment::Story& story, bool links);
+  /// Follows a headline link ("clause:N"): selects its tap and cell, then asks for its view.
+  void openClause(const QString& link);
+
+ Q_SIGNALS:
+  /// A headline clause asks for a view (experiment::StoryView as int).
+  void viewRequested(int view);
 
  protected:
   void refresh() override;
 
  private:
+  void fillGrowth();
+  QLabel* headline_ = nullptr;
+  QLabel* why_ = nullptr;
+  QCustomPlot* growth_ = nullptr;
+  experiment::Story story_;
   ComparisonTableModel* model_ = nullptr;
   QTableView* table_ = nullptr;
   QTextBrowser* details_ = nullptr;
@@ -81,7 +103,9 @@ class LayerStepView : public CoalescedView {
   void refresh() override;
 
  private:
-  void fill(HeatmapPlot* plot, const experiment::ComparisonResult* c);
+  std::vector<double> values(const experiment::ComparisonResult* c) const;
+  void fill(HeatmapPlot* plot, const experiment::ComparisonResult* c, std::vector<double> cells,
+            const ValueRange& range);
   QComboBox* tap_ = nullptr;
   QComboBox* metric_ = nullptr;
   QCheckBox* log_ = nullptr;
@@ -108,8 +132,12 @@ class SpreadView : public CoalescedView {
   void refresh() override;
 
  private:
+  std::vector<double> values(const experiment::ComparisonResult* c) const;
   void fill(HeatmapPlot* plot, QCustomPlot* first_plot, std::vector<int>* first,
-            const experiment::ComparisonResult* c);
+            const experiment::ComparisonResult* c, std::vector<double> values,
+            const ValueRange& range);
+  /// "selfcond.soft_embed, per-step tap, share differing": what the view shows.
+  QString subject() const;
   QLabel* caption_ = nullptr;
   HeatmapPlot* before_ = nullptr;
   HeatmapPlot* after_ = nullptr;
@@ -167,6 +195,10 @@ class RoutingView : public CoalescedView {
 /// "ref vs B=2", "workaround: ref vs B=4", "B=4 rows vs row 0" for a comparison id.
 QString comparisonLabel(const experiment::ExperimentResult& result,
                         const experiment::ComparisonResult& comparison);
+
+/// Labels an axis of ticks of the experiment with denoising steps, counted from 1, and the
+/// canvas at each canvas start ("c2·1").
+void setStepAxis(QCPAxis* axis, const ExplorerState& state);
 
 /// One token as display text ("␣Portugal", "⏎"), or "#id" without a tokenizer.
 QString tokenText(const text::Tokenizer* tokenizer, std::int64_t id);

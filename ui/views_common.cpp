@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 // What the explorer's views share: coalesced redraws, comparison labels, token text.
+#include <algorithm>
+
 #include <QTimer>
 
+#include "ui/qcp.h"
 #include "ui/views.h"
 
 namespace batchlens::ui {
@@ -55,6 +58,36 @@ QString comparisonLabel(const experiment::ExperimentResult& result,
                 .arg(describe_run(comparison.reference), describe_run(comparison.run));
   }
   return workaround ? QObject::tr("workaround: %1").arg(label) : label;
+}
+
+void setStepAxis(QCPAxis* axis, const ExplorerState& state) {
+  const auto* c = state.comparison();
+  const auto* ref =
+      c != nullptr && state.result() != nullptr ? state.result()->run(c->reference) : nullptr;
+  if (ref == nullptr) {
+    return;
+  }
+  const int ticks = state.ticks();
+  const int every = std::max(1, ticks / 12);
+  QVector<double> at;
+  QVector<QString> labels;
+  for (int t = 0; t < ticks; ++t) {
+    const int* canvas = elementAt(ref->tick_canvas, t);
+    const int* step = elementAt(ref->tick_step, t);
+    if (canvas == nullptr || step == nullptr || *canvas < 0) {
+      continue;
+    }
+    if (*step == 1 && *canvas > 0) {
+      at << t;
+      labels << QStringLiteral("c%1·1").arg(*canvas + 1);
+    } else if (*step % every == 0 || *step == 1) {
+      at << t;
+      labels << QString::number(*step);
+    }
+  }
+  auto ticker = QSharedPointer<QCPAxisTickerText>::create();
+  ticker->setTicks(at, labels);
+  axis->setTicker(ticker);
 }
 
 QString tokenText(const text::Tokenizer* tokenizer, std::int64_t id) {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/experiment/experiment.h"
 
+#include <algorithm>
 #include <iomanip>
 #include <limits>
 #include <sstream>
@@ -9,6 +10,7 @@
 #include "core/base/input.h"
 #include "core/base/named.h"
 #include "core/experiment/schema.h"
+#include "core/experiment/story.h"
 #include "core/ops/policy.h"
 #include "core/probe/tap_names.h"
 
@@ -366,7 +368,7 @@ std::string describe(const Divergence& d) {
     return "none (bitwise identical at every compared step)";
   }
   std::ostringstream o;
-  o << "canvas " << d.canvas << " step " << d.step << ", "
+  o << "canvas " << d.canvas + 1 << " · step " << d.step << ", "
     << (d.layer >= 0 ? "layer " + std::to_string(d.layer) + " " : std::string()) << d.tap
     << ", position " << d.position;
   return o.str();
@@ -487,6 +489,10 @@ nlohmann::json summary_json(const ExperimentResult& r) {
   if (const std::string switches = r.spec.load.switches.describe(); !switches.empty()) {
     out["switches"] = switches;
   }
+  if (const std::string id = headline_comparison(r); !id.empty()) {
+    const Story story = build_story(r, id);
+    out["headline"] = {{"comparison", id}, {"text", story.headline()}, {"why", story.why}};
+  }
   out["noise_floor_clean"] =
       floor == nullptr ? nlohmann::json(nullptr) : nlohmann::json(!floor->first.found());
   out["runs"] = std::move(runs);
@@ -513,6 +519,13 @@ std::string summary_text(const ExperimentResult& r) {
   if (const std::string switches = r.spec.load.switches.describe(); !switches.empty()) {
     o << "switches: " << switches << "\n";
   }
+  if (const std::string id = headline_comparison(r); !id.empty()) {
+    const Story story = build_story(r, id);
+    o << "\nheadline (" << id << "): " << story.headline() << "\n";
+    if (!story.why.empty()) {
+      o << "why: " << story.why << "\n";
+    }
+  }
   o << "\n";
   o << "runs:\n";
   for (const auto& run : r.runs) {
@@ -529,8 +542,13 @@ std::string summary_text(const ExperimentResult& r) {
     o << "    first divergence: " << describe(c.first) << "\n";
     if (c.kind == "row0") {
       const auto [positions, scores, readable] = last_step_logit_diff(r, c);
+      const RunResult* ref = r.run(c.reference);
+      const RunResult* run = r.run(c.run);
+      const std::size_t total =
+          ref != nullptr && run != nullptr ? std::max(ref->tokens.size(), run->tokens.size()) : 0;
       o << "    text " << (c.tokens_identical ? "identical" : "DIFFERS") << " (" << c.tokens_changed
-        << " tokens changed), stop " << (c.stop_changed ? "CHANGED" : "unchanged") << ", steps "
+        << " of " << total << " tokens changed), stop "
+        << (c.stop_changed ? "CHANGED" : "unchanged") << ", steps "
         << (c.steps_changed ? "CHANGED" : "unchanged") << "\n";
       if (readable) {
         o << std::setprecision(4) << "    last compared step: " << 100.0 * positions

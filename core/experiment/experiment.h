@@ -160,7 +160,7 @@ struct RunResult {
 /// Where a comparison first differs. tick = -1 when it never does.
 struct Divergence {
   int tick = -1;
-  int canvas = -1;
+  int canvas = -1;  ///< 0-based index; shown as canvas + 1
   int step = -1;    ///< 1-based step within the canvas
   int layer = -1;   ///< -1 for per-step taps
   std::string tap;  ///< tap name, or "tokens" when only the sampler state differs
@@ -232,7 +232,8 @@ struct ExperimentResult {
   const ComparisonResult* comparison(const std::string& id) const;
 };
 
-/// "canvas 0 step 2, layer 3 attn.q, position 17", or "none (bitwise identical ...)".
+/// "canvas 1 · step 2, layer 3 attn.q, position 17" (canvases and steps counted from 1, layers
+/// and positions indexed from 0: story.h), or "none (bitwise identical ...)".
 std::string describe(const Divergence& divergence);
 
 /// At the last compared step: the share of canvas positions whose token scores (logits) differ

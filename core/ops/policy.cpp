@@ -296,7 +296,8 @@ base::Result<OpPolicy> policy_from_text(const std::string& text) {
   return base::Error{base::ErrorCode::InvalidArgument,
                      "policy '" + shown +
                          "': expected default, issue_workaround, row_wise_all, emulated_h200, "
-                         "emulated_h100_report, emulated_split_k, policy JSON, such parts joined with + or a JSON file"};
+                         "emulated_h100_report, emulated_split_k, policy JSON, such parts joined "
+                         "with + or a JSON file"};
 }
 
 std::string policy_text(const OpPolicy& policy) {

@@ -36,6 +36,7 @@
 #include <gtest/gtest.h>
 
 #include "core/experiment/runner.h"
+#include "core/experiment/story.h"
 #include "core/io/experiment_file.h"
 #include "ui/controllers.h"
 #include "ui/heatmap_plot.h"
@@ -168,7 +169,8 @@ TEST_F(ExplorerTest, OpeningAFileFillsTheViewsWithItsNumbers) {
     if (fcr.kind != "row0") {
       continue;
     }
-    EXPECT_EQ(table->model()->index(row, 2).data().toLongLong(), fcr.tokens_changed);
+    EXPECT_TRUE(table->model()->index(row, 2).data().toString().startsWith(
+        QStringLiteral("%1 of ").arg(fcr.tokens_changed)));
     EXPECT_EQ(table->model()->index(row, 5).data().toString().toStdString(),
               experiment::describe(fcr.first));
   }
@@ -244,6 +246,140 @@ TEST_F(ExplorerTest, OpeningAFileFillsTheViewsWithItsNumbers) {
   EXPECT_EQ(window_->comparisonPicker()->currentData().toString().toStdString(), c->id);
   EXPECT_TRUE(
       window_->recentFiles().contains(QFileInfo(QString::fromStdString(path)).absoluteFilePath()));
+}
+
+// issue #16: the headline tells the result in one sentence, numbered as everywhere (canvas and
+// step from 1), and each clause opens its view with its cell selected.
+TEST_F(ExplorerTest, HeadlineClausesOpenTheirViews) {
+  const std::string path = fixtureFile("issue_workaround");
+  const auto file = readBack(path);
+  open(path);
+  OverviewView* overview = window_->overview();
+  const QString headline = overview->headline()->text();
+  const auto story = experiment::build_story(file, window_->state()->comparisonId().toStdString());
+  ASSERT_GE(story.clauses.size(), 3U);
+  EXPECT_TRUE(headline.contains(QStringLiteral("clause:0")));
+  EXPECT_TRUE(headline.contains(QStringLiteral("first differs at canvas 1 · step ")))
+      << headline.toStdString();
+  EXPECT_FALSE(headline.contains(QStringLiteral("canvas 0")));
+  EXPECT_FALSE(overview->story().why.empty());
+  // The tap of the onset is selected by opening the first clause, on the Layer × Step tab.
+  window_->state()->setTap(window_->state()->tap() == 0 ? 1 : 0);
+  overview->openClause(QStringLiteral("clause:0"));
+  EXPECT_EQ(window_->tabs()->currentWidget(), window_->layerStep());
+  EXPECT_EQ(window_->state()->tapNames().value(window_->state()->tap()).toStdString(),
+            story.clauses[0].tap);
+  EXPECT_EQ(window_->state()->tick(), story.clauses[0].tick);
+  for (std::size_t i = 0; i < story.clauses.size(); ++i) {
+    if (story.clauses[i].view == experiment::StoryView::TextDiff) {
+      overview->openClause(QStringLiteral("clause:%1").arg(i));
+      EXPECT_EQ(window_->tabs()->currentWidget(), window_->textDiff());
+    }
+  }
+  overview->openClause(QStringLiteral("clause:99"));  // ignored
+  // The growth plot draws every main row-0 comparison on a log axis.
+  flushViews();
+  QCustomPlot* growth = overview->growthPlot();
+  EXPECT_EQ(growth->yAxis->scaleType(), QCPAxis::stLogarithmic);
+  EXPECT_GE(growth->graphCount(), 2);
+  int drawn = 0;
+  for (int g = 0; g < growth->graphCount(); ++g) {
+    drawn += growth->graph(g)->dataCount() > 0 ? 1 : 0;
+  }
+  EXPECT_GE(drawn, 1);
+  // Tick labels count canvases and steps from 1.
+  EXPECT_EQ(window_->state()->tickLabel(0), QStringLiteral("canvas 1 · step 1"));
+  // Every column of the table explains itself.
+  for (int c = 0; c < overview->table()->model()->columnCount(); ++c) {
+    EXPECT_FALSE(overview->table()
+                     ->model()
+                     ->headerData(c, Qt::Horizontal, Qt::ToolTipRole)
+                     .toString()
+                     .isEmpty())
+        << c;
+  }
+}
+
+// issue #16: one colour scale for before and after, 0 white and the smallest difference
+// clearly coloured; the log scale is the default.
+TEST_F(ExplorerTest, BeforeAndAfterShareOneColourScale) {
+  open(fixtureFile("issue_workaround"));
+  EXPECT_TRUE(window_->state()->logScale());
+  window_->tabs()->setCurrentWidget(window_->layerStep());
+  flushViews();
+  HeatmapPlot* before = window_->layerStep()->plot(Side::Before);
+  HeatmapPlot* after = window_->layerStep()->plot(Side::After);
+  ASSERT_TRUE(after->isVisible());
+  const QColor white(0xff, 0xff, 0xff);
+  EXPECT_EQ(before->colorOf(0.0), white);
+  double smallest = 1e300;
+  double largest = 0;
+  for (HeatmapPlot* p : {before, after}) {
+    for (int c = 0; c < p->columns(); ++c) {
+      for (int r = 0; r < p->rows(); ++r) {
+        const double v = p->value(c, r);
+        if (!std::isnan(v) && v > 0) {
+          smallest = std::min(smallest, v);
+          largest = std::max(largest, v);
+        }
+      }
+    }
+  }
+  ASSERT_LT(smallest, 1e300);
+  for (double v : {smallest, largest}) {
+    EXPECT_EQ(before->colorOf(v), after->colorOf(v)) << v;
+    const QColor c = before->colorOf(v);
+    // Far from white: the darkest channel well below 0xff.
+    EXPECT_LT(std::min({c.red(), c.green(), c.blue()}), 0xc0) << v;
+  }
+  window_->layerStep()->logCheck()->setChecked(false);
+  flushViews();
+  EXPECT_EQ(before->colorOf(0.0), white);
+}
+
+// issue #16: the two sides keep equal widths after tab switches; the tap survives another
+// comparison; arrow keys move the selected cell; wheel zooms and double click resets.
+TEST_F(ExplorerTest, HeatmapsKeepTheirLayoutTapAndRespondToKeys) {
+  open(fixtureFile("issue_workaround"));
+  QTabWidget* tabs = window_->tabs();
+  tabs->setCurrentWidget(window_->textDiff());
+  window_->resize(1500, 950);
+  QCoreApplication::processEvents();
+  tabs->setCurrentWidget(window_->layerStep());
+  QCoreApplication::processEvents();
+  flushViews();
+  const int wb = window_->layerStep()->plot(Side::Before)->width();
+  const int wa = window_->layerStep()->plot(Side::After)->width();
+  EXPECT_LE(std::abs(wb - wa), std::max(wb, wa) / 20) << wb << " vs " << wa;
+
+  ExplorerState* state = window_->state();
+  const int tap = state->tap() == 0 ? 1 : 0;
+  state->setTap(tap);
+  for (const auto& c : state->result()->comparisons) {
+    if (c.kind == "row0" && QString::fromStdString(c.id) != state->comparisonId()) {
+      state->setComparison(QString::fromStdString(c.id));
+      break;
+    }
+  }
+  EXPECT_EQ(state->tap(), tap);
+
+  flushViews();
+  HeatmapPlot* plot = window_->layerStep()->plot(Side::Before);
+  state->setCell(1, state->tapIsPerLayer(tap) ? 0 : state->layers());
+  flushViews();
+  plot->setFocus();
+  QTest::keyClick(plot, Qt::Key_Right);
+  EXPECT_EQ(state->tick(), 2);
+  QTest::keyClick(plot, Qt::Key_Left);
+  QTest::keyClick(plot, Qt::Key_Left);
+  EXPECT_EQ(state->tick(), 0);
+  const QCPRange full = plot->xAxis->range();
+  plot->xAxis->scaleRange(0.5, plot->xAxis->range().center());
+  EXPECT_LT(plot->xAxis->range().size(), full.size());
+  flushViews();  // a redraw keeps the zoom
+  EXPECT_LT(plot->xAxis->range().size(), full.size());
+  QTest::mouseDClick(plot, Qt::LeftButton, Qt::NoModifier, plot->rect().center());
+  EXPECT_DOUBLE_EQ(plot->xAxis->range().size(), full.size());
 }
 
 TEST_F(ExplorerTest, ClickingAHeatmapCellDrivesSpreadAndText) {
@@ -396,8 +532,47 @@ TEST_F(ExplorerTest, ExportWritesPngsOfTheRightSizeAndASummaryOfTheFile) {
     EXPECT_TRUE(md.contains(QString::fromStdString("`" + c.id + "`"))) << c.id;
   }
   EXPECT_TRUE(md.contains(QStringLiteral("![layer_step](layer_step.png)")));
+  // issue #16: ready to paste: the headline, the prompt, caveats and the exact command.
+  const auto story =
+      experiment::build_story(file, summary["selected_comparison"].get<std::string>());
+  EXPECT_TRUE(md.contains(QString::fromStdString(story.headline()))) << md.toStdString();
+  EXPECT_TRUE(md.contains(QStringLiteral("## Prompt")));
+  EXPECT_TRUE(md.contains(QStringLiteral("Random weights")));
+  EXPECT_TRUE(md.contains(QStringLiteral("One prompt and one sampling seed")));
+  EXPECT_TRUE(
+      md.contains(QString::fromStdString(experiment::run_command(file.spec, "experiment.h5"))));
+  EXPECT_TRUE(md.contains(QStringLiteral("![Growth, onset and changed tokens](figure.png)")));
+  EXPECT_FALSE(md.contains(QStringLiteral("layer slot")));
+  // The changed-token table is the file's token diff of the selected comparison.
+  const auto* shown = file.comparison(summary["selected_comparison"].get<std::string>());
+  ASSERT_NE(shown, nullptr);
+  const auto* ref = file.run(shown->reference);
+  const auto* run = file.run(shown->run);
+  QStringList rows;
+  for (const auto& e : shown->token_diff) {
+    if (e.op != text::TokenEdit::Op::Equal) {
+      rows << QStringLiteral("| %1 | ").arg(e.ref_pos >= 0 ? e.ref_pos : e.run_pos);
+    }
+  }
+  ASSERT_EQ(static_cast<std::int64_t>(rows.size()), shown->tokens_changed);
+  const auto& tokens = summary["changed_tokens"]["tokens"];
+  ASSERT_EQ(tokens.size(), static_cast<std::size_t>(rows.size()));
+  std::size_t i = 0;
+  for (const auto& e : shown->token_diff) {
+    if (e.op == text::TokenEdit::Op::Equal) {
+      continue;
+    }
+    EXPECT_EQ(tokens[i]["reference"], e.ref_pos >= 0 ? ref->tokens[e.ref_pos] : -1);
+    EXPECT_EQ(tokens[i]["run"], e.run_pos >= 0 ? run->tokens[e.run_pos] : -1);
+    if (i < 60) {
+      EXPECT_TRUE(md.contains(QStringLiteral("\n") + rows[static_cast<int>(i)])) << i;
+    }
+    ++i;
+  }
+  QImage figure(QDir(out).filePath(QStringLiteral("figure.png")));
+  EXPECT_EQ(figure.size(), reportSize());
   // No temporary files are left beside the report.
-  EXPECT_EQ(QDir(out).entryList(QDir::Files).size(), 7);
+  EXPECT_EQ(QDir(out).entryList(QDir::Files).size(), 8);
 }
 
 TEST_F(ExplorerTest, DamagedFileShowsAnErrorAndTheWindowSurvives) {

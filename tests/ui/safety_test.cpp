@@ -277,8 +277,8 @@ TEST_F(SafetyWindowTest, ReportOfTextsThatAreNotUtf8IsComplete) {
   const QString out = dir_.filePath(QStringLiteral("report"));
   auto written = window_->exportReportTo(out + QStringLiteral("/"));
   ASSERT_TRUE(written.ok()) << written.error().message;
-  EXPECT_EQ(written.value().size(), 7);
-  EXPECT_EQ(QDir(out).entryList(QDir::Files).size(), 7);
+  EXPECT_EQ(written.value().size(), 8);
+  EXPECT_EQ(QDir(out).entryList(QDir::Files).size(), 8);
   EXPECT_FALSE(hasTemporary(dir_.path()));
   QFile json_file(QDir(out).filePath(QStringLiteral("summary.json")));
   ASSERT_TRUE(json_file.open(QIODevice::ReadOnly));
@@ -318,7 +318,7 @@ TEST_F(SafetyWindowTest, ReportIntoAFolderWithFilesIsRefusedAndTouchesNothing) {
   const QString empty = dir_.filePath(QStringLiteral("empty"));
   QDir().mkpath(empty);
   ASSERT_TRUE(window_->exportReportTo(empty).ok());
-  EXPECT_EQ(QDir(empty).entryList(QDir::Files).size(), 7);
+  EXPECT_EQ(QDir(empty).entryList(QDir::Files).size(), 8);
 }
 
 TEST_F(SafetyWindowTest, ReportThatCannotBeWrittenLeavesNothing) {

@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "core/experiment/runner.h"
+#include "core/experiment/story.h"
 #include "core/io/experiment_file.h"
 #include "core/model/config.h"
 
@@ -123,23 +124,115 @@ TEST(Experiment, IssueWorkaroundCannotFixEmulationOfEveryFamily) {
 }
 
 TEST(Experiment, IssueWorkaroundFixesEmulationOfItsOwnFamilies) {
-  // Emulate only the two families the workaround covers: then it must give bitwise equality.
-  const std::string policy = temp_path("two_family_policy") + ".json";
-  std::ofstream(policy) << R"({"name": "emulate_router_selfcond", "rules": [],
-      "emulate_split_k": ["router_proj", "selfcond_matmul"]})";
-  auto s = demo_spec(policy);
+  // issue #16: the CPU demo's emulation profiles emulate only what diverged on the GPU they
+  // stand for, so they tell its story: the same first divergence, and the issue's workaround
+  // gives bitwise equality.
+  const std::map<std::string, std::pair<std::string, int>> expected = {
+      // H200: nothing differs at step 1; the self-conditioning matmul at the first step that
+      // has it (step 2).
+      {"emulated_h200", {"selfcond.soft_embed", 2}},
+      // The H100 report: the router projection of layer 0 at step 1.
+      {"emulated_h100_report", {"router.scores", 1}},
+  };
+  for (const auto& [profile, first] : expected) {
+    auto s = demo_spec(profile);
+    s.batch_sizes = {2, 4};
+    s.repeats = 0;
+    s.workaround = ops::OpPolicy::issue_workaround();
+    const ExperimentResult& r = run_cached(profile, s);
+    EXPECT_TRUE(r.provenance.emulated);
+    const ComparisonResult* without = r.comparison("ref__b2");
+    const ComparisonResult* with = r.comparison("wa.ref__wa.b2");
+    ASSERT_NE(without, nullptr);
+    ASSERT_NE(with, nullptr);
+    ASSERT_TRUE(without->first.found()) << profile;
+    EXPECT_EQ(without->first.tap, first.first) << profile;
+    EXPECT_EQ(without->first.step, first.second) << profile;
+    for (const auto& c : r.comparisons) {
+      if (c.id.rfind("wa.", 0) == 0) {
+        EXPECT_FALSE(c.first.found()) << profile << " " << c.id << ": " << c.first.tap;
+        EXPECT_TRUE(c.tokens_identical) << profile << " " << c.id;
+      }
+    }
+  }
+}
+
+// issue #16: the headline is built from the result: where row 0 first differs (numbered from 1
+// for canvases and steps), how far it spreads, the tokens (of how many), the workaround.
+TEST(Story, HeadlineOfTheH200ProfileTellsTheGpuStory) {
+  auto s = demo_spec("emulated_h200");
   s.batch_sizes = {2, 4};
   s.repeats = 0;
   s.workaround = ops::OpPolicy::issue_workaround();
-  const ExperimentResult& r = run_cached("two_family", s);
-  const ComparisonResult* without = r.comparison("ref__b4");
-  const ComparisonResult* with = r.comparison("wa.ref__wa.b4");
-  ASSERT_NE(without, nullptr);
-  ASSERT_NE(with, nullptr);
-  EXPECT_TRUE(without->first.found());
-  EXPECT_EQ(without->first.tap, "router.scores");
-  EXPECT_FALSE(with->first.found()) << with->first.tap;
-  std::filesystem::remove(policy);
+  const ExperimentResult& r = run_cached("emulated_h200", s);
+  ASSERT_EQ(headline_comparison(r), "ref__b2");
+  const Story story = build_story(r, "ref__b2");
+  ASSERT_GE(story.clauses.size(), 3U);
+  const std::string h = story.headline();
+  EXPECT_EQ(h.rfind("Row 0 of B=2 first differs at canvas 1 · step 2 in the self-conditioning "
+                    "matmul (selfcond.soft_embed: ",
+                    0),
+            0U)
+      << h;
+  EXPECT_EQ(story.clauses[0].view, StoryView::LayerStep);
+  EXPECT_EQ(story.clauses[0].tap, "selfcond.soft_embed");
+  EXPECT_EQ(story.clauses[0].tick, r.comparison("ref__b2")->first.tick);
+  EXPECT_EQ(story.clauses[0].layer_slot, r.layers);
+  const ComparisonResult& c = *r.comparison("ref__b2");
+  const std::string tokens = std::to_string(c.tokens_changed) + " of " +
+                             std::to_string(r.run("ref")->tokens.size()) + " tokens change";
+  EXPECT_NE(h.find(c.tokens_changed == 0 ? "(0 of" : tokens), std::string::npos) << h;
+  EXPECT_NE(h.find("with the workaround B=2, 4 are bitwise identical"), std::string::npos) << h;
+  EXPECT_EQ(story.clauses.back().view, StoryView::Overview);
+  EXPECT_TRUE(story.clauses.back().workaround);
+  EXPECT_FALSE(story.why.empty());
+  EXPECT_EQ(h.find("canvas 0"), std::string::npos) << h;
+  // The summary prints it; describe() numbers canvases from 1 too.
+  EXPECT_NE(summary_text(r).find("headline (ref__b2): " + h), std::string::npos);
+  EXPECT_EQ(describe(c.first).rfind("canvas 1 · step 2, selfcond.soft_embed", 0), 0U)
+      << describe(c.first);
+  EXPECT_EQ(summary_json(r)["headline"]["text"], h);
+  // Growth: nothing before the onset, something from it on, shares within [0, 1].
+  const Growth g = growth(r, c);
+  ASSERT_EQ(g.positions.size(), c.compared.size());
+  for (std::size_t t = 0; t < g.positions.size(); ++t) {
+    if (static_cast<int>(t) < c.first.tick) {
+      EXPECT_EQ(g.positions[t], 0.0) << t;
+    }
+    EXPECT_GE(g.elements[t], 0.0);
+    EXPECT_LE(g.positions[t], 1.0);
+  }
+  EXPECT_GT(g.positions[static_cast<std::size_t>(c.first.tick)], 0.0);
+  // A comparison that does not diverge says so; an unknown id gives an empty story.
+  const Story same = build_story(r, "wa.ref__wa.b2");
+  EXPECT_NE(same.headline().find("is bitwise identical to the B=1 reference"), std::string::npos)
+      << same.headline();
+  EXPECT_TRUE(same.why.empty());
+  EXPECT_TRUE(build_story(r, "nope").clauses.empty());
+}
+
+TEST(Story, DamagedArraysGiveAShorterStoryNotACrash) {
+  ExperimentResult r = emulated_run();
+  ComparisonResult& c = r.comparisons[1];
+  c.pos_frac_differ.data.resize(3);
+  c.routing_flips.shape = {1};
+  c.frac_differ.data.clear();
+  const Story story = build_story(r, c.id);
+  EXPECT_FALSE(story.clauses.empty());
+  const Growth g = growth(r, c);
+  EXPECT_EQ(g.positions.size(), c.compared.size());
+}
+
+TEST(Story, RunCommandQuotesForAShell) {
+  ExperimentSpec s = demo_spec("emulated_h200+issue_workaround");
+  s.prompt = "it's";
+  const std::string c = run_command(s, "out dir/x.h5");
+  EXPECT_NE(c.find("--prompt 'it'\\''s'"), std::string::npos) << c;
+  EXPECT_NE(c.find("--out 'out dir/x.h5'"), std::string::npos) << c;
+  EXPECT_NE(c.find("--policy emulated_h200+issue_workaround"), std::string::npos) << c;
+  EXPECT_NE(c.find("--steps 6 --max-new-tokens 64"), std::string::npos) << c;
+  s.overrides.t_min = 0.1;
+  EXPECT_NE(run_command(s, "x.h5").find("  # also generation overrides"), std::string::npos);
 }
 
 TEST(Experiment, RowWiseEverywhereIsBitwiseIdenticalUnderEmulation) {

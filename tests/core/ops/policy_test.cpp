@@ -134,11 +134,11 @@ TEST(OpPolicy, InlineJson) {
 // issue #15: specs and settings carry policies as text; every policy survives the round trip,
 // and named ones keep their name (the files' spec JSON is unchanged).
 TEST(OpPolicy, TextRoundTrip) {
-  for (const OpPolicy& p : {OpPolicy::default_policy(), OpPolicy::issue_workaround(),
-                            OpPolicy::row_wise_all(), OpPolicy::emulated_split_k(),
-                            OpPolicy::emulation_profile("emulated_h200"),
-                            OpPolicy::emulation_profile("emulated_h100_report"),
-                            combine(OpPolicy::emulated_split_k(), OpPolicy::issue_workaround())}) {
+  for (const OpPolicy& p :
+       {OpPolicy::default_policy(), OpPolicy::issue_workaround(), OpPolicy::row_wise_all(),
+        OpPolicy::emulated_split_k(), OpPolicy::emulation_profile("emulated_h200"),
+        OpPolicy::emulation_profile("emulated_h100_report"),
+        combine(OpPolicy::emulated_split_k(), OpPolicy::issue_workaround())}) {
     EXPECT_EQ(policy_text(p), p.name);
     const auto back = policy_from_text(policy_text(p));
     ASSERT_TRUE(back.ok()) << back.error().message;
