@@ -212,13 +212,12 @@ void RoutingView::fill(HeatmapPlot* plot, QCustomPlot* detail,
   detail->yAxis2->rescale();
   auto* title = qobject_cast<QCPTextElement*>(detail->plotLayout()->element(0, 0));
   if (title != nullptr) {
-    title->setText(layer < 0 ? tr("no step compared here: select a cell above")
-                             : tr("layer %1 at %2: per position%3")
-                                   .arg(layer)
-                                   .arg(state_->tickLabel(tick))
-                                   .arg(layer == state_->layerSlot()
-                                            ? QString()
-                                            : tr(" (the layer with the most flips at this step)")));
+    title->setText(layer < 0
+                       ? tr("no step compared here: select a cell above")
+                       : tr("layer %1%2 · %3 · per position")
+                             .arg(layer)
+                             .arg(layer == state_->layerSlot() ? QString() : tr(" (most flips)"))
+                             .arg(state_->tickLabel(tick)));
   }
   detail->replot(QCustomPlot::rpQueuedReplot);
 }

@@ -41,7 +41,7 @@ constexpr int kMissingRole = Qt::UserRole + 1;
 constexpr int kSettingsVersion = 2;
 
 // Denoising steps per canvas of the one-click demo (docs/benchmarks.md: its duration).
-constexpr int kDemoSteps = 16;
+constexpr int kDemoSteps = 12;
 
 QString q(std::string_view s) {
   return QString::fromUtf8(s.data(), static_cast<int>(s.size()));
@@ -79,7 +79,7 @@ struct StepCost {
 
 // Calibrated on a 2-core AMD EPYC without AVX-512 (ATEN_CPU_CAPABILITY=avx2, oneDNN AVX2), bf16,
 // the one-click demo's spec (docs/benchmarks.md); measured runs here replace them.
-constexpr double kDemoStepSeconds = 0.19;
+constexpr double kDemoStepSeconds = 0.2;
 constexpr double kTinyStepSeconds = 0.02;
 constexpr double kCalibratedLoadSeconds = 0.2;
 
@@ -676,8 +676,11 @@ bool RunPanel::workaroundEnabled() const {
 }
 
 void RunPanel::setWorkaroundEnabled(bool on) {
-  const QSignalBlocker block(workaround_);
-  workaround_->setChecked(on);
+  {
+    const QSignalBlocker block(workaround_);
+    workaround_->setChecked(on);
+  }
+  updateEstimate();  // the next Run includes (or not) the workaround's runs
 }
 
 void RunPanel::resetWorkaroundToPreset() {

@@ -6,6 +6,7 @@
 
 #include <QHBoxLayout>
 #include <QLabel>
+#include <QResizeEvent>
 #include <QScrollBar>
 #include <QSlider>
 #include <QSplitter>
@@ -152,11 +153,11 @@ QString canvasCell(const experiment::RunResult& run, const experiment::RunResult
                 style_bytes.isEmpty() ? "color:inherit;" : style_bytes.constData(), title));
 }
 
-// Both canvases at a tick, aligned position by position: blocks of kColumns positions, each a
+// Both canvases at a tick, aligned position by position: blocks of `columns` positions, each a
 // row of position numbers, the reference's tokens and the run's tokens in the same columns.
 QString alignedCanvasHtml(const experiment::RunResult& ref, const experiment::RunResult& run,
-                          int tick, const text::Tokenizer* tok, int selected) {
-  constexpr std::int64_t kColumns = 8;
+                          int tick, const text::Tokenizer* tok, int selected,
+                          std::int64_t columns) {
   const QString ref_missing = missingCanvas(ref, tick);
   const QString run_missing = missingCanvas(run, tick);
   if (!ref_missing.isEmpty() && !run_missing.isEmpty()) {
@@ -165,13 +166,13 @@ QString alignedCanvasHtml(const experiment::RunResult& ref, const experiment::Ru
   const std::int64_t positions =
       std::max(ref.canvas_in.shape.size() == 2 ? ref.canvas_in.shape[1] : 0,
                run.canvas_in.shape.size() == 2 ? run.canvas_in.shape[1] : 0);
-  const QString ref_label = QObject::tr("ref (%1)").arg(QString::fromStdString(ref.id));
-  const QString run_label = QObject::tr("run (%1)").arg(QString::fromStdString(run.id));
+  const QString ref_label = QObject::tr("ref");
+  const QString run_label = QObject::tr("run");
   QString html = QStringLiteral(
       "<table cellspacing='0' cellpadding='2' style='font-family:monospace; "
       "border-collapse:collapse'>");
-  for (std::int64_t start = 0; start < positions; start += kColumns) {
-    const std::int64_t end = std::min(positions, start + kColumns);
+  for (std::int64_t start = 0; start < positions; start += columns) {
+    const std::int64_t end = std::min(positions, start + columns);
     html +=
         QStringLiteral("<tr><td style='color:#777'><small>%1</small></td>").arg(QObject::tr("pos"));
     for (std::int64_t p = start; p < end; ++p) {
@@ -281,11 +282,23 @@ QString TextDiffView::html(Side side) const {
                        .arg(state_->tickLabel(tick))
                        .arg(tick)
                        .toHtmlEscaped());
-  html +=
-      tr("<p>Reference and run aligned position by position. Red: the token differs from the "
-         "other run's at that position; bold: accepted at this step.</p>");
-  html += alignedCanvasHtml(*ref, *run, tick, tok, state_->position());
+  html += tr("<p>Reference (%1, row <b>ref</b>) and run (%2, row <b>run</b>) aligned position "
+             "by position. Red: the token differs from the other run's at that position; bold: "
+             "accepted at this step.</p>")
+              .arg(QString::fromStdString(ref->id).toHtmlEscaped(),
+                   QString::fromStdString(run->id).toHtmlEscaped());
+  // As many positions per block as fit the pane (about 11 characters of monospace each).
+  const QTextBrowser* pane = side == Side::Before ? before_ : after_;
+  const int char_width = std::max(1, pane->fontMetrics().horizontalAdvance(QLatin1Char('m')));
+  const std::int64_t columns = std::clamp<std::int64_t>(
+      (pane->viewport()->width() - 6 * char_width) / (11 * char_width), 4, 16);
+  html += alignedCanvasHtml(*ref, *run, tick, tok, state_->position(), columns);
   return html;
+}
+
+void TextDiffView::resizeEvent(QResizeEvent* event) {
+  CoalescedView::resizeEvent(event);
+  scheduleRefresh();
 }
 
 void TextDiffView::refresh() {

@@ -134,6 +134,8 @@ class TextDiffView : public CoalescedView {
 
  protected:
   void refresh() override;
+  /// The aligned canvases take as many positions per row as the panes' width holds.
+  void resizeEvent(QResizeEvent* event) override;
 
  private:
   QSlider* slider_ = nullptr;

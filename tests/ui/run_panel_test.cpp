@@ -382,7 +382,8 @@ TEST_F(RunPanelTest, TextDiffAlignsTheCanvasesAndThePanesScrollTogether) {
   const QString html = view->html(Side::Before);
   // One table: positions, the reference's and the run's tokens in the same columns.
   EXPECT_TRUE(html.contains(QStringLiteral("<table"))) << html.left(400).toStdString();
-  EXPECT_TRUE(html.contains(QStringLiteral("ref (ref)")));
+  EXPECT_TRUE(html.contains(QStringLiteral("<td><b>ref</b></td>")));
+  EXPECT_TRUE(html.contains(QStringLiteral("<td><b>run</b></td>")));
   // Breaks between tokens only: a zero-width space, never a plain space inside a token.
   EXPECT_TRUE(html.contains(QChar(0x200B)));
   EXPECT_EQ(view->browser(Side::Before)->wordWrapMode(), QTextOption::WordWrap);
