@@ -27,7 +27,7 @@ constexpr const char* kInserted = "background-color:#c7e9c0;";
 constexpr const char* kStop = "background-color:#3a3a3a; color:white; font-weight:bold;";
 
 // A zero-width space: a line may break here and nowhere inside a token.
-const QChar kBreak(0x200B);
+constexpr char16_t kBreak = 0x200B;
 // Tokens glued into one word before a break is allowed between them anyway (random weights
 // can make very long "words").
 constexpr int kMaxGlued = 8;
@@ -52,7 +52,7 @@ class Breaks {
         token.endsWith(QChar(0x23CE)) || (!token.isEmpty() && token.back().isSpace());
     if (word_start || ++glued_ >= kMaxGlued) {
       glued_ = 0;
-      return QString(kBreak);
+      return {QChar(kBreak)};
     }
     return {};
   }
@@ -74,9 +74,9 @@ QString finalDiffHtml(const experiment::RunResult& ref, const experiment::RunRes
   Breaks breaks;
   const auto token = [tok, &breaks, &html](const std::vector<std::int64_t>& tokens,
                                            std::int64_t pos) {
-    const QString text = pos >= 0 && static_cast<std::size_t>(pos) < tokens.size()
-                             ? tokenText(tok, tokens[static_cast<std::size_t>(pos)])
-                             : QString();
+    QString text = pos >= 0 && static_cast<std::size_t>(pos) < tokens.size()
+                       ? tokenText(tok, tokens[static_cast<std::size_t>(pos)])
+                       : QString();
     html += breaks.before(text);
     return text;
   };
@@ -122,17 +122,17 @@ QString missingCanvas(const experiment::RunResult& run, int tick) {
   return {};
 }
 
-// One position of a run's canvas as a table cell: red where it differs from `other`'s token
+// One position of `mine`'s canvas as a table cell: red where it differs from `other`'s token
 // there, bold where accepted at this step, boxed when selected. Every read is bounds-checked.
-QString canvasCell(const experiment::RunResult& run, const experiment::RunResult& other, int tick,
+QString canvasCell(const experiment::RunResult& mine, const experiment::RunResult& other, int tick,
                    std::int64_t p, const text::Tokenizer* tok, int selected) {
-  const std::int64_t* id = elementAt(run.canvas_in, {tick, p});
+  const std::int64_t* id = elementAt(mine.canvas_in, {tick, p});
   if (id == nullptr) {
     return QStringLiteral("<td></td>");
   }
   const std::int64_t* other_id = elementAt(other.canvas_in, {tick, p});
   const bool differs = other_id != nullptr && *other_id != *id;
-  const std::uint8_t* accepted_flag = elementAt(run.accepted, {tick, p});
+  const std::uint8_t* accepted_flag = elementAt(mine.accepted, {tick, p});
   const bool accepted = accepted_flag != nullptr && *accepted_flag != 0;
   QString style = differs ? QString::fromLatin1(kChanged) : QString();
   if (accepted) {

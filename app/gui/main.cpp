@@ -72,7 +72,7 @@ struct Options {
   }
 };
 
-void setApplicationNames() {
+void set_application_names() {
   QCoreApplication::setOrganizationName(QStringLiteral("BatchLens"));
   QCoreApplication::setApplicationName(QStringLiteral("BatchLens"));
   QCoreApplication::setApplicationVersion(
@@ -80,7 +80,7 @@ void setApplicationNames() {
 }
 
 // True when the command line asks only for help or the version: answered without a display.
-bool helpOrVersion(int argc, char** argv) {
+bool help_or_version(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string_view a(argv[i]);
     if (a == "--") {
@@ -101,17 +101,17 @@ int main(int argc, char** argv) {
   // A SIGINT or SIGTERM while a file or report folder is being written removes its temporary
   // and exits 130 / 143: no half file is ever left under the name the user chose.
   base::install_signal_cleanup();
-  if (helpOrVersion(argc, argv)) {
+  if (help_or_version(argc, argv)) {
     // No QApplication: it would need a display (and abort without one) just to print text.
     QCoreApplication core(argc, argv);
-    setApplicationNames();
+    set_application_names();
     QCommandLineParser parser;
     const Options options(parser);
     parser.process(core);  // prints and exits
     return 0;
   }
   QApplication app(argc, argv);
-  setApplicationNames();
+  set_application_names();
   QApplication::setWindowIcon(QIcon(QStringLiteral(":/icons/batchlens.svg")));
   QApplication::setDesktopFileName(QStringLiteral("io.github.batchlens.BatchLens"));
 

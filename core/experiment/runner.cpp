@@ -248,6 +248,21 @@ bool of_workaround_group(const ComparisonResult& c) {
   return c.id.rfind("wa.", 0) == 0;
 }
 
+// Validates `spec` and opens a session for it (the memory check sized for its runs), with
+// `prompt_ids` as the prompt when not empty.
+setup::Session open_for(const ExperimentSpec& spec, const std::vector<std::int64_t>& prompt_ids,
+                        const RunControl& control) {
+  if (auto v = validate(spec); !v.ok()) {
+    throw base::ErrorException(v.error());
+  }
+  model::LoadOptions load = spec.load;
+  load.progress = control.load_progress;
+  load.cancel = control.cancel;
+  load.workload = workload_of(spec);
+  return take(setup::open_session(spec.model, load, {spec.prompt, spec.chat_template, prompt_ids},
+                                  spec.overrides));
+}
+
 }  // namespace
 
 base::Result<ExperimentResult> run_experiment(const setup::Session& session,
@@ -294,15 +309,7 @@ base::Result<ExperimentResult> run_workaround_group(const setup::Session& sessio
 base::Result<ExperimentResult> run_experiment(const ExperimentSpec& spec,
                                               const RunControl& control) {
   return base::guarded([&]() -> ExperimentResult {
-    if (auto v = validate(spec); !v.ok()) {
-      throw base::ErrorException(v.error());
-    }
-    model::LoadOptions load = spec.load;
-    load.progress = control.load_progress;
-    load.cancel = control.cancel;
-    load.workload = workload_of(spec);
-    const setup::Session session = take(setup::open_session(
-        spec.model, load, {spec.prompt, spec.chat_template, spec.prompt_ids}, spec.overrides));
+    const setup::Session session = open_for(spec, spec.prompt_ids, control);
     ExperimentResult out = take(run_experiment(session, spec, control));
     out.timings.load_s = session.load_s;
     return out;
@@ -315,17 +322,8 @@ base::Result<ExperimentResult> run_workaround_group(const ExperimentResult& show
   return base::guarded([&]() -> ExperimentResult {
     ExperimentSpec spec = shown.spec;
     spec.workaround = workaround;
-    if (auto v = validate(spec); !v.ok()) {
-      throw base::ErrorException(v.error());
-    }
-    model::LoadOptions load = spec.load;
-    load.progress = control.load_progress;
-    load.cancel = control.cancel;
-    load.workload = workload_of(spec);
-    const std::vector<std::int64_t>& ids =
-        shown.prompt_ids.empty() ? spec.prompt_ids : shown.prompt_ids;
-    const setup::Session session = take(setup::open_session(
-        spec.model, load, {spec.prompt, spec.chat_template, ids}, spec.overrides));
+    const setup::Session session =
+        open_for(spec, shown.prompt_ids.empty() ? spec.prompt_ids : shown.prompt_ids, control);
     ExperimentResult out = take(run_workaround_group(session, shown, workaround, control));
     out.timings.load_s = session.load_s;
     return out;
