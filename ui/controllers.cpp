@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 
 #include <QCoreApplication>
 #include <QDateTime>
@@ -95,10 +96,59 @@ bool RunController::start(const experiment::ExperimentSpec& spec) {
   }
   spec_ = spec;
   spec_.load.switches = switches_;
+  workaround_run_ = false;
   if (auto valid = experiment::validate(spec_); !valid.ok()) {
     Q_EMIT failed(q(valid.error().message));
     return true;
   }
+  launch(
+      [spec = spec_](const experiment::RunControl& control) {
+        return experiment::run_experiment(spec, control);
+      },
+      [spec = spec_](experiment::ExperimentResult result) {
+        ExperimentDocument doc;
+        doc.tokenizer = tokenizerFor(spec);
+        doc.result = std::make_shared<const experiment::ExperimentResult>(std::move(result));
+        doc.origin =
+            tr("run at %1")
+                .arg(QDateTime::currentDateTime().toString(QStringLiteral("yyyy-MM-dd HH:mm:ss")));
+        doc.modified = true;
+        return doc;
+      });
+  return true;
+}
+
+bool RunController::startWorkaround(const ExperimentDocument& shown,
+                                    const ops::OpPolicy& workaround) {
+  if (running_ || shown.result == nullptr) {
+    return false;
+  }
+  spec_ = shown.result->spec;
+  spec_.workaround = workaround;
+  workaround_run_ = true;
+  launch(
+      [result = shown.result, workaround](const experiment::RunControl& control) {
+        return experiment::run_workaround_group(*result, workaround, control);
+      },
+      [shown](experiment::ExperimentResult merged) {
+        ExperimentDocument doc = shown;
+        if (doc.tokenizer == nullptr) {
+          doc.tokenizer = tokenizerFor(merged.spec);
+        }
+        doc.result = std::make_shared<const experiment::ExperimentResult>(std::move(merged));
+        doc.origin =
+            tr("%1 + workaround run at %2")
+                .arg(shown.origin,
+                     QDateTime::currentDateTime().toString(QStringLiteral("yyyy-MM-dd HH:mm:ss")));
+        doc.modified = true;
+        return doc;
+      });
+  return true;
+}
+
+void RunController::launch(
+    std::function<base::Result<experiment::ExperimentResult>(const experiment::RunControl&)> work,
+    std::function<ExperimentDocument(experiment::ExperimentResult)> finish) {
   cancel_ = std::make_shared<base::CancelToken>();
   running_ = true;
   Q_EMIT started();
@@ -108,7 +158,7 @@ bool RunController::start(const experiment::ExperimentSpec& spec) {
   RunController* self = this;
   runInBackground(
       threads_, this,
-      [spec = spec_, token, self] {
+      [work = std::move(work), finish = std::move(finish), token, self] {
         using Clock = std::chrono::steady_clock;
         auto last = Clock::now() - std::chrono::seconds(1);
         experiment::RunControl control;
@@ -133,37 +183,31 @@ bool RunController::start(const experiment::ExperimentSpec& spec) {
           loading.elapsed_s = p.elapsed_s;
           post(loading, false);
         };
-        auto result = experiment::run_experiment(spec, control);
-        std::shared_ptr<const text::Tokenizer> tokenizer;
+        auto result = work(control);
+        // The document (and its tokenizer) is built here, off the GUI thread.
+        std::optional<ExperimentDocument> doc;
+        base::Error error;
         if (result.ok()) {
-          tokenizer = tokenizerFor(spec);
+          doc = finish(std::move(result).value());
+        } else {
+          error = result.error();
         }
-        return std::make_pair(std::move(result), std::move(tokenizer));
+        return std::make_pair(std::move(doc), std::move(error));
       },
       [this](auto outcome) {
         running_ = false;
-        auto& [result, tokenizer] = outcome;
-        if (!result.ok()) {
-          if (result.error().code == base::ErrorCode::Cancelled) {
+        auto& [doc, error] = outcome;
+        if (!doc) {
+          if (error.code == base::ErrorCode::Cancelled) {
             Q_EMIT cancelled();
           } else {
             Q_EMIT failed(QStringLiteral("%1: %2").arg(
-                QString::fromLatin1(base::to_string(result.error().code)),
-                q(result.error().message)));
+                QString::fromLatin1(base::to_string(error.code)), q(error.message)));
           }
           return;
         }
-        ExperimentDocument doc;
-        doc.result =
-            std::make_shared<const experiment::ExperimentResult>(std::move(result).value());
-        doc.tokenizer = std::move(tokenizer);
-        doc.origin =
-            tr("run at %1")
-                .arg(QDateTime::currentDateTime().toString(QStringLiteral("yyyy-MM-dd HH:mm:ss")));
-        doc.modified = true;
-        Q_EMIT finished(doc);
+        Q_EMIT finished(*doc);
       });
-  return true;
 }
 
 void RunController::cancel() {

@@ -4,6 +4,7 @@
 // back through queued calls, so the window never freezes and no widget is touched elsewhere.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -15,6 +16,8 @@
 #include "core/base/progress.h"
 #include "core/base/switches.h"
 #include "core/experiment/experiment.h"
+#include "core/experiment/runner.h"
+#include "core/ops/policy.h"
 #include "ui/explorer_state.h"
 
 class QThread;
@@ -57,9 +60,17 @@ class RunController : public QObject {
   /// Starts `spec` unless a run is in progress (then returns false and does nothing). The
   /// spec is validated first; an invalid one fails at once through `failed`.
   bool start(const experiment::ExperimentSpec& spec);
+  /// Runs only the workaround group of the shown experiment `shown` with its own settings
+  /// (experiment::run_workaround_group) and hands back `shown` with it merged: its old workaround
+  /// runs replaced, the document's path and tokenizer kept, marked modified. False (nothing
+  /// started) while a run is in progress or without a result.
+  bool startWorkaround(const ExperimentDocument& shown, const ops::OpPolicy& workaround);
   /// Asks the running experiment to stop at its next step; `cancelled` follows. No-op when idle.
   void cancel();
-  /// The spec of the current or last run.
+  /// True when the current or last run is a workaround group (startWorkaround).
+  bool workaroundRun() const { return workaround_run_; }
+  /// The spec of the current or last run (for startWorkaround: the shown spec with the
+  /// workaround).
   const experiment::ExperimentSpec& lastSpec() const { return spec_; }
   /// Fused kernels and CUDA graphs for every run (the GUI's main reads them from the
   /// environment once: base::Switches::from_environment()).
@@ -74,7 +85,14 @@ class RunController : public QObject {
   void cancelled();
 
  private:
+  /// Runs `work` on a worker thread with progress and cancellation; `finish` turns its result
+  /// into the document handed over by `finished`.
+  void launch(
+      std::function<base::Result<experiment::ExperimentResult>(const experiment::RunControl&)> work,
+      std::function<ExperimentDocument(experiment::ExperimentResult)> finish);
+
   experiment::ExperimentSpec spec_;
+  bool workaround_run_ = false;
   base::Switches switches_;
   std::shared_ptr<base::CancelToken> cancel_;
   bool running_ = false;

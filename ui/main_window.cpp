@@ -2,9 +2,11 @@
 #include "ui/main_window.h"
 
 #include <algorithm>
+#include <string_view>
 
 #include <QAction>
 #include <QApplication>
+#include <QClipboard>
 #include <QCloseEvent>
 #include <QComboBox>
 #include <QDir>
@@ -13,6 +15,7 @@
 #include <QDropEvent>
 #include <QFileDialog>
 #include <QFileInfo>
+#include <QGuiApplication>
 #include <QHBoxLayout>
 #include <QKeySequence>
 #include <QLabel>
@@ -20,8 +23,8 @@
 #include <QMessageBox>
 #include <QMimeData>
 #include <QPushButton>
-#include <QScrollArea>
 #include <QSettings>
+#include <QStandardPaths>
 #include <QStatusBar>
 #include <QTabWidget>
 #include <QTimer>
@@ -29,17 +32,19 @@
 #include <QVBoxLayout>
 
 #include "core/base/version.h"
+#include "core/experiment/plan.h"
 #include "ui/controllers.h"
 #include "ui/report_export.h"
 #include "ui/run_panel.h"
 #include "ui/views.h"
+#include "ui/workaround_flow.h"
 
 namespace batchlens::ui {
 
 namespace {
 
-QString q(const std::string& s) {
-  return QString::fromStdString(s);
+QString q(std::string_view s) {
+  return QString::fromUtf8(s.data(), static_cast<int>(s.size()));
 }
 
 QString cudaSummary(const base::SystemInfo& system) {
@@ -139,14 +144,12 @@ MainWindow::MainWindow(base::SystemInfo system, QWidget* parent)
   runs_ = new RunController(this);
   files_ = new FileController(this);
 
+  // The panel scrolls its form itself and keeps Run, progress and ETA in view below it.
   run_panel_ = new RunPanel(system_, this);
-  auto* scroll = new QScrollArea(this);
-  scroll->setWidget(run_panel_);
-  scroll->setWidgetResizable(true);
-  scroll->setMinimumWidth(360);
+  run_panel_->setMinimumWidth(380);
   auto* dock = new QDockWidget(tr("Run"), this);
   dock->setObjectName(QStringLiteral("RunDock"));
-  dock->setWidget(scroll);
+  dock->setWidget(run_panel_);
   dock->setFeatures(QDockWidget::DockWidgetMovable | QDockWidget::DockWidgetFloatable);
   addDockWidget(Qt::LeftDockWidgetArea, dock);
 
@@ -269,9 +272,22 @@ void MainWindow::buildMenus() {
   run->addAction(tr("&Cancel run"), runs_, &RunController::cancel);
   run->addAction(tr("&Use this experiment's settings"), this, [this] {
     if (state_->result() != nullptr) {
-      run_panel_->setSpec(state_->result()->spec);
+      run_panel_->setExperiment(*state_->result());
     }
   });
+  QAction* command = run->addAction(tr("Copy &command for a GPU server"), this, [this] {
+    if (state_->result() == nullptr) {
+      showError(tr("Nothing to copy"), tr("Open or run an experiment first."));
+      return;
+    }
+    const QString text =
+        serverCommand(*state_->result(), run_panel_->workaroundPolicy(), documentStem());
+    QGuiApplication::clipboard()->setText(text);
+    statusBar()->showMessage(tr("Copied: %1").arg(text), 8000);
+  });
+  command->setToolTip(
+      tr("The batchlens-cli command that runs the shown experiment, with the workaround's op "
+         "list, on the machine it came from"));
 
   QMenu* help = menuBar()->addMenu(tr("&Help"));
   QAction* about = help->addAction(tr("&About BatchLens"));
@@ -288,16 +304,27 @@ void MainWindow::connectControllers() {
   connect(runs_, &RunController::started, this, [this] { run_panel_->setRunning(true); });
   connect(runs_, &RunController::progressChanged, run_panel_, &RunPanel::showProgress);
   connect(runs_, &RunController::finished, this, [this](const ExperimentDocument& doc) {
+    restore_workaround_.reset();
     run_panel_->setRunning(false);
-    run_panel_->showMessage(tr("Finished: %1").arg(doc.origin));
+    if (!runs_->workaroundRun() && doc.result != nullptr) {
+      // What a decoder step cost here: the next estimates use it.
+      RunPanel::recordMeasuredCost(*doc.result);
+    }
+    const double took = doc.result == nullptr
+                            ? -1
+                            : doc.result->timings.load_s + doc.result->timings.engines_s +
+                                  doc.result->timings.comparisons_s + doc.result->timings.results_s;
+    run_panel_->showMessage(tr("Finished in %1: %2").arg(formatDuration(took), doc.origin));
     showDocument(doc);
   });
   connect(runs_, &RunController::cancelled, this, [this] {
     run_panel_->setRunning(false);
+    restoreWorkaroundToggle();
     run_panel_->showMessage(tr("Cancelled. The experiment shown is unchanged."));
   });
   connect(runs_, &RunController::failed, this, [this](const QString& message) {
     run_panel_->setRunning(false);
+    restoreWorkaroundToggle();
     run_panel_->showMessage(tr("Failed: %1").arg(message));
     showError(tr("The experiment could not run"), message);
   });
@@ -408,15 +435,110 @@ void MainWindow::onWorkaroundToggled(bool on) {
     return;
   }
   const auto* r = state_->result();
+  const ops::OpPolicy workaround = run_panel_->workaroundPolicy();
   // The shown experiment already ran this workaround: show it beside, nothing to run.
-  if (r != nullptr && r->spec.workaround && *r->spec.workaround == run_panel_->workaroundPolicy()) {
+  if (r != nullptr && r->spec.workaround && *r->spec.workaround == workaround) {
     return;
   }
   if (runs_->isRunning()) {
     run_panel_->showMessage(tr("The workaround applies to the next run."));
     return;
   }
-  runFromPanel();
+  if (workaround.rules.empty()) {
+    run_panel_->setWorkaroundEnabled(false);
+    state_->setShowWorkaround(false);
+    run_panel_->showMessage(tr("Check at least one op family for the workaround."));
+    return;
+  }
+  restore_workaround_ = false;  // a cancelled or failed run leaves the toggle off again
+  if (r == nullptr) {
+    runFromPanel();
+    return;
+  }
+  const QString blocker = workaroundBlocker(system_, *r);
+  if (!blocker.isEmpty()) {
+    // Never something else in its place without saying so: the user chooses.
+    restore_workaround_.reset();
+    run_panel_->setWorkaroundEnabled(false);
+    state_->setShowWorkaround(false);
+    offerWorkaroundElsewhere(*r, blocker, workaround);
+    return;
+  }
+  std::size_t missing = 0;
+  for (const auto& g : experiment::plan_groups([&] {
+         auto spec = r->spec;
+         spec.workaround = workaround;
+         return spec;
+       }())) {
+    missing += g.name == "workaround" ? g.runs.size() : 0;
+  }
+  run_panel_->showMessage(
+      tr("Running only the %1 workaround runs, with the shown experiment's settings (%2)…")
+          .arg(missing)
+          .arg(q(r->spec.model.describe())));
+  runs_->startWorkaround(state_->document(), workaround);
+}
+
+void MainWindow::restoreWorkaroundToggle() {
+  if (!restore_workaround_) {
+    return;
+  }
+  run_panel_->setWorkaroundEnabled(*restore_workaround_);
+  state_->setShowWorkaround(*restore_workaround_);
+  restore_workaround_.reset();
+}
+
+QString MainWindow::documentStem() const {
+  const auto& doc = state_->document();
+  return doc.path.isEmpty() ? QStringLiteral("experiment") : QFileInfo(doc.path).completeBaseName();
+}
+
+QMessageBox* MainWindow::offerWorkaroundElsewhere(const experiment::ExperimentResult& shown,
+                                                  const QString& reason,
+                                                  const ops::OpPolicy& workaround) {
+  bool exact = false;
+  const ops::EmulationProfile& profile = profileStandingFor(shown.provenance, &exact);
+  const QString command = serverCommand(shown, workaround, documentStem());
+  auto* box = new QMessageBox(QMessageBox::Information, tr("The workaround cannot run here"),
+                              tr("%1\n\nBatchLens will not run something else in its place "
+                                 "without asking. You can:")
+                                  .arg(reason),
+                              QMessageBox::NoButton, this);
+  box->setObjectName(QStringLiteral("WorkaroundElsewhereDialog"));
+  box->setAttribute(Qt::WA_DeleteOnClose);
+  box->setModal(false);
+  box->setInformativeText(
+      tr("• run the CPU demo with the %1 profile, an EMULATION of %2%3, with the workaround; or\n"
+         "• run the shown experiment with the workaround on the GPU server:\n\n%4")
+          .arg(q(profile.name), q(profile.gpu),
+               exact ? QString() : tr(" (no profile stands for this experiment's GPU)"), command));
+  box->setDetailedText(command);
+  box->setTextInteractionFlags(Qt::TextSelectableByMouse);
+  QPushButton* demo =
+      box->addButton(tr("Run the CPU &demo (%1)").arg(q(profile.name)), QMessageBox::AcceptRole);
+  demo->setObjectName(QStringLiteral("RunDemoButton"));
+  QPushButton* copy = box->addButton(tr("&Copy the command"), QMessageBox::ActionRole);
+  copy->setObjectName(QStringLiteral("CopyCommandButton"));
+  QPushButton* cancel = box->addButton(QMessageBox::Cancel);
+  box->setDefaultButton(cancel);
+  const std::string profile_name(profile.name);
+  connect(demo, &QPushButton::clicked, this, [this, profile_name] {
+    experiment::ExperimentSpec spec = defaultDemoSpec();
+    spec.policy = ops::OpPolicy::emulation_profile(profile_name);
+    run_panel_->setSpec(spec);
+    run_panel_->setWorkaroundEnabled(true);
+    state_->setShowWorkaround(true);
+    restore_workaround_ = false;
+    runFromPanel();
+  });
+  connect(copy, &QPushButton::clicked, this, [this, command] {
+    QGuiApplication::clipboard()->setText(command);
+    statusBar()->showMessage(tr("Copied: %1").arg(command), 8000);
+  });
+  box->show();
+  run_panel_->showMessage(reason);
+  Q_EMIT workaroundElsewhereOffered(command);
+  return box;
 }
 
 void MainWindow::showDocument(const ExperimentDocument& document) {
@@ -534,11 +656,12 @@ void MainWindow::chooseOpen() {
 }
 
 QString saveDialogDir(const QString& last_dir, const QString& document_path) {
-  QStringList candidates{last_dir};
+  QStringList candidates;
   if (!document_path.isEmpty()) {
     candidates << QFileInfo(document_path).absolutePath();
   }
-  candidates << QDir::homePath() << QDir::currentPath() << QDir::tempPath();
+  candidates << last_dir << QStandardPaths::writableLocation(QStandardPaths::DocumentsLocation)
+             << QDir::homePath() << QDir::currentPath() << QDir::tempPath();
   for (const QString& dir : candidates) {
     const QFileInfo info(dir);
     if (!dir.isEmpty() && info.isDir() && !QDir(info.absoluteFilePath()).isRoot()) {

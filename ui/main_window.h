@@ -2,6 +2,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -10,6 +11,7 @@
 
 #include "core/base/error.h"
 #include "core/base/system_info.h"
+#include "core/ops/policy.h"
 #include "ui/explorer_state.h"
 
 class QComboBox;
@@ -80,6 +82,9 @@ class MainWindow : public QMainWindow {
   void documentShown();
   /// An error dialog was shown with this text.
   void errorShown(const QString& message);
+  /// Switching the workaround on could not run here; a dialog offers the CPU demo or this
+  /// command for the GPU server.
+  void workaroundElsewhereOffered(const QString& command);
 
  protected:
   void dragEnterEvent(QDragEnterEvent* event) override;
@@ -97,6 +102,14 @@ class MainWindow : public QMainWindow {
   void refreshPicker();
   void updateTitle();
   void onWorkaroundToggled(bool on);
+  /// Puts the workaround toggle back as it was before a run it started (Cancel, failure).
+  void restoreWorkaroundToggle();
+  /// The shown experiment cannot run here (`reason`): a non-modal dialog offers the CPU demo
+  /// with the emulation profile standing for its GPU, or the CLI command for the GPU server.
+  QMessageBox* offerWorkaroundElsewhere(const experiment::ExperimentResult& shown,
+                                        const QString& reason, const ops::OpPolicy& workaround);
+  /// The shown document's file name without extension, "experiment" for an unsaved run.
+  QString documentStem() const;
   void startRun(const experiment::ExperimentSpec& spec);
   void chooseOpen();
   /// Asks where to save (the dialog starts in saveDialogDir) and starts the save; false when
@@ -127,10 +140,13 @@ class MainWindow : public QMainWindow {
   std::vector<std::pair<QString, std::shared_ptr<const experiment::ExperimentResult>>> saves_;
   /// The window closes once the shown experiment is saved (the user chose Save on close).
   bool close_after_save_ = false;
+  /// The workaround toggle's state before the run it started; restored on Cancel or failure.
+  std::optional<bool> restore_workaround_;
 };
 
-/// Where the Save As dialog starts: `last_dir` (the folder last used), else the folder of
-/// `document_path`, else the home folder; never the root folder or one that does not exist.
+/// Where the Save As dialog starts: the folder of `document_path` (the opened file), else
+/// `last_dir` (the folder last used), else the documents or home folder; never the root folder
+/// or one that does not exist.
 QString saveDialogDir(const QString& last_dir, const QString& document_path);
 
 /// The About box's HTML for a system: the build, LibTorch and the devices.

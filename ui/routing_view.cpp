@@ -84,6 +84,12 @@ void setupDetail(QCustomPlot* p) {
   p->legend->setFont(QFont(p->font().family(), 8));
   p->plotLayout()->insertRow(0);
   p->plotLayout()->addElement(0, 0, new QCPTextElement(p, QString()));
+  // The legend below the chart, in a row of its own: never over the bars.
+  p->axisRect()->insetLayout()->take(p->legend);
+  p->plotLayout()->addElement(2, 0, p->legend);
+  p->legend->setFillOrder(QCPLayoutGrid::foColumnsFirst);
+  p->legend->setBorderPen(Qt::NoPen);
+  p->plotLayout()->setRowStretchFactor(2, 0.001);
 }
 
 }  // namespace
@@ -132,8 +138,37 @@ RoutingView::RoutingView(ExplorerState* state, QWidget* parent) : CoalescedView(
   }
 }
 
+int RoutingView::detailLayer() const {
+  const auto* c = state_->comparison(Side::Before);
+  if (c == nullptr || !hasRouting(*c)) {
+    return -1;
+  }
+  const int layers = static_cast<int>(c->routing_flips.shape[1]);
+  const int slot = state_->layerSlot();
+  if (slot >= 0 && slot < layers) {
+    return slot;
+  }
+  // A per-step tap is selected: the layer with the most flips at this step, on both sides.
+  int layer = -1;
+  double most = -1;
+  for (int l = 0; l < layers; ++l) {
+    const double n = flipCount(*c, state_->tick(), l);
+    if (!std::isnan(n) && n > most) {
+      most = n;
+      layer = l;
+    }
+  }
+  return layer;
+}
+
+QString RoutingView::detailTitle(Side side) const {
+  QCustomPlot* p = detail(side);
+  auto* title = qobject_cast<QCPTextElement*>(p->plotLayout()->element(0, 0));
+  return title == nullptr ? QString() : title->text();
+}
+
 void RoutingView::fill(HeatmapPlot* plot, QCustomPlot* detail,
-                       const experiment::ComparisonResult* c) {
+                       const experiment::ComparisonResult* c, int layer) {
   const bool on = c != nullptr && hasRouting(*c);
   plot->setVisible(c != nullptr);
   detail->setVisible(c != nullptr);
@@ -154,19 +189,7 @@ void RoutingView::fill(HeatmapPlot* plot, QCustomPlot* detail,
   plot->setGrid(ticks, layers, std::move(values), state_->logScale());
   plot->setAxisLabels(tr("denoising step (tick)"), tr("layer"), tr("positions flipped"));
   plot->setTitle(comparisonLabel(*state_->result(), *c));
-  // A per-step tap is selected: show the layer with the most flips at this step instead.
-  int layer = state_->layerSlot();
-  if (layer >= layers) {
-    double most = -1;
-    for (int l = 0; l < layers; ++l) {
-      const double n = flipCount(*c, state_->tick(), l);
-      if (!std::isnan(n) && n > most) {
-        most = n;
-        layer = l;
-      }
-    }
-    layer = layer >= layers ? -1 : layer;
-  }
+  layer = layer >= layers ? -1 : layer;
   plot->setSelectedCell(state_->tick(), layer);
 
   QVector<double> xs;
@@ -189,9 +212,12 @@ void RoutingView::fill(HeatmapPlot* plot, QCustomPlot* detail,
   detail->yAxis2->rescale();
   auto* title = qobject_cast<QCPTextElement*>(detail->plotLayout()->element(0, 0));
   if (title != nullptr) {
-    title->setText(
-        layer < 0 ? tr("no step compared here: select a cell above")
-                  : tr("layer %1 at %2: per position").arg(layer).arg(state_->tickLabel(tick)));
+    title->setText(layer < 0
+                       ? tr("no step compared here: select a cell above")
+                       : tr("layer %1%2 · %3 · per position")
+                             .arg(layer)
+                             .arg(layer == state_->layerSlot() ? QString() : tr(" (most flips)"))
+                             .arg(state_->tickLabel(tick)));
   }
   detail->replot(QCustomPlot::rpQueuedReplot);
 }
@@ -204,8 +230,10 @@ void RoutingView::refresh() {
       tr("Expert-set flips of row 0 against the reference, per layer and step. Below: the "
          "selected cell per position, with the reference's router margin; a flip at a tiny "
          "margin is a near-tie tipped by rounding."));
-  fill(before_, detail_before_, state_->comparison(Side::Before));
-  fill(after_, detail_after_, state_->comparison(Side::After));
+  // Both per-position charts show one layer: the before side's choice.
+  const int layer = detailLayer();
+  fill(before_, detail_before_, state_->comparison(Side::Before), layer);
+  fill(after_, detail_after_, state_->comparison(Side::After), layer);
 }
 
 QPixmap RoutingView::renderReport(const QSize& size) {

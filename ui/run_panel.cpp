@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "ui/run_panel.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <QCheckBox>
@@ -16,18 +17,31 @@
 #include <QPlainTextEdit>
 #include <QProgressBar>
 #include <QPushButton>
+#include <QScrollArea>
 #include <QSettings>
 #include <QSpinBox>
 #include <QTableWidget>
 #include <QVBoxLayout>
 
+#include "core/experiment/plan.h"
+#include "core/generation/generation_config.h"
 #include "core/ops/op_family.h"
+#include "core/ops/policy.h"
 
 namespace batchlens::ui {
 
 namespace {
 
 enum OpColumn { OpFamilyColumn, OpFirstColumn, OpLastColumn, OpColumnCount };
+
+// Device items for a device this machine does not have carry true under this role.
+constexpr int kMissingRole = Qt::UserRole + 1;
+
+// The run panel's settings layout; older ones are not restored (their defaults were slow).
+constexpr int kSettingsVersion = 2;
+
+// Denoising steps per canvas of the one-click demo (docs/benchmarks.md: its duration).
+constexpr int kDemoSteps = 12;
 
 QString q(std::string_view s) {
   return QString::fromUtf8(s.data(), static_cast<int>(s.size()));
@@ -55,6 +69,43 @@ void selectText(QComboBox* c, const QString& text) {
   }
 }
 
+// What one decoder step of a model costs here (all engines' work per step, comparisons
+// included), and loading it.
+struct StepCost {
+  double seconds_per_step = 0;
+  double load_s = 0;
+  bool measured = false;  ///< from a run on this machine, else calibrated
+};
+
+// Calibrated on a 2-core AMD EPYC without AVX-512 (ATEN_CPU_CAPABILITY=avx2, oneDNN AVX2), bf16,
+// the one-click demo's spec (docs/benchmarks.md); measured runs here replace them.
+constexpr double kDemoStepSeconds = 0.2;
+constexpr double kTinyStepSeconds = 0.02;
+constexpr double kCalibratedLoadSeconds = 0.2;
+
+QString costKey(const experiment::ExperimentSpec& s) {
+  return QStringLiteral("estimate/%1_%2_%3_%4")
+      .arg(s.model.preset.empty() ? QStringLiteral("checkpoint") : q(s.model.preset),
+           q(s.load.device), q(s.load.dtype), q(s.load.experts))
+      .replace(QLatin1Char(':'), QLatin1Char('-'));
+}
+
+StepCost stepCost(const experiment::ExperimentSpec& s) {
+  const QStringList saved = QSettings().value(costKey(s)).toStringList();
+  if (saved.size() == 2 && saved[0].toDouble() > 0) {
+    return {saved[0].toDouble(), saved[1].toDouble(), true};
+  }
+  if (s.load.device == "cpu" && s.load.dtype == "bf16") {
+    if (s.model.preset == "demo") {
+      return {kDemoStepSeconds, kCalibratedLoadSeconds, false};
+    }
+    if (s.model.preset == "tiny") {
+      return {kTinyStepSeconds, kCalibratedLoadSeconds, false};
+    }
+  }
+  return {};
+}
+
 }  // namespace
 
 QString formatDuration(double seconds) {
@@ -71,8 +122,21 @@ QString formatDuration(double seconds) {
   return QStringLiteral("%1:%2").arg(s / 60).arg(s % 60, 2, 10, QLatin1Char('0'));
 }
 
+experiment::ExperimentSpec defaultDemoSpec() {
+  experiment::ExperimentSpec s;
+  s.model.preset = "demo";
+  s.load.device = "cpu";
+  s.batch_sizes = {2, 4};
+  s.repeats = 1;
+  s.overrides.max_denoising_steps = kDemoSteps;
+  s.overrides.max_new_tokens = 32;  // the demo's canvas: one canvas
+  s.policy = ops::OpPolicy::emulation_profile("emulated_h200");
+  return s;
+}
+
 RunPanel::RunPanel(const base::SystemInfo& system, QWidget* parent) : QWidget(parent) {
   setObjectName(QStringLiteral("RunPanel"));
+  const experiment::ExperimentSpec demo = defaultDemoSpec();
 
   // Model.
   preset_ = combo(this,
@@ -85,9 +149,6 @@ RunPanel::RunPanel(const base::SystemInfo& system, QWidget* parent) : QWidget(pa
   checkpoint_->setObjectName(QStringLiteral("CheckpointEdit"));
   checkpoint_->setPlaceholderText(tr("/path/to/checkpoint"));
   browse_ = new QPushButton(tr("Browse…"), this);
-  auto* ckpt_row = new QHBoxLayout;
-  ckpt_row->addWidget(checkpoint_, 1);
-  ckpt_row->addWidget(browse_);
   device_ = new QComboBox(this);
   device_->setObjectName(QStringLiteral("DeviceCombo"));
   device_->addItem(tr("CPU"), QStringLiteral("cpu"));
@@ -97,6 +158,11 @@ RunPanel::RunPanel(const base::SystemInfo& system, QWidget* parent) : QWidget(pa
   }
   device_->setToolTip(system.cuda_build ? tr("CPU or a CUDA device found on this machine")
                                         : tr("This build has no CUDA: CPU only"));
+  device_note_ = new QLabel(this);
+  device_note_->setObjectName(QStringLiteral("DeviceNote"));
+  device_note_->setWordWrap(true);
+  device_note_->setStyleSheet(QStringLiteral("color:#a50026;"));
+  device_note_->hide();
   dtype_ = combo(this, {QStringLiteral("bf16"), QStringLiteral("fp32")},
                  tr("bf16 as released; fp32 only on the CPU (its GEMMs are not batch invariant "
                     "here: a real, non-emulated source of divergence)"));
@@ -107,18 +173,21 @@ RunPanel::RunPanel(const base::SystemInfo& system, QWidget* parent) : QWidget(pa
   // Prompt and sampling.
   prompt_ = new QPlainTextEdit(this);
   prompt_->setObjectName(QStringLiteral("PromptEdit"));
-  prompt_->setPlainText(QStringLiteral("Write a long essay about Portugal."));
+  prompt_->setPlainText(QString::fromStdString(demo.prompt));
   prompt_->setMaximumHeight(70);
   chat_ = new QCheckBox(tr("Chat template"), this);
   chat_->setChecked(true);
   chat_->setToolTip(tr("Wrap the prompt in Gemma's chat template"));
-  batch_sizes_ = new QLineEdit(QStringLiteral("2,3,4"), this);
+  batch_sizes_ = new QLineEdit(QStringLiteral("2,4"), this);
   batch_sizes_->setObjectName(QStringLiteral("BatchSizesEdit"));
   batch_sizes_->setToolTip(tr("Batch sizes whose row 0 is compared with the B=1 reference"));
-  repeats_ = spin(this, 0, 8, 1, tr("Extra B=1 runs: the noise floor (should be identical)"));
-  steps_ = spin(this, 1, 1000, 48, tr("Denoising steps per canvas (max_denoising_steps)"));
+  repeats_ =
+      spin(this, 0, 8, demo.repeats, tr("Extra B=1 runs: the noise floor (should be identical)"));
+  steps_ = spin(this, 1, 1000, kDemoSteps, tr("Denoising steps per canvas (max_denoising_steps)"));
   steps_->setObjectName(QStringLiteral("StepsSpin"));
-  max_new_tokens_ = spin(this, 1, 32768, 64, tr("New tokens to generate (max_new_tokens)"));
+  max_new_tokens_ = spin(this, 1, 32768, 32,
+                         tr("New tokens to generate (max_new_tokens); a canvas holds 32 tokens "
+                            "in the demo preset, 256 in the others"));
   max_new_tokens_->setObjectName(QStringLiteral("MaxNewTokensSpin"));
   seed_ = spin(this, 0, 2147483647, 0, tr("Sampling seed"));
   rng_ = combo(this, {QStringLiteral("per_row"), QStringLiteral("shared")},
@@ -130,40 +199,38 @@ RunPanel::RunPanel(const base::SystemInfo& system, QWidget* parent) : QWidget(pa
   mode_ = combo(this, {QStringLiteral("free"), QStringLiteral("lockstep")},
                 tr("free: every run follows its own trajectory; lockstep: runs adopt the "
                    "reference's canvas each step, so numerics are compared on equal inputs"));
-  policy_ = combo(this, {QStringLiteral("default"), QStringLiteral("emulated_split_k")},
-                  tr("default: kernels as transformers calls them; emulated_split_k: a CPU "
-                     "EMULATION of GPU GEMMs choosing the K split by batch shape"));
+  policy_ = new QComboBox(this);
   policy_->setObjectName(QStringLiteral("PolicyCombo"));
-  policy_->setCurrentText(QStringLiteral("emulated_split_k"));
+  policy_->addItem(QStringLiteral("default"), QStringLiteral("default"));
+  policy_->setItemData(0, tr("Kernels as transformers calls them (no emulation)"), Qt::ToolTipRole);
+  for (const ops::EmulationProfile& profile : ops::emulation_profiles()) {
+    policy_->addItem(tr("%1 (EMULATION of %2)").arg(q(profile.name), q(profile.gpu)),
+                     q(profile.name));
+    policy_->setItemData(policy_->count() - 1, q(profile.description), Qt::ToolTipRole);
+  }
+  policy_->setToolTip(
+      tr("Emulation profile: how the kernels compute. On a CPU the GEMMs are batch invariant, "
+         "so BatchLens EMULATES a GPU's shape-dependent split-K reduction in the families that "
+         "diverged on that GPU; default computes as transformers does."));
+  policy_->setCurrentIndex(policy_->findData(q(ops::policy_text(demo.policy))));
+  profile_note_ = new QLabel(this);
+  profile_note_->setObjectName(QStringLiteral("ProfileNote"));
+  profile_note_->setWordWrap(true);
+  profile_note_->setTextFormat(Qt::RichText);
 
   // Workaround.
   workaround_ = new QCheckBox(tr("Apply row-wise workaround"), this);
   workaround_->setObjectName(QStringLiteral("WorkaroundCheck"));
   workaround_->setToolTip(
-      tr("Run every batch size again with the checked op families computed "
-         "one row at a time, and show the result beside the one without"));
-  ops_ = new QTableWidget(ops::kOpFamilyCount, OpColumnCount, this);
-  ops_->setObjectName(QStringLiteral("WorkaroundOps"));
-  ops_->setHorizontalHeaderLabels({tr("Row-wise op family"), tr("First layer"), tr("Last layer")});
-  ops_->verticalHeader()->hide();
-  ops_->horizontalHeader()->setSectionResizeMode(OpFamilyColumn, QHeaderView::Stretch);
-  ops_->setToolTip(
-      tr("Families computed row-wise and their layer range (last -1: through the "
-         "last layer; per-step families ignore the range)"));
-  for (int f = 0; f < ops::kOpFamilyCount; ++f) {
-    auto* item = new QTableWidgetItem(q(ops::family_name(static_cast<ops::OpFamily>(f))));
-    item->setFlags(Qt::ItemIsEnabled | Qt::ItemIsUserCheckable);
-    item->setCheckState(Qt::Unchecked);
-    ops_->setItem(f, OpFamilyColumn, item);
-    ops_->setCellWidget(f, OpFirstColumn, spin(ops_, 0, 1000, 0, tr("first layer (inclusive)")));
-    ops_->setCellWidget(f, OpLastColumn,
-                        spin(ops_, -1, 1000, -1, tr("last layer (inclusive); -1: the last")));
-  }
-  ops_->setMinimumHeight(150);
+      tr("Run the shown experiment's batch sizes again with the checked op families computed "
+         "one row at a time (only the runs it lacks), and show the result beside the one "
+         "without"));
+  buildOpList();
   preset_ops_ = new QPushButton(tr("Issue preset"), this);
   preset_ops_->setToolTip(tr("Router projection + self-conditioning matmul, all layers"));
   resetWorkaroundToPreset();
 
+  // The footer: always in view, whatever the form's height.
   run_ = new QPushButton(tr("Run"), this);
   run_->setObjectName(QStringLiteral("RunButton"));
   run_->setDefault(true);
@@ -173,6 +240,9 @@ RunPanel::RunPanel(const base::SystemInfo& system, QWidget* parent) : QWidget(pa
   cancel_->setObjectName(QStringLiteral("CancelButton"));
   cancel_->setEnabled(false);
   cancel_->setToolTip(tr("Stop the run; the result shown stays as it is"));
+  expected_ = new QLabel(this);
+  expected_->setObjectName(QStringLiteral("ExpectedDuration"));
+  expected_->setWordWrap(true);
   progress_ = new QProgressBar(this);
   progress_->setObjectName(QStringLiteral("RunProgress"));
   progress_->setRange(0, 1000);
@@ -183,50 +253,29 @@ RunPanel::RunPanel(const base::SystemInfo& system, QWidget* parent) : QWidget(pa
   status_->setObjectName(QStringLiteral("RunStatus"));
   status_->setWordWrap(true);
 
-  auto* model_box = new QGroupBox(tr("Model"), this);
-  auto* model_form = new QFormLayout(model_box);
-  model_form->addRow(tr("Preset"), preset_);
-  model_form->addRow(tr("Checkpoint"), ckpt_row);
-  model_form->addRow(tr("Device"), device_);
-  model_form->addRow(tr("Precision"), dtype_);
-  model_form->addRow(tr("Experts"), experts_);
-
-  auto* run_box = new QGroupBox(tr("Experiment"), this);
-  auto* run_form = new QFormLayout(run_box);
-  run_form->addRow(tr("Prompt"), prompt_);
-  run_form->addRow(QString(), chat_);
-  run_form->addRow(tr("Batch sizes"), batch_sizes_);
-  run_form->addRow(tr("B=1 repeats"), repeats_);
-  run_form->addRow(tr("Steps"), steps_);
-  run_form->addRow(tr("New tokens"), max_new_tokens_);
-  run_form->addRow(tr("Seed"), seed_);
-  run_form->addRow(tr("RNG"), rng_);
-  run_form->addRow(tr("Prefill"), prefill_);
-  run_form->addRow(tr("Comparison"), mode_);
-  run_form->addRow(tr("Kernels"), policy_);
-
-  auto* wa_box = new QGroupBox(tr("Workaround"), this);
-  auto* wa_layout = new QVBoxLayout(wa_box);
-  auto* wa_row = new QHBoxLayout;
-  wa_row->addWidget(workaround_, 1);
-  wa_row->addWidget(preset_ops_);
-  wa_layout->addLayout(wa_row);
-  wa_layout->addWidget(ops_);
-
+  scroll_ = new QScrollArea(this);
+  scroll_->setObjectName(QStringLiteral("RunFormScroll"));
+  scroll_->setWidget(buildForm());
+  scroll_->setWidgetResizable(true);
+  scroll_->setFrameShape(QFrame::NoFrame);
+  scroll_->setHorizontalScrollBarPolicy(Qt::ScrollBarAlwaysOff);
   auto* buttons = new QHBoxLayout;
   buttons->addWidget(run_, 1);
   buttons->addWidget(cancel_);
-
   auto* layout = new QVBoxLayout(this);
-  layout->addWidget(model_box);
-  layout->addWidget(run_box);
-  layout->addWidget(wa_box, 1);
-  layout->addLayout(buttons);
-  layout->addWidget(progress_);
-  layout->addWidget(status_);
+  layout->setContentsMargins(0, 0, 0, 0);
+  layout->addWidget(scroll_, 1);
+  auto* footer = new QVBoxLayout;
+  footer->setContentsMargins(6, 0, 6, 6);
+  footer->addWidget(expected_);
+  footer->addLayout(buttons);
+  footer->addWidget(progress_);
+  footer->addWidget(status_);
+  layout->addLayout(footer);
 
   connect(preset_, &QComboBox::currentIndexChanged, this, &RunPanel::updateModelFields);
   connect(device_, &QComboBox::currentIndexChanged, this, &RunPanel::updateModelFields);
+  connect(policy_, &QComboBox::currentIndexChanged, this, &RunPanel::updateProfileNote);
   connect(browse_, &QPushButton::clicked, this, [this] {
     const QString dir =
         QFileDialog::getExistingDirectory(this, tr("Checkpoint directory"), checkpoint_->text());
@@ -238,23 +287,164 @@ RunPanel::RunPanel(const base::SystemInfo& system, QWidget* parent) : QWidget(pa
   connect(run_, &QPushButton::clicked, this, &RunPanel::requestRun);
   connect(cancel_, &QPushButton::clicked, this, &RunPanel::cancelRequested);
   connect(workaround_, &QCheckBox::toggled, this, &RunPanel::workaroundToggled);
+  // The estimate follows every field that changes the work.
+  for (QComboBox* c : {preset_, device_, dtype_, experts_, policy_, mode_}) {
+    connect(c, &QComboBox::currentIndexChanged, this, &RunPanel::updateEstimate);
+  }
+  for (QSpinBox* sb : {repeats_, steps_, max_new_tokens_}) {
+    connect(sb, &QSpinBox::valueChanged, this, &RunPanel::updateEstimate);
+  }
+  connect(batch_sizes_, &QLineEdit::textChanged, this, &RunPanel::updateEstimate);
+  connect(workaround_, &QCheckBox::toggled, this, &RunPanel::updateEstimate);
   updateModelFields();
+  updateProfileNote();
+  updateEstimate();
+}
+
+QWidget* RunPanel::buildForm() {
+  auto* form = new QWidget(this);
+  auto* ckpt_row = new QHBoxLayout;
+  ckpt_row->addWidget(checkpoint_, 1);
+  ckpt_row->addWidget(browse_);
+  auto* model_box = new QGroupBox(tr("Model"), form);
+  auto* model_form = new QFormLayout(model_box);
+  model_form->addRow(tr("Preset"), preset_);
+  model_form->addRow(tr("Checkpoint"), ckpt_row);
+  model_form->addRow(tr("Device"), device_);
+  model_form->addRow(QString(), device_note_);
+  model_form->addRow(tr("Precision"), dtype_);
+  model_form->addRow(tr("Experts"), experts_);
+
+  auto* run_box = new QGroupBox(tr("Experiment"), form);
+  auto* run_form = new QFormLayout(run_box);
+  run_form->addRow(tr("Prompt"), prompt_);
+  run_form->addRow(QString(), chat_);
+  run_form->addRow(tr("Batch sizes"), batch_sizes_);
+  run_form->addRow(tr("B=1 repeats"), repeats_);
+  run_form->addRow(tr("Steps"), steps_);
+  run_form->addRow(tr("New tokens"), max_new_tokens_);
+  run_form->addRow(tr("Seed"), seed_);
+  run_form->addRow(tr("RNG"), rng_);
+  run_form->addRow(tr("Prefill"), prefill_);
+  run_form->addRow(tr("Comparison"), mode_);
+  run_form->addRow(tr("Emulation profile"), policy_);
+  run_form->addRow(profile_note_);
+
+  auto* wa_box = new QGroupBox(tr("Workaround"), form);
+  auto* wa_layout = new QVBoxLayout(wa_box);
+  auto* wa_row = new QHBoxLayout;
+  wa_row->addWidget(workaround_, 1);
+  wa_row->addWidget(preset_ops_);
+  wa_layout->addLayout(wa_row);
+  wa_layout->addWidget(ops_);
+
+  auto* layout = new QVBoxLayout(form);
+  layout->addWidget(model_box);
+  layout->addWidget(run_box);
+  layout->addWidget(wa_box);
+  layout->addStretch(1);
+  return form;
+}
+
+void RunPanel::buildOpList() {
+  ops_ = new QTableWidget(ops::kOpFamilyCount, OpColumnCount, this);
+  ops_->setObjectName(QStringLiteral("WorkaroundOps"));
+  ops_->setHorizontalHeaderLabels({tr("Row-wise op family"), tr("First layer"), tr("Last layer")});
+  ops_->horizontalHeaderItem(OpFirstColumn)->setToolTip(tr("First layer (inclusive), 0-based"));
+  ops_->horizontalHeaderItem(OpLastColumn)
+      ->setToolTip(tr("Last layer (inclusive), 0-based; \"last\": through the last layer"));
+  ops_->verticalHeader()->hide();
+  ops_->horizontalHeader()->setSectionResizeMode(OpFamilyColumn, QHeaderView::Stretch);
+  ops_->horizontalHeader()->setSectionResizeMode(OpFirstColumn, QHeaderView::ResizeToContents);
+  ops_->horizontalHeader()->setSectionResizeMode(OpLastColumn, QHeaderView::ResizeToContents);
+  ops_->setHorizontalScrollBarPolicy(Qt::ScrollBarAlwaysOff);
+  ops_->setWordWrap(false);
+  ops_->setToolTip(
+      tr("Families computed row-wise and their layer range (\"last\": through the last layer; "
+         "per-step families have no layer range)"));
+  for (int f = 0; f < ops::kOpFamilyCount; ++f) {
+    const auto family = static_cast<ops::OpFamily>(f);
+    auto* item = new QTableWidgetItem(q(ops::family_name(family)));
+    item->setFlags(Qt::ItemIsEnabled | Qt::ItemIsUserCheckable);
+    item->setCheckState(Qt::Unchecked);
+    item->setToolTip(tr("%1 (%2)%3")
+                         .arg(q(ops::family_label(family)), q(ops::family_name(family)),
+                              ops::family_is_per_layer(family)
+                                  ? QString()
+                                  : tr(": once per denoising step, no layer range")));
+    ops_->setItem(f, OpFamilyColumn, item);
+    auto* first = spin(ops_, 0, 1000, 0, tr("first layer (inclusive), 0-based"));
+    auto* last = spin(ops_, -1, 1000, -1,
+                      tr("last layer (inclusive), 0-based; \"last\" (-1): the last layer"));
+    last->setSpecialValueText(tr("last"));
+    first->setEnabled(ops::family_is_per_layer(family));
+    last->setEnabled(ops::family_is_per_layer(family));
+    ops_->setCellWidget(f, OpFirstColumn, first);
+    ops_->setCellWidget(f, OpLastColumn, last);
+  }
+  ops_->resizeColumnsToContents();
+  ops_->resizeRowsToContents();
+  // Every family in view: the table is as tall as its rows (the form scrolls, the table not).
+  int height = ops_->horizontalHeader()->sizeHint().height() + 2 * ops_->frameWidth();
+  for (int r = 0; r < ops_->rowCount(); ++r) {
+    height += ops_->rowHeight(r);
+  }
+  ops_->setMinimumHeight(height);
+  ops_->setMaximumHeight(height);
+  ops_->setVerticalScrollBarPolicy(Qt::ScrollBarAlwaysOff);
 }
 
 void RunPanel::updateModelFields() {
   const bool checkpoint = preset_->currentIndex() == preset_->count() - 1;
   checkpoint_->setEnabled(checkpoint);
   browse_->setEnabled(checkpoint);
-  const bool cpu = device_->currentData().toString() == QStringLiteral("cpu");
+  const bool cpu = device() == QStringLiteral("cpu");
   // The emulation and fp32 are CPU-only (core refuses them elsewhere); say so in the form.
   if (!cpu) {
-    if (policy_->currentText() == QStringLiteral("emulated_split_k")) {
-      policy_->setCurrentText(QStringLiteral("default"));
-    }
+    policy_->setCurrentIndex(policy_->findData(QStringLiteral("default")));
     dtype_->setCurrentText(QStringLiteral("bf16"));
   }
   dtype_->setEnabled(cpu);
   policy_->setEnabled(cpu);
+  if (deviceAvailable()) {
+    device_note_->hide();
+  } else {
+    device_note_->setText(
+        tr("%1%2 is not available on this machine: Run is refused. Choose CPU to run the demo "
+           "with the emulation profile of that GPU, or run the experiment there with "
+           "batchlens-cli (Run > Copy command for a GPU server).")
+            .arg(device(), missing_device_name_.isEmpty()
+                               ? QString()
+                               : QStringLiteral(" (%1)").arg(missing_device_name_)));
+    device_note_->show();
+  }
+  updateProfileNote();
+}
+
+void RunPanel::updateProfileNote() {
+  const QString name = policy_->currentData().toString();
+  const ops::EmulationProfile* profile = ops::find_emulation_profile(name.toStdString());
+  if (profile == nullptr) {
+    profile_note_->setText(
+        device() == QStringLiteral("cpu")
+            ? tr("<b>No emulation</b>: kernels as transformers calls them. CPU GEMMs are batch "
+                 "invariant, so B=2,4 are expected to equal B=1 here.")
+            : tr("<b>Real kernels</b> of this GPU, as transformers calls them."));
+    return;
+  }
+  profile_note_->setText(tr("<b>EMULATION</b> of the %1 (not a measurement of it): %2. "
+                            "<i>Source: %3.</i>")
+                             .arg(q(profile->gpu).toHtmlEscaped(),
+                                  q(profile->description).toHtmlEscaped(),
+                                  q(profile->source).toHtmlEscaped()));
+}
+
+QString RunPanel::device() const {
+  return device_->currentData().toString();
+}
+
+bool RunPanel::deviceAvailable() const {
+  return device_->currentIndex() >= 0 && !device_->currentData(kMissingRole).toBool();
 }
 
 base::Result<experiment::ExperimentSpec> RunPanel::spec() const {
@@ -267,7 +457,13 @@ base::Result<experiment::ExperimentSpec> RunPanel::spec() const {
   } else {
     s.model.preset = preset_->currentText().toStdString();
   }
-  s.load.device = device_->currentData().toString().toStdString();
+  if (!deviceAvailable()) {
+    return base::Error{base::ErrorCode::DeviceUnavailable,
+                       device().toStdString() +
+                           " is not available on this machine; choose CPU (the demo with an "
+                           "emulation profile) or run it there with batchlens-cli"};
+  }
+  s.load.device = device().toStdString();
   s.load.dtype = dtype_->currentText().toStdString();
   s.load.experts = experts_->currentText().toStdString();
   s.prompt = prompt_->toPlainText().toStdString();
@@ -300,7 +496,7 @@ base::Result<experiment::ExperimentSpec> RunPanel::spec() const {
   s.rng = rng.value();
   s.prefill = prefill.value();
   s.mode = mode.value();
-  auto policy = ops::policy_from_text(policy_->currentText().toStdString());
+  auto policy = ops::policy_from_text(policy_->currentData().toString().toStdString());
   if (!policy.ok()) {
     return policy.error();
   }
@@ -325,9 +521,17 @@ void RunPanel::setSpec(const experiment::ExperimentSpec& s) {
     preset_->setCurrentIndex(preset_->count() - 1);
     checkpoint_->setText(QString::fromStdString(s.model.checkpoint_dir.string()));
   }
-  const int device = device_->findData(
-      QString::fromStdString(s.load.device == "cuda" ? std::string("cuda:0") : s.load.device));
-  device_->setCurrentIndex(device >= 0 ? device : 0);
+  const QString device =
+      QString::fromStdString(s.load.device == "cuda" ? std::string("cuda:0") : s.load.device);
+  int index = device_->findData(device);
+  if (index < 0) {
+    // Not on this machine: shown and flagged, never replaced by the CPU behind the user's back.
+    device_->addItem(tr("%1 — not available here").arg(device), device);
+    index = device_->count() - 1;
+    device_->setItemData(index, true, kMissingRole);
+    device_->setItemData(index, tr("This machine has no %1").arg(device), Qt::ToolTipRole);
+  }
+  device_->setCurrentIndex(index);
   selectText(experts_, QString::fromStdString(s.load.experts));
   selectText(dtype_, QString::fromStdString(s.load.dtype));
   prompt_->setPlainText(QString::fromStdString(s.prompt));
@@ -348,8 +552,98 @@ void RunPanel::setSpec(const experiment::ExperimentSpec& s) {
   selectText(rng_, QString::fromLatin1(generation::name(s.rng)));
   selectText(prefill_, QString::fromLatin1(generation::name(s.prefill)));
   selectText(mode_, QString::fromLatin1(experiment::name(s.mode)));
-  selectText(policy_, q(ops::policy_text(s.policy)));
+  const QString policy = q(ops::policy_text(s.policy));
+  if (policy_->findData(policy) < 0) {
+    // A combination or custom policy: offered as it is.
+    policy_->addItem(policy, policy);
+    policy_->setItemData(policy_->count() - 1, q(ops::describe(s.policy)), Qt::ToolTipRole);
+  }
+  policy_->setCurrentIndex(policy_->findData(policy));
   updateModelFields();
+}
+
+void RunPanel::setExperiment(const experiment::ExperimentResult& result) {
+  missing_device_name_ = QString::fromStdString(result.provenance.device_name);
+  setSpec(result.spec);
+  // What ran: the generation config fills what the spec left to the model's defaults.
+  const auto ran = generation::parse_generation_config(result.generation_config_json, {});
+  if (ran.ok()) {
+    if (!result.spec.overrides.max_denoising_steps) {
+      steps_->setValue(ran.value().sampler.max_denoising_steps);
+    }
+    if (!result.spec.overrides.max_new_tokens) {
+      max_new_tokens_->setValue(static_cast<int>(
+          std::min<std::int64_t>(ran.value().max_new_tokens, max_new_tokens_->maximum())));
+    }
+  }
+  if (!result.spec.prompt_ids.empty() || result.spec.prompt.empty()) {
+    // The panel takes text: the prompt as the model saw it, without a second chat template.
+    prompt_->setPlainText(QString::fromStdString(result.prompt_text));
+    chat_->setChecked(false);
+  }
+  updateModelFields();
+}
+
+double RunPanel::expectedSeconds() const {
+  const auto s = spec();
+  if (!s.ok()) {
+    return -1;
+  }
+  const auto steps = experiment::count_steps(s.value());
+  if (!steps.ok()) {
+    return -1;
+  }
+  const StepCost cost = stepCost(s.value());
+  if (cost.seconds_per_step <= 0) {
+    return -1;
+  }
+  return cost.load_s + static_cast<double>(steps.value().engine_steps) * cost.seconds_per_step;
+}
+
+QString RunPanel::expectedText() const {
+  const auto s = spec();
+  if (!s.ok()) {
+    return tr("Expected duration: — (%1)").arg(QString::fromStdString(s.error().message));
+  }
+  const auto steps = experiment::count_steps(s.value());
+  if (!steps.ok()) {
+    return tr("Expected duration: unknown (%1)").arg(QString::fromStdString(steps.error().message));
+  }
+  const StepCost cost = stepCost(s.value());
+  const experiment::StepCount& n = steps.value();
+  const QString work =
+      tr("%1 runs × %2 canvas(es) × ≤ %3 steps = %4 decoder passes")
+          .arg(n.engine_steps / std::max<std::int64_t>(n.canvases * n.steps_per_canvas, 1))
+          .arg(n.canvases)
+          .arg(n.steps_per_canvas)
+          .arg(n.engine_steps);
+  if (cost.seconds_per_step <= 0) {
+    return tr("Expected duration: not measured yet for this model here (%1); a first run "
+              "measures it.")
+        .arg(work);
+  }
+  const double total = cost.load_s + static_cast<double>(n.engine_steps) * cost.seconds_per_step;
+  return tr("Expected: <b>about %1</b> (%2, %3 ms each %4)")
+      .arg(total < 90 ? tr("%1 s").arg(std::max(1.0, std::round(total))) : formatDuration(total),
+           work)
+      .arg(cost.seconds_per_step * 1000.0, 0, 'f', 0)
+      .arg(cost.measured ? tr("as measured here") : tr("calibrated on a 2-core CPU"));
+}
+
+void RunPanel::recordMeasuredCost(const experiment::ExperimentResult& result) {
+  const auto& t = result.timings;
+  const experiment::StepCount steps = experiment::steps_taken(result);
+  if (t.engines_s <= 0 || steps.engine_steps <= 0) {
+    return;
+  }
+  const double per_step =
+      (t.engines_s + t.comparisons_s + t.results_s) / static_cast<double>(steps.engine_steps);
+  QSettings().setValue(costKey(result.spec),
+                       QStringList{QString::number(per_step), QString::number(t.load_s)});
+}
+
+void RunPanel::updateEstimate() {
+  expected_->setText(expectedText());
 }
 
 ops::OpPolicy RunPanel::workaroundPolicy() const {
@@ -382,8 +676,11 @@ bool RunPanel::workaroundEnabled() const {
 }
 
 void RunPanel::setWorkaroundEnabled(bool on) {
-  const QSignalBlocker block(workaround_);
-  workaround_->setChecked(on);
+  {
+    const QSignalBlocker block(workaround_);
+    workaround_->setChecked(on);
+  }
+  updateEstimate();  // the next Run includes (or not) the workaround's runs
 }
 
 void RunPanel::resetWorkaroundToPreset() {
@@ -429,12 +726,10 @@ void RunPanel::requestRun() {
 void RunPanel::setRunning(bool running) {
   run_->setEnabled(!running);
   cancel_->setEnabled(running);
-  if (running) {
-    progress_->setValue(0);
-    progress_->setFormat(tr("starting…"));
-  } else {
-    progress_->setFormat(tr("idle"));
-  }
+  // Every run starts and ends on an empty bar: no old fill under "idle".
+  progress_->setRange(0, 1000);
+  progress_->setValue(0);
+  progress_->setFormat(running ? tr("starting…") : tr("idle"));
 }
 
 void RunPanel::showProgress(const base::Progress& p) {
@@ -477,7 +772,8 @@ void RunPanel::saveSettings(QSettings& settings) const {
   settings.setValue(QStringLiteral("rng"), rng_->currentText());
   settings.setValue(QStringLiteral("prefill"), prefill_->currentText());
   settings.setValue(QStringLiteral("mode"), mode_->currentText());
-  settings.setValue(QStringLiteral("policy"), policy_->currentText());
+  settings.setValue(QStringLiteral("policy"), policy_->currentData());
+  settings.setValue(QStringLiteral("version"), kSettingsVersion);
   settings.setValue(QStringLiteral("workaroundOps"), q(ops::policy_text(workaroundPolicy())));
   settings.endGroup();
 }
@@ -486,7 +782,8 @@ void RunPanel::restoreSettings(const QSettings& settings) {
   const auto value = [&settings](const char* key) {
     return settings.value(QStringLiteral("run/") + QLatin1String(key));
   };
-  if (!value("preset").isValid()) {
+  // Settings of an older panel (before the one-click demo's defaults) are not restored.
+  if (!value("preset").isValid() || value("version").toInt() != kSettingsVersion) {
     return;
   }
   selectText(preset_, value("preset").toString());
@@ -505,7 +802,10 @@ void RunPanel::restoreSettings(const QSettings& settings) {
   selectText(rng_, value("rng").toString());
   selectText(prefill_, value("prefill").toString());
   selectText(mode_, value("mode").toString());
-  selectText(policy_, value("policy").toString());
+  const int policy = policy_->findData(value("policy").toString());
+  if (policy >= 0) {
+    policy_->setCurrentIndex(policy);
+  }
   // The op list as saved (the preset's name or policy JSON); the preset when unreadable.
   const auto saved = ops::policy_from_text(value("workaroundOps").toString().toStdString());
   showWorkaroundPolicy(saved.ok() ? saved.value() : ops::OpPolicy::issue_workaround());

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// The run panel: what to run (model, device, prompt, batch sizes, sampling, kernel policy),
-// the "Apply row-wise workaround" toggle with its editable op list, Run / Cancel and progress.
+// The run panel: what to run (model, device, prompt, batch sizes, sampling, kernel policy or
+// emulation profile), the "Apply row-wise workaround" toggle with its editable op list, and a
+// footer that stays in view: the expected duration, Run / Cancel, progress and ETA.
 #pragma once
 
 #include <QWidget>
@@ -15,6 +16,7 @@ class QComboBox;
 class QLabel;
 class QLineEdit;
 class QPlainTextEdit;
+class QScrollArea;
 class QProgressBar;
 class QPushButton;
 class QSettings;
@@ -32,9 +34,28 @@ class RunPanel : public QWidget {
 
   /// The spec the form describes. InvalidArgument naming the field for a malformed entry.
   base::Result<experiment::ExperimentSpec> spec() const;
-  /// Fills the form from a spec (e.g. an opened experiment's); a device not present here falls
-  /// back to the CPU, and the workaround toggle is left as it is.
+  /// Fills the form from a spec; the workaround toggle is left as it is. A device this machine
+  /// does not have stays selected, flagged "not available here" (Run then refuses with a
+  /// message), never silently replaced by the CPU.
   void setSpec(const experiment::ExperimentSpec& spec);
+  /// Fills the form from an experiment as it ran (Run > Use this experiment's settings): its
+  /// spec, and the steps and new tokens of its generation config where the spec left them to
+  /// the model's defaults; a device that is not here is named with the device it ran on.
+  void setExperiment(const experiment::ExperimentResult& result);
+  /// The device the form names ("cpu", "cuda:0"), and whether this machine has it.
+  QString device() const;
+  bool deviceAvailable() const;
+
+  /// The expected duration of the form's spec in seconds, or a negative value when unknown:
+  /// decoder steps (experiment::count_steps) × the cost of one step, measured by an earlier run
+  /// of this model, device and precision here (recordMeasuredCost), else a calibrated constant.
+  double expectedSeconds() const;
+  /// The "Expected: about N s" line shown above Run.
+  QString expectedText() const;
+  /// Remembers what one decoder step of `result`'s runs cost here (its timings over the steps
+  /// its runs took), for the estimates of later runs (QSettings). A result read from a file has
+  /// no timings and is ignored.
+  static void recordMeasuredCost(const experiment::ExperimentResult& result);
 
   /// The op list as a policy: ops::OpPolicy::issue_workaround() when it shows the preset, else
   /// "custom_row_wise" with one row-wise rule per checked family (no rules when none is).
@@ -62,6 +83,11 @@ class RunPanel : public QWidget {
   QCheckBox* workaroundCheck() const { return workaround_; }
   QProgressBar* progressBar() const { return progress_; }
   QComboBox* presetCombo() const { return preset_; }
+  QComboBox* policyCombo() const { return policy_; }
+  QComboBox* deviceCombo() const { return device_; }
+  QLabel* expectedLabel() const { return expected_; }
+  QLabel* profileLabel() const { return profile_note_; }
+  QTableWidget* workaroundOps() const { return ops_; }
 
  Q_SIGNALS:
   void runRequested(const batchlens::experiment::ExperimentSpec& spec);
@@ -72,6 +98,10 @@ class RunPanel : public QWidget {
  private:
   void requestRun();
   void updateModelFields();
+  void updateProfileNote();
+  void updateEstimate();
+  QWidget* buildForm();
+  void buildOpList();
 
   QComboBox* preset_ = nullptr;
   QLineEdit* checkpoint_ = nullptr;
@@ -97,7 +127,18 @@ class RunPanel : public QWidget {
   QPushButton* cancel_ = nullptr;
   QProgressBar* progress_ = nullptr;
   QLabel* status_ = nullptr;
+  QLabel* profile_note_ = nullptr;
+  QLabel* device_note_ = nullptr;
+  QLabel* expected_ = nullptr;
+  QScrollArea* scroll_ = nullptr;
+  /// The device an experiment ran on, when it is not on this machine ("NVIDIA H200").
+  QString missing_device_name_;
 };
+
+/// The run panel's defaults on the CPU: the `demo` preset, the H200 emulation profile, B=1
+/// reference + 1 repeat, B=2 and B=4, one canvas of 32 new tokens (docs/benchmarks.md: the
+/// one-click demo).
+experiment::ExperimentSpec defaultDemoSpec();
 
 /// "1:05" / "2:03:00" for an ETA in seconds; "?" when negative.
 QString formatDuration(double seconds);

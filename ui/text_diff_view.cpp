@@ -1,12 +1,17 @@
 // SPDX-License-Identifier: Apache-2.0
 // Text diff: the generated text of row 0, reference vs run, and a replay of both canvases at
 // each denoising step.
+#include <algorithm>
+#include <cmath>
+
 #include <QHBoxLayout>
 #include <QLabel>
+#include <QResizeEvent>
 #include <QScrollBar>
 #include <QSlider>
 #include <QSplitter>
 #include <QTextBrowser>
+#include <QTextOption>
 #include <QVBoxLayout>
 
 #include "ui/report_render.h"
@@ -21,6 +26,12 @@ constexpr const char* kDeleted = "background-color:#fcd5ce; text-decoration:line
 constexpr const char* kInserted = "background-color:#c7e9c0;";
 constexpr const char* kStop = "background-color:#3a3a3a; color:white; font-weight:bold;";
 
+// A zero-width space: a line may break here and nowhere inside a token.
+constexpr char16_t kBreak = 0x200B;
+// Tokens glued into one word before a break is allowed between them anyway (random weights
+// can make very long "words").
+constexpr int kMaxGlued = 8;
+
 QString span(const QString& text, const char* style, const QString& title = {}) {
   QString body = text.toHtmlEscaped().replace(QLatin1Char(' '), QStringLiteral("&nbsp;"));
   if (style == nullptr || *style == 0) {
@@ -29,6 +40,27 @@ QString span(const QString& text, const char* style, const QString& title = {}) 
   return QStringLiteral("<span style=\"%1\" title=\"%2\">%3</span>")
       .arg(QString::fromLatin1(style), title.toHtmlEscaped(), body);
 }
+
+// Line breaks between tokens, preferably between words: before a token that starts with a
+// space or follows a line end, or after kMaxGlued tokens without one. Never inside a token.
+class Breaks {
+ public:
+  QString before(const QString& token) {
+    const bool word_start = token.isEmpty() || token.front().isSpace() ||
+                            token.front() == QChar(0x23CE) || last_ended_line_;
+    last_ended_line_ =
+        token.endsWith(QChar(0x23CE)) || (!token.isEmpty() && token.back().isSpace());
+    if (word_start || ++glued_ >= kMaxGlued) {
+      glued_ = 0;
+      return {QChar(kBreak)};
+    }
+    return {};
+  }
+
+ private:
+  int glued_ = 0;
+  bool last_ended_line_ = false;
+};
 
 QString stopMark(const QString& who) {
   return span(QStringLiteral(" ⏹ %1 stop ").arg(who), kStop);
@@ -39,10 +71,14 @@ QString stopMark(const QString& who) {
 QString finalDiffHtml(const experiment::RunResult& ref, const experiment::RunResult& run,
                       const experiment::ComparisonResult& c, const text::Tokenizer* tok) {
   QString html;
-  const auto token = [tok](const std::vector<std::int64_t>& tokens, std::int64_t pos) {
-    return pos >= 0 && static_cast<std::size_t>(pos) < tokens.size()
-               ? tokenText(tok, tokens[static_cast<std::size_t>(pos)])
-               : QString();
+  Breaks breaks;
+  const auto token = [tok, &breaks, &html](const std::vector<std::int64_t>& tokens,
+                                           std::int64_t pos) {
+    QString text = pos >= 0 && static_cast<std::size_t>(pos) < tokens.size()
+                       ? tokenText(tok, tokens[static_cast<std::size_t>(pos)])
+                       : QString();
+    html += breaks.before(text);
+    return text;
   };
   for (const auto& e : c.token_diff) {
     switch (e.op) {
@@ -74,45 +110,91 @@ QString finalDiffHtml(const experiment::RunResult& ref, const experiment::RunRes
   return html;
 }
 
-// One canvas row at a tick; positions that differ from `other` highlighted, accepted bold. The
-// tick comes from the slider and the comparison, `other` may be shorter or narrower (another
-// run of the file): every read is bounds-checked.
-QString canvasHtml(const experiment::RunResult& run, const experiment::RunResult& other, int tick,
-                   const text::Tokenizer* tok, int selected) {
+// Why a run has no canvas to show at `tick`, or empty when it has one.
+QString missingCanvas(const experiment::RunResult& run, int tick) {
   if (run.canvas_in.shape.size() != 2 || elementAt(run.canvas_in, {tick, 0}) == nullptr) {
-    return QObject::tr("<i>(this run has no tick %1)</i>").arg(tick);
+    return QObject::tr("(%1 has no tick %2)").arg(QString::fromStdString(run.id)).arg(tick);
   }
   const int* canvas = elementAt(run.tick_canvas, tick);
   if (canvas == nullptr || *canvas < 0) {
-    return QObject::tr("<i>(no step at this tick)</i>");
+    return QObject::tr("(%1 took no step at this tick)").arg(QString::fromStdString(run.id));
   }
-  QString html;
-  for (std::int64_t p = 0; p < run.canvas_in.shape[1]; ++p) {
-    const std::int64_t* id = elementAt(run.canvas_in, {tick, p});
-    if (id == nullptr) {
-      break;
-    }
-    const std::int64_t* other_id = elementAt(other.canvas_in, {tick, p});
-    const bool differs = other_id != nullptr && *other_id != *id;
-    const std::uint8_t* accepted_flag = elementAt(run.accepted, {tick, p});
-    const bool accepted = accepted_flag != nullptr && *accepted_flag != 0;
-    QString style = differs ? QString::fromLatin1(kChanged) : QString();
-    if (accepted) {
-      style += QStringLiteral("font-weight:bold;");
-    }
-    if (p == selected) {
-      style += QStringLiteral("border:1px solid black; text-decoration:underline;");
-    }
-    const QString title = QObject::tr("position %1, id %2%3%4")
-                              .arg(p)
-                              .arg(*id)
-                              .arg(accepted ? QObject::tr(", accepted") : QString())
-                              .arg(differs ? QObject::tr(", differs") : QString());
-    const QByteArray style_bytes = style.toLatin1();
-    html += span(tokenText(tok, *id), style_bytes.constData(), title);
+  return {};
+}
+
+// One position of `mine`'s canvas as a table cell: red where it differs from `other`'s token
+// there, bold where accepted at this step, boxed when selected. Every read is bounds-checked.
+QString canvasCell(const experiment::RunResult& mine, const experiment::RunResult& other, int tick,
+                   std::int64_t p, const text::Tokenizer* tok, int selected) {
+  const std::int64_t* id = elementAt(mine.canvas_in, {tick, p});
+  if (id == nullptr) {
+    return QStringLiteral("<td></td>");
   }
-  if (elementAt(other.canvas_in, {tick, 0}) == nullptr) {
-    html += QObject::tr(" <i>(the other run has no tick %1: nothing to compare)</i>").arg(tick);
+  const std::int64_t* other_id = elementAt(other.canvas_in, {tick, p});
+  const bool differs = other_id != nullptr && *other_id != *id;
+  const std::uint8_t* accepted_flag = elementAt(mine.accepted, {tick, p});
+  const bool accepted = accepted_flag != nullptr && *accepted_flag != 0;
+  QString style = differs ? QString::fromLatin1(kChanged) : QString();
+  if (accepted) {
+    style += QStringLiteral("font-weight:bold;");
+  }
+  if (p == selected) {
+    style += QStringLiteral("text-decoration:underline;");
+  }
+  const QString title = QObject::tr("position %1, id %2%3%4")
+                            .arg(p)
+                            .arg(*id)
+                            .arg(accepted ? QObject::tr(", accepted") : QString())
+                            .arg(differs ? QObject::tr(", differs") : QString());
+  const QByteArray style_bytes = style.toLatin1();
+  return QStringLiteral("<td%1>%2</td>")
+      .arg(differs ? QStringLiteral(" bgcolor='#fcd5ce'") : QString(),
+           span(tokenText(tok, *id),
+                style_bytes.isEmpty() ? "color:inherit;" : style_bytes.constData(), title));
+}
+
+// Both canvases at a tick, aligned position by position: blocks of `columns` positions, each a
+// row of position numbers, the reference's tokens and the run's tokens in the same columns.
+QString alignedCanvasHtml(const experiment::RunResult& ref, const experiment::RunResult& run,
+                          int tick, const text::Tokenizer* tok, int selected,
+                          std::int64_t columns) {
+  const QString ref_missing = missingCanvas(ref, tick);
+  const QString run_missing = missingCanvas(run, tick);
+  if (!ref_missing.isEmpty() && !run_missing.isEmpty()) {
+    return QStringLiteral("<p><i>%1 %2</i></p>").arg(ref_missing, run_missing);
+  }
+  const std::int64_t positions =
+      std::max(ref.canvas_in.shape.size() == 2 ? ref.canvas_in.shape[1] : 0,
+               run.canvas_in.shape.size() == 2 ? run.canvas_in.shape[1] : 0);
+  const QString ref_label = QObject::tr("ref");
+  const QString run_label = QObject::tr("run");
+  QString html = QStringLiteral(
+      "<table cellspacing='0' cellpadding='2' style='font-family:monospace; "
+      "border-collapse:collapse'>");
+  for (std::int64_t start = 0; start < positions; start += columns) {
+    const std::int64_t end = std::min(positions, start + columns);
+    html +=
+        QStringLiteral("<tr><td style='color:#777'><small>%1</small></td>").arg(QObject::tr("pos"));
+    for (std::int64_t p = start; p < end; ++p) {
+      html += QStringLiteral("<td style='color:#777'><small>%1</small></td>").arg(p);
+    }
+    html += QStringLiteral("</tr><tr><td><b>%1</b></td>").arg(ref_label.toHtmlEscaped());
+    for (std::int64_t p = start; p < end; ++p) {
+      html += ref_missing.isEmpty() ? canvasCell(ref, run, tick, p, tok, selected)
+                                    : QStringLiteral("<td></td>");
+    }
+    html += QStringLiteral("</tr><tr><td><b>%1</b></td>").arg(run_label.toHtmlEscaped());
+    for (std::int64_t p = start; p < end; ++p) {
+      html += run_missing.isEmpty() ? canvasCell(run, ref, tick, p, tok, selected)
+                                    : QStringLiteral("<td></td>");
+    }
+    html += QStringLiteral("</tr>");
+  }
+  html += QStringLiteral("</table>");
+  for (const QString& missing : {ref_missing, run_missing}) {
+    if (!missing.isEmpty()) {
+      html += QStringLiteral("<p><i>%1: nothing to compare</i></p>").arg(missing.toHtmlEscaped());
+    }
   }
   return html;
 }
@@ -129,6 +211,25 @@ TextDiffView::TextDiffView(ExplorerState* state, QWidget* parent) : CoalescedVie
   before_->setObjectName(QStringLiteral("TextDiffBefore"));
   after_ = new QTextBrowser(this);
   after_->setObjectName(QStringLiteral("TextDiffAfter"));
+  for (QTextBrowser* b : {before_, after_}) {
+    // Lines break between tokens (see Breaks), never inside a word's token.
+    b->setWordWrapMode(QTextOption::WordWrap);
+  }
+  // Before and after scroll together: the same place of both texts stays side by side.
+  const auto sync = [this](QTextBrowser* from, QTextBrowser* to) {
+    connect(from->verticalScrollBar(), &QScrollBar::valueChanged, this, [this, from, to](int v) {
+      if (syncing_) {
+        return;
+      }
+      syncing_ = true;
+      const int range = std::max(from->verticalScrollBar()->maximum(), 1);
+      to->verticalScrollBar()->setValue(static_cast<int>(
+          std::lround(static_cast<double>(v) * to->verticalScrollBar()->maximum() / range)));
+      syncing_ = false;
+    });
+  };
+  sync(before_, after_);
+  sync(after_, before_);
   auto* split = new QSplitter(Qt::Horizontal, this);
   split->addWidget(before_);
   split->addWidget(after_);
@@ -181,16 +282,23 @@ QString TextDiffView::html(Side side) const {
                        .arg(state_->tickLabel(tick))
                        .arg(tick)
                        .toHtmlEscaped());
-  html +=
-      tr("<p>Red: the token differs from the other run's canvas; bold: accepted at this "
-         "step.</p>");
-  html += QStringLiteral("<p><b>%1</b><br><span style='font-family:monospace'>%2</span></p>")
-              .arg(tr("reference (%1)").arg(QString::fromStdString(ref->id)).toHtmlEscaped(),
-                   canvasHtml(*ref, *run, tick, tok, state_->position()));
-  html += QStringLiteral("<p><b>%1</b><br><span style='font-family:monospace'>%2</span></p>")
-              .arg(tr("run (%1)").arg(QString::fromStdString(run->id)).toHtmlEscaped(),
-                   canvasHtml(*run, *ref, tick, tok, state_->position()));
+  html += tr("<p>Reference (%1, row <b>ref</b>) and run (%2, row <b>run</b>) aligned position "
+             "by position. Red: the token differs from the other run's at that position; bold: "
+             "accepted at this step.</p>")
+              .arg(QString::fromStdString(ref->id).toHtmlEscaped(),
+                   QString::fromStdString(run->id).toHtmlEscaped());
+  // As many positions per block as fit the pane (about 11 characters of monospace each).
+  const QTextBrowser* pane = side == Side::Before ? before_ : after_;
+  const int char_width = std::max(1, pane->fontMetrics().horizontalAdvance(QLatin1Char('m')));
+  const std::int64_t columns = std::clamp<std::int64_t>(
+      (pane->viewport()->width() - 6 * char_width) / (11 * char_width), 4, 16);
+  html += alignedCanvasHtml(*ref, *run, tick, tok, state_->position(), columns);
   return html;
+}
+
+void TextDiffView::resizeEvent(QResizeEvent* event) {
+  CoalescedView::resizeEvent(event);
+  scheduleRefresh();
 }
 
 void TextDiffView::refresh() {

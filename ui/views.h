@@ -162,12 +162,15 @@ class TextDiffView : public CoalescedView {
 
  protected:
   void refresh() override;
+  /// The aligned canvases take as many positions per row as the panes' width holds.
+  void resizeEvent(QResizeEvent* event) override;
 
  private:
   QSlider* slider_ = nullptr;
   QLabel* step_label_ = nullptr;
   QTextBrowser* before_ = nullptr;
   QTextBrowser* after_ = nullptr;
+  bool syncing_ = false;  ///< one pane's scroll is being copied to the other
 };
 
 /// Routing: expert-set flips per layer × step, and per position for the selected cell with the
@@ -179,12 +182,22 @@ class RoutingView : public CoalescedView {
   explicit RoutingView(ExplorerState* state, QWidget* parent = nullptr);
   QPixmap renderReport(const QSize& size) override;
   HeatmapPlot* plot(Side side) const { return side == Side::Before ? before_ : after_; }
+  /// The per-position chart of a side, and its title (which layer and step it shows: the same
+  /// on both sides).
+  QCustomPlot* detail(Side side) const {
+    return side == Side::Before ? detail_before_ : detail_after_;
+  }
+  QString detailTitle(Side side) const;
+  /// The layer both per-position charts show: the selected cell's, or for a per-step tap the
+  /// layer with the most flips at the selected step on the before side; -1 for none.
+  int detailLayer() const;
 
  protected:
   void refresh() override;
 
  private:
-  void fill(HeatmapPlot* plot, QCustomPlot* detail, const experiment::ComparisonResult* c);
+  void fill(HeatmapPlot* plot, QCustomPlot* detail, const experiment::ComparisonResult* c,
+            int layer);
   QLabel* caption_ = nullptr;
   HeatmapPlot* before_ = nullptr;
   HeatmapPlot* after_ = nullptr;

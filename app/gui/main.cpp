@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 // batchlens: the desktop explorer. Wires the Qt application to the main window.
 #include <cstdio>
+#include <memory>
+#include <string_view>
 
 #include <QApplication>
 #include <QCommandLineParser>
+#include <QCoreApplication>
 #include <QIcon>
 #include <QMessageBox>
 #include <QTabWidget>
@@ -17,53 +20,108 @@
 #include "ui/main_window.h"
 #include "ui/report_export.h"
 
+namespace {
+
+// The command line, declared once for the help-only path and the GUI.
+struct Options {
+  QCommandLineOption screenshot{
+      QStringList{QStringLiteral("screenshot")},
+      QStringLiteral("Once the experiment is shown, render the main window to PNG <file> and exit "
+                     "(documentation, checks)."),
+      QStringLiteral("file")};
+  QCommandLineOption tab{QStringList{QStringLiteral("tab")},
+                         QStringLiteral("Start on explorer tab <index> (0 = Overview)."),
+                         QStringLiteral("index")};
+  QCommandLineOption comparison{
+      QStringList{QStringLiteral("comparison")},
+      QStringLiteral("Show comparison <id> (e.g. ref__b4) instead of the first that diverges."),
+      QStringLiteral("id")};
+  QCommandLineOption tap{QStringList{QStringLiteral("tap")},
+                         QStringLiteral("Show tap <name> (e.g. layer.out) in the heatmaps."),
+                         QStringLiteral("name")};
+  QCommandLineOption report{
+      QStringList{QStringLiteral("export-report")},
+      QStringLiteral("Once the experiment is shown, write its report (PNGs of every view, "
+                     "summary.md, summary.json) into folder <dir> and exit. Works headless with "
+                     "QT_QPA_PLATFORM=offscreen."),
+      QStringLiteral("dir")};
+  QCommandLineOption run{
+      QStringList{QStringLiteral("run")},
+      QStringLiteral("Once the experiment is shown, click Run with the run panel's settings (the "
+                     "one-click demo on a fresh profile); with --screenshot, shoot when the run "
+                     "has finished.")};
+  QCommandLineOption shoot_after{
+      QStringList{QStringLiteral("screenshot-after")},
+      QStringLiteral("With --run and --screenshot: shoot <ms> milliseconds after Run instead, "
+                     "during the run."),
+      QStringLiteral("ms")};
+
+  explicit Options(QCommandLineParser& parser) {
+    parser.setApplicationDescription(QStringLiteral(
+        "Explains why DiffusionGemma generates different text when only the batch size "
+        "changes.\nWithout FILE it opens the embedded sample experiment (DiffusionGemma mid, "
+        "recorded on an H200)."));
+    parser.addHelpOption();
+    parser.addVersionOption();
+    parser.addPositionalArgument(QStringLiteral("FILE"),
+                                 QStringLiteral("An experiment file (.h5) to open."));
+    for (const QCommandLineOption* o :
+         {&screenshot, &report, &tab, &tap, &comparison, &run, &shoot_after}) {
+      parser.addOption(*o);
+    }
+  }
+};
+
+void set_application_names() {
+  QCoreApplication::setOrganizationName(QStringLiteral("BatchLens"));
+  QCoreApplication::setApplicationName(QStringLiteral("BatchLens"));
+  QCoreApplication::setApplicationVersion(
+      QString::fromStdString(batchlens::base::build_info().tool_version));
+}
+
+// True when the command line asks only for help or the version: answered without a display.
+bool help_or_version(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    const std::string_view a(argv[i]);
+    if (a == "--") {
+      return false;
+    }
+    if (a == "-h" || a == "--help" || a == "--help-all" || a == "-?" || a == "-v" ||
+        a == "--version") {
+      return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace batchlens;
   // A SIGINT or SIGTERM while a file or report folder is being written removes its temporary
   // and exits 130 / 143: no half file is ever left under the name the user chose.
   base::install_signal_cleanup();
+  if (help_or_version(argc, argv)) {
+    // No QApplication: it would need a display (and abort without one) just to print text.
+    QCoreApplication core(argc, argv);
+    set_application_names();
+    QCommandLineParser parser;
+    const Options options(parser);
+    parser.process(core);  // prints and exits
+    return 0;
+  }
   QApplication app(argc, argv);
-  QApplication::setOrganizationName(QStringLiteral("BatchLens"));
-  QApplication::setApplicationName(QStringLiteral("BatchLens"));
-  QApplication::setApplicationVersion(QString::fromStdString(base::build_info().tool_version));
+  set_application_names();
   QApplication::setWindowIcon(QIcon(QStringLiteral(":/icons/batchlens.svg")));
   QApplication::setDesktopFileName(QStringLiteral("io.github.batchlens.BatchLens"));
 
   QCommandLineParser parser;
-  parser.setApplicationDescription(QStringLiteral(
-      "Explains why DiffusionGemma generates different text when only the batch size changes.\n"
-      "Without FILE it opens the embedded sample experiment (DiffusionGemma mid, recorded on "
-      "an H200)."));
-  parser.addHelpOption();
-  parser.addVersionOption();
-  parser.addPositionalArgument(QStringLiteral("FILE"),
-                               QStringLiteral("An experiment file (.h5) to open."));
-  const QCommandLineOption screenshot(
-      QStringList{QStringLiteral("screenshot")},
-      QStringLiteral("Once the experiment is shown, render the main window to PNG <file> and exit "
-                     "(documentation, checks)."),
-      QStringLiteral("file"));
-  const QCommandLineOption tab(QStringList{QStringLiteral("tab")},
-                               QStringLiteral("Start on explorer tab <index> (0 = Overview)."),
-                               QStringLiteral("index"));
-  const QCommandLineOption comparison(
-      QStringList{QStringLiteral("comparison")},
-      QStringLiteral("Show comparison <id> (e.g. ref__b4) instead of the first that diverges."),
-      QStringLiteral("id"));
-  const QCommandLineOption tap(QStringList{QStringLiteral("tap")},
-                               QStringLiteral("Show tap <name> (e.g. layer.out) in the heatmaps."),
-                               QStringLiteral("name"));
-  const QCommandLineOption report(
-      QStringList{QStringLiteral("export-report")},
-      QStringLiteral("Once the experiment is shown, write its report (PNGs of every view, "
-                     "summary.md, summary.json) into folder <dir> and exit. Works headless with "
-                     "QT_QPA_PLATFORM=offscreen."),
-      QStringLiteral("dir"));
-  parser.addOption(screenshot);
-  parser.addOption(report);
-  parser.addOption(tab);
-  parser.addOption(tap);
-  parser.addOption(comparison);
+  const Options options(parser);
+  const QCommandLineOption& screenshot = options.screenshot;
+  const QCommandLineOption& tab = options.tab;
+  const QCommandLineOption& comparison = options.comparison;
+  const QCommandLineOption& tap = options.tap;
+  const QCommandLineOption& report = options.report;
   parser.process(app);
   if (parser.isSet(report)) {
     // Refused before the experiment is read: a report never mixes into a folder with files.
@@ -98,17 +156,41 @@ int main(int argc, char** argv) {
       window.tabs()->setCurrentIndex(parser.value(tab).toInt());
     }
   });
+  const bool run = parser.isSet(options.run);
+  if (run) {
+    // The one-click demo: Run once the first document is shown, as a user would.
+    auto clicked = std::make_shared<bool>(false);
+    QObject::connect(&window, &ui::MainWindow::documentShown, &window, [&window, clicked] {
+      if (!*clicked) {
+        *clicked = true;
+        QTimer::singleShot(300, &window, [&window] { window.runFromPanel(); });
+      }
+    });
+  }
   if (parser.isSet(screenshot)) {
     const QString path = parser.value(screenshot);
     const auto shoot = [&window, path] {
       const bool saved = window.grab().save(path, "PNG");
       QApplication::exit(saved ? 0 : 1);
     };
-    // After the document is shown and the views have redrawn; an error dialog counts too.
-    QObject::connect(&window, &ui::MainWindow::documentShown, &window,
-                     [&window, shoot] { QTimer::singleShot(800, &window, shoot); });
-    QObject::connect(&window, &ui::MainWindow::errorShown, &window,
-                     [&window, shoot] { QTimer::singleShot(300, &window, shoot); });
+    if (run && parser.isSet(options.shoot_after)) {
+      // During the run: a fixed time after Run.
+      const int ms = parser.value(options.shoot_after).toInt();
+      QObject::connect(window.runController(), &ui::RunController::started, &window,
+                       [&window, shoot, ms] { QTimer::singleShot(ms, &window, shoot); });
+    } else if (run) {
+      // After the run: its result shown and redrawn (or its failure).
+      QObject::connect(window.runController(), &ui::RunController::finished, &window,
+                       [&window, shoot] { QTimer::singleShot(800, &window, shoot); });
+      QObject::connect(window.runController(), &ui::RunController::failed, &window,
+                       [&window, shoot] { QTimer::singleShot(300, &window, shoot); });
+    } else {
+      // After the document is shown and the views have redrawn; an error dialog counts too.
+      QObject::connect(&window, &ui::MainWindow::documentShown, &window,
+                       [&window, shoot] { QTimer::singleShot(800, &window, shoot); });
+      QObject::connect(&window, &ui::MainWindow::errorShown, &window,
+                       [&window, shoot] { QTimer::singleShot(300, &window, shoot); });
+    }
   }
   if (parser.isSet(report)) {
     const QString dir = parser.value(report);

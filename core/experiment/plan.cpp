@@ -3,6 +3,9 @@
 
 #include <algorithm>
 
+#include "core/model/config.h"
+#include "core/setup/front_door.h"
+
 namespace batchlens::experiment {
 
 std::vector<PlannedGroup> plan_groups(const ExperimentSpec& spec) {
@@ -59,6 +62,46 @@ std::vector<probe::Tap> planned_taps(const std::vector<std::string>& names) {
     }
   }
   return taps;
+}
+
+StepCount count_steps(const ExperimentSpec& spec, std::int64_t canvas_length,
+                      int max_denoising_steps, std::int64_t max_new_tokens) {
+  StepCount n;
+  n.canvases = canvas_length > 0 ? (max_new_tokens + canvas_length - 1) / canvas_length : 0;
+  n.steps_per_canvas = max_denoising_steps;
+  const std::int64_t per_run = n.canvases * max_denoising_steps;
+  for (const PlannedGroup& g : plan_groups(spec)) {
+    for (const PlannedRun& r : g.runs) {
+      n.engine_steps += per_run;
+      n.row_steps += per_run * r.batch_size;
+    }
+  }
+  return n;
+}
+
+base::Result<StepCount> count_steps(const ExperimentSpec& spec) {
+  return base::guarded([&]() -> StepCount {
+    const model::ModelConfig config =
+        base::take(spec.model.preset.empty()
+                       ? model::load_config_file(spec.model.checkpoint_dir / "config.json")
+                       : model::load_preset(spec.model.preset));
+    const generation::GenerationConfig generation =
+        base::take(setup::generation_config_for(spec.model, spec.overrides));
+    return count_steps(spec, config.canvas_length, generation.sampler.max_denoising_steps,
+                       generation.max_new_tokens);
+  });
+}
+
+StepCount steps_taken(const ExperimentResult& result) {
+  StepCount n;
+  for (const RunResult& r : result.runs) {
+    for (const int s : r.steps) {
+      n.engine_steps += s;
+      n.row_steps += s * r.batch_size;
+    }
+    n.canvases = std::max<std::int64_t>(n.canvases, static_cast<std::int64_t>(r.steps.size()));
+  }
+  return n;
 }
 
 }  // namespace batchlens::experiment

@@ -51,6 +51,25 @@ std::vector<PlannedComparison> plan_comparisons(const PlannedGroup& group, RunMo
 /// prompt and new-token counts are left to the front door.
 model::Workload workload_of(const ExperimentSpec& spec);
 
+/// How much work a spec is before it runs, for estimates: the decoder steps of every engine
+/// (each canvas's denoising steps at most; a canvas that settles early takes fewer) and the
+/// batch rows they cover. Groups, repeats and batch sizes as plan_groups; `canvas_length`,
+/// `max_denoising_steps` and `max_new_tokens` as the model and its generation config give them.
+struct StepCount {
+  std::int64_t engine_steps = 0;  ///< decoder passes, all engines
+  std::int64_t row_steps = 0;     ///< the same weighted by each engine's batch size
+  std::int64_t canvases = 0;      ///< per run
+  int steps_per_canvas = 0;       ///< at most
+};
+StepCount count_steps(const ExperimentSpec& spec, std::int64_t canvas_length,
+                      int max_denoising_steps, std::int64_t max_new_tokens);
+/// count_steps for a spec's model and overrides: the preset's (or checkpoint's config.json)
+/// canvas length, the generation config with the spec's overrides. Reads no weights.
+/// Errors: those of reading the config or generation config. Never throws.
+base::Result<StepCount> count_steps(const ExperimentSpec& spec);
+/// The steps the runs of a finished experiment took (RunResult::steps), weighted as StepCount.
+StepCount steps_taken(const ExperimentResult& result);
+
 /// The tapped taps in the order of the T axis: every tap for an empty list, none for {"none"}.
 /// The names must be valid (validate()).
 std::vector<probe::Tap> planned_taps(const std::vector<std::string>& names);

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/experiment/runner.h"
 
+#include <algorithm>
 #include <chrono>
 #include <memory>
 
@@ -145,52 +146,162 @@ void run_group(Context& ctx, const PlannedGroup& group, ExperimentResult& out) {
   out.timings.results_s += since(results_start);
 }
 
+// An experiment prepared against a session: its inputs, the model's layout and the result's
+// header (spec, configs, prompt, taps, shape), before any group runs.
+struct Prepared {
+  setup::Inputs inputs;
+  Layout layout;
+  ExperimentResult header;
+};
+
+// Validates `spec` for `session` and prepares its prompt and overrides there. `prompt_ids`, when
+// not empty, are the ids to run instead of the spec's prompt (a shown experiment's, as it ran).
+Prepared prepare_experiment(const setup::Session& session, const ExperimentSpec& spec,
+                            const std::vector<std::int64_t>& prompt_ids = {}) {
+  if (auto v = validate(spec); !v.ok()) {
+    throw base::ErrorException(v.error());
+  }
+  check_same_model(session, spec);
+  Prepared p;
+  p.inputs = take(session.prepare(
+      {spec.prompt, spec.chat_template, prompt_ids.empty() ? spec.prompt_ids : prompt_ids},
+      spec.overrides));
+  ExperimentResult& out = p.header;
+  out.spec = spec;
+  out.generation_config_json = generation::to_json(p.inputs.generation);
+  out.prompt_ids = p.inputs.prompt_ids;
+  out.prompt_text = p.inputs.prompt_text;
+  out.config_json = session.config_json;
+  const model::ModelConfig& config = session.model->config();
+  Layout& lay = p.layout;
+  lay.layers = static_cast<int>(config.text.num_hidden_layers);
+  lay.c = config.canvas_length;
+  lay.k = config.text.top_k_experts;
+  lay.taps = planned_taps(spec.taps);
+  for (const probe::Tap t : lay.taps) {
+    out.taps.emplace_back(probe::tap_name(t));
+  }
+  out.layers = lay.layers;
+  out.canvas_length = lay.c;
+  out.top_k = lay.k;
+  return p;
+}
+
+// Runs `groups` of `spec` one after the other, appending their runs and comparisons to `out`.
+void run_groups(const setup::Session& session, const ExperimentSpec& spec, const Prepared& p,
+                const std::vector<PlannedGroup>& groups, const RunControl& control,
+                ExperimentResult& out) {
+  const at::Tensor prompt =
+      at::tensor(p.header.prompt_ids, at::TensorOptions().dtype(at::kLong)).view({1, -1});
+  const std::int64_t canvases = (p.inputs.generation.max_new_tokens + p.layout.c - 1) / p.layout.c;
+  Context ctx{spec,
+              session,
+              p.inputs,
+              p.layout,
+              prompt,
+              control,
+              base::ProgressClock(static_cast<std::int64_t>(groups.size()) * canvases *
+                                  p.inputs.generation.sampler.max_denoising_steps)};
+  for (const PlannedGroup& group : groups) {
+    run_group(ctx, group, out);
+  }
+}
+
+// JSON texts equal as documents (key order and spacing aside); false when either is malformed.
+bool same_json(const std::string& a, const std::string& b) {
+  if (a == b) {
+    return true;
+  }
+  const auto x = nlohmann::json::parse(a, nullptr, false);
+  const auto y = nlohmann::json::parse(b, nullptr, false);
+  return !x.is_discarded() && !y.is_discarded() && x == y;
+}
+
+// Refuses to extend `shown` with runs whose arrays or inputs would not match its own: another
+// model config, generation config, prompt, tap list or shape here.
+void check_extends(const ExperimentResult& shown, const ExperimentResult& here) {
+  const auto refuse = [](const std::string& what) {
+    base::raise(ErrorCode::InvalidArgument,
+                "the shown experiment cannot be extended here: its " + what +
+                    " differs from what this model gives; run the whole experiment again");
+  };
+  if (!same_json(shown.config_json, here.config_json)) {
+    refuse("model config");
+  }
+  if (!same_json(shown.generation_config_json, here.generation_config_json)) {
+    refuse("generation config");
+  }
+  if (shown.prompt_ids != here.prompt_ids) {
+    refuse("prompt");
+  }
+  if (shown.taps != here.taps || shown.layers != here.layers ||
+      shown.canvas_length != here.canvas_length || shown.top_k != here.top_k) {
+    refuse("tap list or model shape");
+  }
+}
+
+bool in_workaround_group(const RunResult& run) {
+  return run.group == "workaround";
+}
+
+bool of_workaround_group(const ComparisonResult& c) {
+  return c.id.rfind("wa.", 0) == 0;
+}
+
+// Validates `spec` and opens a session for it (the memory check sized for its runs), with
+// `prompt_ids` as the prompt when not empty.
+setup::Session open_for(const ExperimentSpec& spec, const std::vector<std::int64_t>& prompt_ids,
+                        const RunControl& control) {
+  if (auto v = validate(spec); !v.ok()) {
+    throw base::ErrorException(v.error());
+  }
+  model::LoadOptions load = spec.load;
+  load.progress = control.load_progress;
+  load.cancel = control.cancel;
+  load.workload = workload_of(spec);
+  return take(setup::open_session(spec.model, load, {spec.prompt, spec.chat_template, prompt_ids},
+                                  spec.overrides));
+}
+
 }  // namespace
 
 base::Result<ExperimentResult> run_experiment(const setup::Session& session,
                                               const ExperimentSpec& spec,
                                               const RunControl& control) {
   return base::guarded([&]() -> ExperimentResult {
-    if (auto v = validate(spec); !v.ok()) {
-      throw base::ErrorException(v.error());
-    }
-    check_same_model(session, spec);
-    const setup::Inputs in =
-        take(session.prepare({spec.prompt, spec.chat_template, spec.prompt_ids}, spec.overrides));
-    ExperimentResult out;
-    out.spec = spec;
-    out.generation_config_json = generation::to_json(in.generation);
-    out.prompt_ids = in.prompt_ids;
-    out.prompt_text = in.prompt_text;
-    out.config_json = session.config_json;
-    const model::ModelConfig& config = session.model->config();
-    Layout lay;
-    lay.layers = static_cast<int>(config.text.num_hidden_layers);
-    lay.c = config.canvas_length;
-    lay.k = config.text.top_k_experts;
-    lay.taps = planned_taps(spec.taps);
-    for (const probe::Tap t : lay.taps) {
-      out.taps.emplace_back(probe::tap_name(t));
-    }
-    out.layers = lay.layers;
-    out.canvas_length = lay.c;
-    out.top_k = lay.k;
-    const std::vector<PlannedGroup> groups = plan_groups(spec);
-    const at::Tensor prompt =
-        at::tensor(out.prompt_ids, at::TensorOptions().dtype(at::kLong)).view({1, -1});
-    const std::int64_t canvases = (in.generation.max_new_tokens + lay.c - 1) / lay.c;
-    Context ctx{spec,
-                session,
-                in,
-                lay,
-                prompt,
-                control,
-                base::ProgressClock(static_cast<std::int64_t>(groups.size()) * canvases *
-                                    in.generation.sampler.max_denoising_steps)};
-    for (const PlannedGroup& group : groups) {
-      run_group(ctx, group, out);
-    }
+    const Prepared p = prepare_experiment(session, spec);
+    ExperimentResult out = p.header;
+    run_groups(session, spec, p, plan_groups(spec), control, out);
     out.provenance = provenance_now(session.load, out.provenance.emulated);
+    return out;
+  });
+}
+
+base::Result<ExperimentResult> run_workaround_group(const setup::Session& session,
+                                                    const ExperimentResult& shown,
+                                                    const ops::OpPolicy& workaround,
+                                                    const RunControl& control) {
+  return base::guarded([&]() -> ExperimentResult {
+    ExperimentSpec spec = shown.spec;
+    spec.workaround = workaround;
+    const Prepared p = prepare_experiment(session, spec, shown.prompt_ids);
+    check_extends(shown, p.header);
+    std::vector<PlannedGroup> groups = plan_groups(spec);
+    groups.erase(std::remove_if(groups.begin(), groups.end(),
+                                [](const PlannedGroup& g) { return g.name != "workaround"; }),
+                 groups.end());
+    ExperimentResult out = shown;
+    out.spec = spec;
+    out.timings = {};
+    out.runs.erase(std::remove_if(out.runs.begin(), out.runs.end(), in_workaround_group),
+                   out.runs.end());
+    out.comparisons.erase(
+        std::remove_if(out.comparisons.begin(), out.comparisons.end(), of_workaround_group),
+        out.comparisons.end());
+    run_groups(session, spec, p, groups, control, out);
+    // The shown experiment's provenance stays; the emulation flag covers every run now held.
+    out.provenance.emulated = std::any_of(out.runs.begin(), out.runs.end(),
+                                          [](const RunResult& r) { return r.emulated; });
     return out;
   });
 }
@@ -198,16 +309,22 @@ base::Result<ExperimentResult> run_experiment(const setup::Session& session,
 base::Result<ExperimentResult> run_experiment(const ExperimentSpec& spec,
                                               const RunControl& control) {
   return base::guarded([&]() -> ExperimentResult {
-    if (auto v = validate(spec); !v.ok()) {
-      throw base::ErrorException(v.error());
-    }
-    model::LoadOptions load = spec.load;
-    load.progress = control.load_progress;
-    load.cancel = control.cancel;
-    load.workload = workload_of(spec);
-    const setup::Session session = take(setup::open_session(
-        spec.model, load, {spec.prompt, spec.chat_template, spec.prompt_ids}, spec.overrides));
+    const setup::Session session = open_for(spec, spec.prompt_ids, control);
     ExperimentResult out = take(run_experiment(session, spec, control));
+    out.timings.load_s = session.load_s;
+    return out;
+  });
+}
+
+base::Result<ExperimentResult> run_workaround_group(const ExperimentResult& shown,
+                                                    const ops::OpPolicy& workaround,
+                                                    const RunControl& control) {
+  return base::guarded([&]() -> ExperimentResult {
+    ExperimentSpec spec = shown.spec;
+    spec.workaround = workaround;
+    const setup::Session session =
+        open_for(spec, shown.prompt_ids.empty() ? spec.prompt_ids : shown.prompt_ids, control);
+    ExperimentResult out = take(run_workaround_group(session, shown, workaround, control));
     out.timings.load_s = session.load_s;
     return out;
   });

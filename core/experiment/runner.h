@@ -9,6 +9,7 @@
 #include "core/base/error.h"
 #include "core/base/progress.h"
 #include "core/experiment/experiment.h"
+#include "core/ops/policy.h"
 #include "core/setup/front_door.h"
 
 namespace batchlens::experiment {
@@ -30,6 +31,26 @@ struct RunControl {
 base::Result<ExperimentResult> run_experiment(const setup::Session& session,
                                               const ExperimentSpec& spec,
                                               const RunControl& control = {});
+
+/// Runs only the workaround group of `shown` (an experiment run without it, or with another
+/// workaround) and returns `shown` with it: its spec's workaround set to `workaround`, its old
+/// "workaround" runs and "wa." comparisons replaced by those of `workaround`, run with the shown
+/// experiment's own settings (spec, prompt ids as it ran) on `session`. A group's ticks and
+/// arrays are its own, so the result equals running the whole spec with the workaround at once
+/// (bar timings and wall times). The shown provenance stays (the emulation flag covers every
+/// run); timings are this run's. Errors: InvalidArgument when `shown` names another model,
+/// device, dtype or experts than the session's, or its model config, generation config, prompt,
+/// taps or shape differ from what the session gives; those of run_experiment. Never throws.
+base::Result<ExperimentResult> run_workaround_group(const setup::Session& session,
+                                                    const ExperimentResult& shown,
+                                                    const ops::OpPolicy& workaround,
+                                                    const RunControl& control = {});
+
+/// Opens a session for `shown`'s spec (as run_experiment(spec) does) and runs its workaround
+/// group there. Errors: those of open_session and of the overload above.
+base::Result<ExperimentResult> run_workaround_group(const ExperimentResult& shown,
+                                                    const ops::OpPolicy& workaround,
+                                                    const RunControl& control = {});
 
 /// Opens a session for `spec` (setup::open_session, the memory check sized for the spec's
 /// runs) and runs it there. Errors: those of open_session and of the overload above.

@@ -98,5 +98,19 @@ TEST(Gui, HelpNamesTheProgram) {
   EXPECT_NE(r.out.find("batch size"), std::string::npos) << r.out;
 }
 
+// --help and --version print and exit on a machine without any display: no platform plugin,
+// no DISPLAY (a GPU server, an ssh session), where a QApplication would abort.
+TEST(Gui, HelpAndVersionNeedNoDisplay) {
+  for (const char* option : {"--help", "--version"}) {
+    const auto r = testing::run_process({"/usr/bin/env", "-u", "QT_QPA_PLATFORM", "-u", "DISPLAY",
+                                         "-u", "WAYLAND_DISPLAY", BL_GUI_PATH, option});
+    ASSERT_EQ(r.exit_code, 0) << option << ": " << r.err;
+    EXPECT_NE(r.out.find(option == std::string("--help") ? "--screenshot" : "BatchLens"),
+              std::string::npos)
+        << option << ": " << r.out;
+    EXPECT_EQ(r.err.find("could not connect to display"), std::string::npos) << r.err;
+  }
+}
+
 }  // namespace
 }  // namespace batchlens

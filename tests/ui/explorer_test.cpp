@@ -668,7 +668,7 @@ TEST_F(ExplorerTest, RunPanelBuildsTheSpecAndRefusesBadInput) {
   // One click from the demo preset on this machine, with the emulation labelled as policy.
   EXPECT_EQ(spec.value().model.preset, "demo");
   EXPECT_EQ(spec.value().load.device, "cpu");
-  EXPECT_EQ(spec.value().policy, ops::OpPolicy::emulated_split_k());
+  EXPECT_EQ(spec.value().policy, ops::OpPolicy::emulation_profile("emulated_h200"));
   EXPECT_FALSE(spec.value().workaround.has_value());
   panel->setWorkaroundEnabled(true);
   EXPECT_EQ(panel->spec().value().workaround, ops::OpPolicy::issue_workaround());
