@@ -250,13 +250,19 @@ void FileController::open(const QString& path, const QString& origin) {
       });
 }
 
-void FileController::openEmbeddedSample() {
+QList<QPair<QString, QString>> FileController::embeddedSamples() {
+  return {{embeddedSamplePath(), QObject::tr("mid, H200, free mode (the default)")},
+          {QStringLiteral(":/samples/26ba4b-h200-lockstep.h5"),
+           QObject::tr("26B-A4B architecture, H200, lockstep")}};
+}
+
+void FileController::openEmbeddedSample(const QString& resource_path) {
   ++busy_;
   runInBackground(
       threads_, this,
-      []() -> base::Result<ExperimentDocument> {
+      [resource_path]() -> base::Result<ExperimentDocument> {
         // HDF5 reads files, not memory: copy the resource to a private temporary file.
-        QFile resource(embeddedSamplePath());
+        QFile resource(resource_path);
         if (!resource.open(QIODevice::ReadOnly)) {
           return base::Error{base::ErrorCode::FileNotFound,
                              "the embedded sample is missing from this build"};
@@ -280,7 +286,7 @@ void FileController::openEmbeddedSample() {
         }
         return makeDocument(
             std::move(result).value(), QString(),
-            QObject::tr("embedded sample (%1)").arg(QFileInfo(embeddedSamplePath()).fileName()));
+            QObject::tr("embedded sample (%1)").arg(QFileInfo(resource_path).fileName()));
       },
       [this](const base::Result<ExperimentDocument>& outcome) {
         --busy_;

@@ -111,15 +111,18 @@ class FileController : public QObject {
   /// Reads `path` (and the experiment's tokenizer) in the background; `opened` or
   /// `openFailed` follows. `origin` labels the document (default: the file name).
   void open(const QString& path, const QString& origin = {});
-  /// Reads the sample bundled in the binary (":/samples/..."), copied to a temporary file first.
-  void openEmbeddedSample();
+  /// Reads a sample bundled in the binary (":/samples/...", default the `mid` free one), copied
+  /// to a temporary file first.
+  void openEmbeddedSample(const QString& resource = embeddedSamplePath());
   /// Writes `document` to `path` in the background (temporary file + rename); `saved` or
   /// `saveFailed` follows.
   void save(const QString& path, std::shared_ptr<const experiment::ExperimentResult> result);
   /// Jobs still running.
   int busy() const { return busy_; }
-  /// The resource path of the embedded sample.
+  /// The resource path of the default embedded sample.
   static QString embeddedSamplePath();
+  /// Every embedded sample: (resource path, menu label), the default first.
+  static QList<QPair<QString, QString>> embeddedSamples();
 
  Q_SIGNALS:
   void opened(const batchlens::ui::ExperimentDocument& document);

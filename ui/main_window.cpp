@@ -253,7 +253,10 @@ void MainWindow::buildMenus() {
   QMenu* file = menuBar()->addMenu(tr("&File"));
   QAction* open = file->addAction(tr("&Open…"), this, &MainWindow::chooseOpen);
   open->setShortcut(QKeySequence::Open);
-  file->addAction(tr("Open &embedded sample"), this, &MainWindow::openEmbeddedSample);
+  QMenu* samples = file->addMenu(tr("Open &embedded sample"));
+  for (const auto& [resource, label] : FileController::embeddedSamples()) {
+    samples->addAction(label, this, [this, path = resource] { openEmbeddedSample(path); });
+  }
   recent_menu_ = file->addMenu(tr("Open &recent"));
   rebuildRecentMenu();
   file->addSeparator();
@@ -366,13 +369,17 @@ void MainWindow::connectControllers() {
 }
 
 void MainWindow::openFile(const QString& path) {
+  if (path.startsWith(QStringLiteral(":/samples/"))) {
+    openEmbeddedSample(path);
+    return;
+  }
   document_label_->setText(tr("Opening %1…").arg(path));
   files_->open(path);
 }
 
-void MainWindow::openEmbeddedSample() {
+void MainWindow::openEmbeddedSample(const QString& resource) {
   document_label_->setText(tr("Opening the embedded sample…"));
-  files_->openEmbeddedSample();
+  files_->openEmbeddedSample(resource.isEmpty() ? FileController::embeddedSamplePath() : resource);
 }
 
 void MainWindow::saveTo(const QString& path) {

@@ -51,7 +51,8 @@ class MainWindow : public QMainWindow {
   /// Opens an experiment file in the background; the views follow when it is read.
   void openFile(const QString& path);
   /// Opens the sample experiment bundled in the binary.
-  void openEmbeddedSample();
+  /// Opens a sample bundled in the binary (FileController::embeddedSamples), default `mid`.
+  void openEmbeddedSample(const QString& resource = QString());
   /// Saves the shown experiment to `path` in the background. When that fails, the experiment
   /// stays open (and unsaved, for a run) and a dialog gives the reason and offers Save As.
   void saveTo(const QString& path);

@@ -17,6 +17,7 @@
 #include "core/base/atomic_file.h"
 #include "core/base/input.h"
 #include "core/base/version.h"
+#include "core/experiment/command_line.h"
 #include "core/experiment/story.h"
 #include "ui/heatmap_plot.h"
 #include "ui/report_render.h"
@@ -365,7 +366,7 @@ QString reportMarkdown(const ExplorerState& state, const QStringList& images) {
     md += QStringLiteral("- %1\n").arg(caveat);
   }
   md += QStringLiteral("\n## Reproduce\n\n```sh\n%1\nbatchlens-cli summary experiment.h5\n```\n\n")
-            .arg(q(experiment::run_command(r->spec, "experiment.h5")));
+            .arg(q(experiment::cli_run_command(r->spec, {}, "experiment.h5")));
   if (!images.isEmpty()) {
     md += QStringLiteral("## Views\n\n");
     for (const QString& image : images) {
@@ -478,7 +479,7 @@ base::Result<QStringList> exportReport(const QString& dir, const ExplorerState& 
                              {"dtype", r->provenance.dtype},
                              {"blas", r->provenance.blas}};
     summary["spec"] = experiment::to_json(r->spec);
-    summary["reproduce"] = experiment::run_command(r->spec, "experiment.h5");
+    summary["reproduce"] = experiment::cli_run_command(r->spec, {}, "experiment.h5");
     if (const auto* c = state.comparison(Side::Before)) {
       const auto* ref = r->run(c->reference);
       const auto* run = r->run(c->run);

@@ -79,6 +79,20 @@ std::string cli_run_command(const ExperimentSpec& spec, const std::vector<std::i
     arg("--taps", joined(spec.taps));
   }
   arg("--out", out);
+  // What the command line cannot say is named, so a reader knows the command is not the whole
+  // story: generation overrides without an option, switches set in the environment.
+  std::string also;
+  const generation::GenerationOverrides& ov = spec.overrides;
+  if (ov.t_min || ov.t_max || ov.entropy_bound || ov.stability_threshold ||
+      ov.confidence_threshold) {
+    also = "generation overrides without an option (see the file's spec JSON)";
+  }
+  if (const std::string switches = spec.load.switches.describe(); !switches.empty()) {
+    also += (also.empty() ? "" : "; ") + std::string("set in the environment: ") + switches;
+  }
+  if (!also.empty()) {
+    cmd += "  # also " + also;
+  }
   return cmd;
 }
 

@@ -2,12 +2,9 @@
 #include "core/experiment/story.h"
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <limits>
-#include <string_view>
-#include <type_traits>
 
 namespace batchlens::experiment {
 
@@ -385,96 +382,6 @@ Growth growth(const ExperimentResult& r, const ComparisonResult& c) {
     g.elements.push_back(most);
   }
   return g;
-}
-
-namespace {
-
-// 'text' for a POSIX shell; plain words stay bare.
-std::string shell_quote(const std::string& text) {
-  const bool plain = !text.empty() && std::all_of(text.begin(), text.end(), [](char ch) {
-    return std::isalnum(static_cast<unsigned char>(ch)) != 0 ||
-           std::string_view("-_.,/:+=@").find(ch) != std::string_view::npos;
-  });
-  if (plain) {
-    return text;
-  }
-  std::string out = "'";
-  for (char ch : text) {
-    out += ch == '\'' ? std::string("'\\''") : std::string(1, ch);
-  }
-  return out + "'";
-}
-
-template <class T>
-std::string joined(const std::vector<T>& values, const char* sep) {
-  std::string s;
-  for (const T& v : values) {
-    if constexpr (std::is_same_v<T, std::string>) {
-      s += (s.empty() ? "" : sep) + v;
-    } else {
-      s += (s.empty() ? "" : sep) + std::to_string(v);
-    }
-  }
-  return s;
-}
-
-}  // namespace
-
-std::string run_command(const ExperimentSpec& spec, const std::string& out_file) {
-  std::string c = "batchlens-cli run";
-  const auto opt = [&c](const char* name, const std::string& value) {
-    c += std::string(" ") + name + " " + shell_quote(value);
-  };
-  if (!spec.model.checkpoint_dir.empty()) {
-    opt("--checkpoint", spec.model.checkpoint_dir.string());
-  } else {
-    opt("--preset", spec.model.preset);
-    opt("--seed", std::to_string(spec.model.seed));
-  }
-  opt("--device", spec.load.device);
-  opt("--dtype", spec.load.dtype);
-  opt("--experts", spec.load.experts);
-  if (!spec.prompt_ids.empty()) {
-    opt("--prompt-ids", joined(spec.prompt_ids, ","));
-  } else {
-    opt("--prompt", spec.prompt);
-    if (!spec.chat_template) {
-      c += " --raw";
-    }
-  }
-  opt("--batch-sizes", joined(spec.batch_sizes, ","));
-  opt("--repeats", std::to_string(spec.repeats));
-  opt("--gen-seed", std::to_string(spec.seed));
-  const generation::GenerationOverrides& ov = spec.overrides;
-  if (ov.max_denoising_steps) {
-    opt("--steps", std::to_string(*ov.max_denoising_steps));
-  }
-  if (ov.max_new_tokens) {
-    opt("--max-new-tokens", std::to_string(*ov.max_new_tokens));
-  }
-  opt("--rng", generation::name(spec.rng));
-  opt("--prefill", generation::name(spec.prefill));
-  opt("--mode", name(spec.mode));
-  opt("--policy", ops::policy_text(spec.policy));
-  if (spec.workaround) {
-    opt("--workaround", ops::policy_text(*spec.workaround));
-  }
-  if (!spec.taps.empty()) {
-    opt("--taps", joined(spec.taps, ","));
-  }
-  opt("--out", out_file);
-  std::vector<std::string> missing;
-  if (ov.t_min || ov.t_max || ov.entropy_bound || ov.stability_threshold ||
-      ov.confidence_threshold) {
-    missing.emplace_back("generation overrides without an option (see the file's spec JSON)");
-  }
-  if (const std::string switches = spec.load.switches.describe(); !switches.empty()) {
-    missing.push_back("set in the environment: " + switches);
-  }
-  if (!missing.empty()) {
-    c += "  # also " + joined(missing, "; ");
-  }
-  return c;
 }
 
 std::string headline_comparison(const ExperimentResult& r) {

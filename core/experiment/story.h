@@ -61,12 +61,6 @@ struct Growth {
 };
 Growth growth(const ExperimentResult& result, const ComparisonResult& comparison);
 
-/// The exact `batchlens-cli run` command that runs `spec` again into `out_file`, quoted for a
-/// POSIX shell (one line). Generation overrides the command line has no option for (t_min,
-/// t_max, entropy bound, thresholds) and switches set in the environment are appended as a
-/// shell comment naming them.
-std::string run_command(const ExperimentSpec& spec, const std::string& out_file);
-
 /// The comparison a reader should see first: the first main row-0 comparison against the
 /// reference that diverges, else the first comparison; empty without comparisons.
 std::string headline_comparison(const ExperimentResult& result);

@@ -7,6 +7,7 @@
 #include <torch/version.h>
 
 #include "core/base/version.h"
+#include "core/experiment/command_line.h"
 #include "core/experiment/story.h"
 #include "core/io/experiment_file.h"
 #include "tests/support/process.h"
@@ -69,7 +70,7 @@ TEST(Cli, ReproduceCommandOfASpecRunsThatSpec) {
   spec.workaround = ops::OpPolicy::issue_workaround();
   spec.taps = {"router.scores", "logits"};
   const std::string out = ::testing::TempDir() + "/bl_repro_" + std::to_string(::getpid()) + ".h5";
-  std::string command = experiment::run_command(spec, out);
+  std::string command = experiment::cli_run_command(spec, {}, out);
   ASSERT_EQ(command.rfind("batchlens-cli run ", 0), 0U) << command;
   command.replace(0, std::string("batchlens-cli").size(), BL_CLI_PATH);
   const auto r = run_process({"/bin/sh", "-c", command});

@@ -36,6 +36,7 @@
 #include <gtest/gtest.h>
 
 #include "core/experiment/runner.h"
+#include "core/experiment/command_line.h"
 #include "core/experiment/story.h"
 #include "core/io/experiment_file.h"
 #include "ui/controllers.h"
@@ -540,7 +541,7 @@ TEST_F(ExplorerTest, ExportWritesPngsOfTheRightSizeAndASummaryOfTheFile) {
   EXPECT_TRUE(md.contains(QStringLiteral("Random weights")));
   EXPECT_TRUE(md.contains(QStringLiteral("One prompt and one sampling seed")));
   EXPECT_TRUE(
-      md.contains(QString::fromStdString(experiment::run_command(file.spec, "experiment.h5"))));
+      md.contains(QString::fromStdString(experiment::cli_run_command(file.spec, {}, "experiment.h5"))));
   EXPECT_TRUE(md.contains(QStringLiteral("![Growth, onset and changed tokens](figure.png)")));
   EXPECT_FALSE(md.contains(QStringLiteral("layer slot")));
   // The changed-token table is the file's token diff of the selected comparison.
@@ -659,6 +660,35 @@ TEST_F(ExplorerTest, EmbeddedSampleOpensWithGpuProvenance) {
   EXPECT_TRUE(details.contains(QString::fromStdString(r->provenance.device_name)));
   EXPECT_TRUE(details.contains(QStringLiteral("Recorded on a GPU")));
   EXPECT_TRUE(window_->windowTitle().contains(QStringLiteral("embedded sample")));
+}
+
+// issue #16: the 26B-A4B lockstep sample from the H200 is bundled beside the mid one; its
+// headline tells the GPU's story (selfcond matmul at step 2, no token changed in lockstep,
+// the workaround identical).
+TEST_F(ExplorerTest, EmbeddedLockstepSampleOf26bTellsItsStory) {
+  const auto samples = FileController::embeddedSamples();
+  ASSERT_EQ(samples.size(), 2);
+  QSignalSpy shown(window_.get(), &MainWindow::documentShown);
+  window_->openFile(samples[1].first);
+  ASSERT_TRUE(shown.wait(kWaitMs)) << window_->lastError().toStdString();
+  flushViews();
+  const auto* r = window_->state()->result();
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->spec.model.preset, "26b-a4b");
+  EXPECT_EQ(r->spec.mode, experiment::RunMode::Lockstep);
+  EXPECT_EQ(r->layers, 30);
+  EXPECT_EQ(r->provenance.device.rfind("cuda", 0), 0U);
+  const QString headline = window_->overview()->headline()->text();
+  EXPECT_TRUE(headline.contains(
+      QStringLiteral("first differs at canvas 1 · step 2 in the self-conditioning matmul")))
+      << headline.toStdString();
+  EXPECT_TRUE(headline.contains(QStringLiteral("the text stays identical")));
+  EXPECT_TRUE(headline.contains(QStringLiteral("bitwise identical"))) << headline.toStdString();
+  // The Layer × Step view opens on the onset: its tap and cell.
+  const auto* c = window_->state()->comparison();
+  ASSERT_NE(c, nullptr);
+  EXPECT_EQ(window_->state()->tapNames().value(window_->state()->tap()).toStdString(), c->first.tap);
+  EXPECT_EQ(window_->state()->tick(), c->first.tick);
 }
 
 TEST_F(ExplorerTest, RunPanelBuildsTheSpecAndRefusesBadInput) {

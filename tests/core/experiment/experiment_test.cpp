@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "core/experiment/runner.h"
+#include "core/experiment/command_line.h"
 #include "core/experiment/story.h"
 #include "core/io/experiment_file.h"
 #include "core/model/config.h"
@@ -226,13 +227,13 @@ TEST(Story, DamagedArraysGiveAShorterStoryNotACrash) {
 TEST(Story, RunCommandQuotesForAShell) {
   ExperimentSpec s = demo_spec("emulated_h200+issue_workaround");
   s.prompt = "it's";
-  const std::string c = run_command(s, "out dir/x.h5");
+  const std::string c = cli_run_command(s, {}, "out dir/x.h5");
   EXPECT_NE(c.find("--prompt 'it'\\''s'"), std::string::npos) << c;
   EXPECT_NE(c.find("--out 'out dir/x.h5'"), std::string::npos) << c;
   EXPECT_NE(c.find("--policy emulated_h200+issue_workaround"), std::string::npos) << c;
   EXPECT_NE(c.find("--steps 6 --max-new-tokens 64"), std::string::npos) << c;
   s.overrides.t_min = 0.1;
-  EXPECT_NE(run_command(s, "x.h5").find("  # also generation overrides"), std::string::npos);
+  EXPECT_NE(cli_run_command(s, {}, "x.h5").find("  # also generation overrides"), std::string::npos);
 }
 
 TEST(Experiment, RowWiseEverywhereIsBitwiseIdenticalUnderEmulation) {
