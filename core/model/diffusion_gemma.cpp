@@ -142,9 +142,9 @@ std::vector<ExpertRows> route_on_host(const at::Tensor& index, const at::Tensor&
     out[e].token_idx = at::empty({n}, i64);
     out[e].row_of = at::empty({n}, i64);
     out[e].weight = at::empty({n}, at::TensorOptions().dtype(at::kFloat));
-    std::int64_t* tp = out[e].token_idx.data_ptr<std::int64_t>();
-    std::int64_t* rp = out[e].row_of.data_ptr<std::int64_t>();
-    float* fp = out[e].weight.data_ptr<float>();
+    auto* tp = out[e].token_idx.data_ptr<std::int64_t>();
+    auto* rp = out[e].row_of.data_ptr<std::int64_t>();
+    auto* fp = out[e].weight.data_ptr<float>();
     for (std::int64_t i = 0; i < n; ++i) {
       tp[i] = tok[e][static_cast<std::size_t>(i)];
       rp[i] = tp[i] / per_row;
