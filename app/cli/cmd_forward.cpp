@@ -4,6 +4,7 @@
 
 #include "app/cli/command.h"
 #include "app/cli/model_options.h"
+#include "core/base/system_info.h"
 #include "core/setup/forward_file.h"
 #include "core/setup/front_door.h"
 #include "core/setup/random_model.h"
@@ -75,7 +76,8 @@ void register_forward(CLI::App& app, int& exit_code) {
               << mo.load.dtype << ", experts " << mo.load.experts << ")\n"
               << "  batch " << s.batch << ", prompt " << s.prompt_length << ", canvas "
               << s.canvas_length << ", self-conditioning " << (s.self_conditioning ? "yes" : "no")
-              << "\n  encode " << s.encode_ms << " ms, decode " << s.decode_ms << " ms";
+              << "\n  CPU ISA: " << base::describe(base::query_cpu_isa()) << "\n  encode "
+              << s.encode_ms << " ms, decode " << s.decode_ms << " ms";
     if (opts->request.repeat > 0) {
       std::cout << ", decode x" << opts->request.repeat << ": median " << s.decode_median_ms
                 << " ms, min " << s.decode_min_ms << " ms";

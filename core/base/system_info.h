@@ -19,12 +19,36 @@ struct GpuInfo {
   int multiprocessors = 0;        ///< SM count
 };
 
+/// The CPU's instruction sets and what LibTorch's CPU kernels make of them: the kernels (and so
+/// the bits of a CPU result, and its speed) depend on them. x86-64 only; empty strings elsewhere.
+struct CpuIsa {
+  /// The extensions that matter to LibTorch's kernels that the CPU reports (/proc/cpuinfo
+  /// flags, the cpuid bits), in a fixed order: e.g. "avx2 fma avx512f avx512bw avx512vl
+  /// avx512dq avx512_vnni avx512_bf16"; AMX as "amx_tile amx_bf16 amx_int8".
+  std::string flags;
+  /// ATen's CPU kernel set in use, "AVX512", "AVX2" or "DEFAULT": ATEN_CPU_CAPABILITY when set to
+  /// a level the CPU supports, else the best the CPU supports (ATen 1.13's rule; LibTorch does
+  /// not export its own answer).
+  std::string aten_capability;
+  /// The ISA oneDNN's kernels use (dnnl_get_effective_cpu_isa, honours ONEDNN_MAX_CPU_ISA), e.g.
+  /// "avx512_core_bf16", "avx2"; "" when this LibTorch's oneDNN cannot be asked.
+  std::string onednn_isa;
+  /// Who computes bf16 matmuls: "oneDNN" (LibTorch's oneDNN path on, CPU with AVX-512 BW/VL/DQ;
+  /// products of at most 16^3 multiply-adds still take ATen's) or "ATen" (ATen's own kernel).
+  std::string bf16_matmul;
+  /// The ISA limits set in the environment, e.g. "ATEN_CPU_CAPABILITY=avx2
+  /// ONEDNN_MAX_CPU_ISA=AVX2";
+  /// "" when none is set.
+  std::string caps;
+};
+
 /// The machine BatchLens runs on: what `batchlens-cli --version`, the About box and the
 /// provenance of experiment files report.
 struct SystemInfo {
   std::string host;              ///< host name
   std::string os;                ///< e.g. "Linux 6.1.0 x86_64"
   std::string cpu_model;         ///< from /proc/cpuinfo, or "unknown"
+  CpuIsa cpu_isa;                ///< its instruction sets and LibTorch's use of them
   int hardware_threads = 0;      ///< logical CPUs the OS reports
   int torch_threads = 0;         ///< LibTorch intra-op threads in use
   std::string libtorch_version;  ///< LibTorch linked at build time
@@ -47,6 +71,13 @@ Result<SystemInfo> query_system_info();
 /// with 1 on some VMs (docs/build.md), so both apps call this at start. Call before any work
 /// runs; not thread-safe with running LibTorch work.
 void configure_threads(int threads);
+
+/// The CPU's instruction sets now (cheap; reads /proc/cpuinfo and the environment). Never throws.
+CpuIsa query_cpu_isa();
+
+/// One line, e.g. "avx2 fma avx512f ... avx512_bf16; ATen AVX2, oneDNN avx2, bf16 matmul ATen
+/// (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2)".
+std::string describe(const CpuIsa& isa);
 
 /// Formats SystemInfo as the multi-line text `batchlens-cli --version` prints after the
 /// version line, e.g. "LibTorch 1.13.0\nCPU: ... (2 threads)\nCUDA: not available".

@@ -483,6 +483,9 @@ nlohmann::json summary_json(const ExperimentResult& r) {
   nlohmann::json out = nlohmann::json::object();
   out["model"] = r.spec.model.describe();
   schema::visit_fields(r.provenance, SummaryFields(out));  // device, device_name, libtorch, ...
+  if (!r.provenance.cpu.aten_capability.empty() || !r.provenance.cpu.flags.empty()) {
+    schema::visit_fields(r.provenance.cpu, SummaryFields(out));  // schema 1.3: cpu_flags, ...
+  }
   out["mode"] = name(r.spec.mode);
   out["rng"] = generation::name(r.spec.rng);
   out["prefill"] = generation::name(r.spec.prefill);
@@ -505,6 +508,9 @@ std::string summary_text(const ExperimentResult& r) {
   o << "BatchLens experiment: " << r.spec.model.describe() << " on " << r.provenance.device << " ("
     << r.provenance.device_name << "), LibTorch " << r.provenance.libtorch << ", "
     << r.provenance.dtype << "\n";
+  if (!r.provenance.cpu.aten_capability.empty() || !r.provenance.cpu.flags.empty()) {
+    o << "CPU ISA: " << base::describe(r.provenance.cpu) << "\n";
+  }
   if (r.provenance.emulated) {
     o << "NOTE: EMULATED split-K kernels (a CPU emulation of GPU batch-shape divergence)\n";
   } else if (r.provenance.device == "cpu" && r.provenance.dtype == "fp32") {

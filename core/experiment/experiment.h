@@ -14,6 +14,7 @@
 #include "core/base/cancel.h"
 #include "core/base/error.h"
 #include "core/base/progress.h"
+#include "core/base/system_info.h"
 #include "core/generation/generation_config.h"
 #include "core/generation/modes.h"
 #include "core/model/loader.h"
@@ -131,6 +132,9 @@ struct Provenance {
   std::string dtype;
   std::int64_t threads = 0;
   bool emulated = false;  ///< some run used the emulated split-K kernel
+  /// The CPU's ISA and LibTorch's use of it (schema 1.3: the group /provenance/cpu; empty in
+  /// files before 1.3).
+  base::CpuIsa cpu;
 };
 
 /// One engine's run: its batch size, policy and row 0's trajectory.

@@ -35,6 +35,7 @@ Provenance provenance_now(const model::LoadOptions& load, bool emulated) {
   p.threads = i.torch_threads;
   p.blas = i.blas + (i.mkldnn ? " + oneDNN" : "");
   p.device_name = i.cpu_model;
+  p.cpu = i.cpu_isa;
   if (load.device.rfind("cuda", 0) == 0 && !i.gpus.empty()) {
     const auto colon = load.device.find(':');
     const std::size_t index =

@@ -137,6 +137,18 @@ void visit_fields(P& p, V&& v) {
   v.attr("emulated", p.emulated, Opt().summary());
 }
 
+/// The CPU's ISA: /provenance/cpu, a group of its own (schema 1.3) so that /provenance keeps the
+/// attribute set, and digest, that readers of 1.2 check.
+template <class C, class V, detail::IfIs<C, base::CpuIsa> = 0>
+void visit_fields(C& c, V&& v) {
+  constexpr Version k13{1, 3};
+  v.attr("flags", c.flags, Opt().since(k13).summary("cpu_flags"));
+  v.attr("aten_capability", c.aten_capability, Opt().since(k13).summary("cpu_aten_capability"));
+  v.attr("onednn_isa", c.onednn_isa, Opt().since(k13).summary("cpu_onednn_isa"));
+  v.attr("bf16_matmul", c.bf16_matmul, Opt().since(k13).summary("cpu_bf16_matmul"));
+  v.attr("caps", c.caps, Opt().since(k13).summary("cpu_isa_caps"));
+}
+
 /// The experiment's own fields: /spec. Its provenance, runs and comparisons have theirs.
 template <class R, class V, detail::IfIs<R, ExperimentResult> = 0>
 void visit_fields(R& r, V&& v) {

@@ -347,6 +347,8 @@ void write_groups(hid_t fid, const ExperimentResult& r, bool serial) {
   root.seal();
   GroupWriter prov = group("provenance");
   write_fields(arrays, prov, r.provenance);
+  GroupWriter cpu = group("provenance/cpu");  // schema 1.3
+  write_fields(arrays, cpu, r.provenance.cpu);
   GroupWriter spec = group("spec");
   write_fields(arrays, spec, r);
   GroupWriter runs = group("runs");
@@ -1169,6 +1171,10 @@ ExperimentResult read_file(const std::string& file, std::uint64_t file_bytes) {
   {
     GroupReader prov = rd.group(root, "provenance");
     FieldReader(rd, prov).attributes(r.provenance);
+    if (rd.at_least({1, 3})) {
+      GroupReader cpu = rd.group(prov, "cpu");
+      FieldReader(rd, cpu).attributes(r.provenance.cpu);
+    }
   }
   {
     GroupReader spec = rd.group(root, "spec");

@@ -8,7 +8,9 @@
 #include <cmath>
 #include <initializer_list>
 #include <mutex>
+#include <optional>
 #include <tuple>
+#include <vector>
 
 #include <ATen/ATen.h>
 
@@ -97,6 +99,60 @@ std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& inv_freq,
 }
 
 namespace {
+
+// The rows one expert computes in the eager loop: token_idx [n] int64 (the tokens routed to
+// it), row_of [n] int64 (their logical batch row) and weight [n] fp32 (their router weight);
+// token_idx undefined when no token picks the expert.
+struct ExpertRows {
+  at::Tensor token_idx;
+  at::Tensor row_of;
+  at::Tensor weight;
+};
+
+// The eager loop's routing read off a CPU index [T, K] int64 and weights [T, K] fp32 in one pass:
+// for expert e, torch.where(one_hot(index)[..., e].T) lists (top_k_pos, token_idx) row-major over
+// [K, T], i.e. slot by slot, tokens ascending within a slot; weight = weights[token_idx,
+// top_k_pos]. The same lists as the reference's one_hot / nonzero / where, without their
+// per-expert ops. ref: DiffusionGemmaTextExperts.forward
+std::vector<ExpertRows> route_on_host(const at::Tensor& index, const at::Tensor& weights,
+                                      std::int64_t experts, std::int64_t per_row) {
+  const at::Tensor idx = index.contiguous();  // [T, K] int64
+  const at::Tensor w = weights.contiguous();  // [T, K] fp32
+  const std::int64_t tokens = idx.size(0);
+  const std::int64_t top_k = idx.size(1);
+  const std::int64_t* ip = idx.data_ptr<std::int64_t>();
+  const float* wp = w.data_ptr<float>();
+  std::vector<std::vector<std::int64_t>> tok(static_cast<std::size_t>(experts));
+  std::vector<std::vector<float>> wt(static_cast<std::size_t>(experts));
+  for (std::int64_t k = 0; k < top_k; ++k) {
+    for (std::int64_t t = 0; t < tokens; ++t) {
+      const std::int64_t e = ip[t * top_k + k];
+      TORCH_CHECK(e >= 0 && e < experts, "expert index ", e, " out of range");
+      tok[static_cast<std::size_t>(e)].push_back(t);
+      wt[static_cast<std::size_t>(e)].push_back(wp[t * top_k + k]);
+    }
+  }
+  std::vector<ExpertRows> out(static_cast<std::size_t>(experts));
+  const auto i64 = at::TensorOptions().dtype(at::kLong);
+  for (std::size_t e = 0; e < out.size(); ++e) {
+    const auto n = static_cast<std::int64_t>(tok[e].size());
+    if (n == 0) {
+      continue;
+    }
+    out[e].token_idx = at::empty({n}, i64);
+    out[e].row_of = at::empty({n}, i64);
+    out[e].weight = at::empty({n}, at::TensorOptions().dtype(at::kFloat));
+    auto* tp = out[e].token_idx.data_ptr<std::int64_t>();
+    auto* rp = out[e].row_of.data_ptr<std::int64_t>();
+    auto* fp = out[e].weight.data_ptr<float>();
+    for (std::int64_t i = 0; i < n; ++i) {
+      tp[i] = tok[e][static_cast<std::size_t>(i)];
+      rp[i] = tp[i] / per_row;
+      fp[i] = wt[e][static_cast<std::size_t>(i)];
+    }
+  }
+  return out;
+}
 
 // State of one forward pass: the op runner for the policy, the taps, the batch.
 class Pass {
@@ -342,30 +398,49 @@ class Pass {
     return {weights, index};
   }
 
-  // ref: DiffusionGemmaTextExperts.forward (the modeling file's eager loop)
+  // ref: DiffusionGemmaTextExperts.forward (the modeling file's eager loop). The routing (which
+  // experts are hit, torch.where over each expert's [K, T] mask) is host bookkeeping: on a CPU
+  // it is read straight off the index (route_on_host), elsewhere it runs as the reference's ops.
+  // Either way every hit expert, in ascending order, runs the same ops on the same rows in the
+  // same order, and adds into final_states in that order.
   at::Tensor experts_eager(const LayerWeights& lw, int layer, const at::Tensor& x,
                            const at::Tensor& index, const at::Tensor& weights) const {
     const std::int64_t experts = t_.num_experts;
     const std::int64_t per_row = x.size(0) / rows_;
-    at::Tensor final_states = at::zeros_like(x);                                       // [T, H]
+    at::Tensor final_states = at::zeros_like(x);  // [T, H]
+    const auto run_expert = [&](std::int64_t e, const ExpertRows& r) {
+      const at::Tensor current = x.index_select(0, r.token_idx);  // [n, H]
+      const auto gate_up = runner_
+                               .linear_rows(current, lw.experts_gate_up[e], r.row_of,
+                                            OpSite{OpFamily::ExpertGateUp, layer})
+                               .chunk(2, -1);
+      at::Tensor h = gelu_mul_reference(gate_up[0], gate_up[1]);  // [n, I]
+      h = runner_.linear_rows(h, lw.experts_down[e], r.row_of, OpSite{OpFamily::ExpertDown, layer});
+      h = h * r.weight.unsqueeze(-1);  // [n, H] bf16 * [n, 1] fp32 -> fp32
+      final_states.index_add_(0, r.token_idx, h.to(final_states.scalar_type()));
+    };
+    if (index.is_cpu() && weights.is_cpu() && index.scalar_type() == at::kLong &&
+        weights.scalar_type() == at::kFloat && index.dim() == 2) {
+      const std::vector<ExpertRows> routes = route_on_host(index, weights, experts, per_row);
+      for (std::int64_t e = 0; e < experts; ++e) {
+        const ExpertRows& r = routes[static_cast<std::size_t>(e)];
+        if (r.token_idx.defined()) {
+          run_expert(e, r);
+        }
+      }
+      return final_states;
+    }
     const at::Tensor expert_mask = at::one_hot(index, experts).permute({2, 1, 0});     // [E, K, T]
     const at::Tensor hit = at::greater(expert_mask.sum({-1, -2}), 0).nonzero().cpu();  // [n, 1]
     const auto hit_acc = hit.accessor<std::int64_t, 2>();
     for (std::int64_t i = 0; i < hit.size(0); ++i) {
       const std::int64_t e = hit_acc[i][0];
       const auto where = at::where(expert_mask[e]);
-      const at::Tensor& top_k_pos = where[0];
-      const at::Tensor& token_idx = where[1];
-      const at::Tensor row_of = at::div(token_idx, per_row, "floor");
-      const at::Tensor current = x.index({token_idx});
-      const auto gate_up = runner_
-                               .linear_rows(current, lw.experts_gate_up[e], row_of,
-                                            OpSite{OpFamily::ExpertGateUp, layer})
-                               .chunk(2, -1);
-      at::Tensor h = gelu_mul_reference(gate_up[0], gate_up[1]);
-      h = runner_.linear_rows(h, lw.experts_down[e], row_of, OpSite{OpFamily::ExpertDown, layer});
-      h = h * weights.index({token_idx, top_k_pos}).unsqueeze(-1);
-      final_states.index_add_(0, token_idx, h.to(final_states.scalar_type()));
+      ExpertRows r;
+      r.token_idx = where[1];
+      r.row_of = at::div(r.token_idx, per_row, "floor");
+      r.weight = weights.index({r.token_idx, where[0]});
+      run_expert(e, r);
     }
     return final_states;
   }
@@ -496,6 +571,22 @@ class Pass {
   FusedKernels use_;  // all false unless the context allows them
 };
 
+// On a CPU the forward pass runs below LibTorch's autograd and ADInplaceOrView dispatch keys:
+// nothing here needs gradients (weights never require them), and every op then skips two
+// dispatch hops and their bookkeeping. Kernels and results are the same; tensors leaving the
+// pass are ordinary tensors (unlike c10::InferenceMode's). Other devices: untouched.
+class HostDispatch {
+ public:
+  explicit HostDispatch(const at::Device& device) {
+    if (device.is_cpu()) {
+      guard_.emplace();
+    }
+  }
+
+ private:
+  std::optional<at::AutoDispatchBelowADInplaceOrView> guard_;
+};
+
 void check_ids(const at::Tensor& ids, std::int64_t vocab, const char* what, bool range) {
   if (ids.dim() != 2 || ids.scalar_type() != at::kLong) {
     base::raise(base::ErrorCode::InvalidArgument,
@@ -581,6 +672,7 @@ void DiffusionGemma::encode(const at::Tensor& ids, KvCache& cache,
     cache.k.resize(static_cast<std::size_t>(t.num_hidden_layers));
     cache.v.resize(static_cast<std::size_t>(t.num_hidden_layers));
   }
+  const HostDispatch fast_dispatch(device());
   Pass pass(*this, ctx, b, /*record_taps=*/false);
   const at::Tensor ids_dev = ids.to(device());
   at::Tensor x = pass.embed(ids_dev, embed_scale_);  // [B, S, H]
@@ -617,6 +709,7 @@ at::Tensor DiffusionGemma::decode(const at::Tensor& canvas, const KvCache& cache
                                                       std::to_string(b) + ", " + std::to_string(c) +
                                                       ", " + std::to_string(t.vocab_size) + "]");
   }
+  const HostDispatch fast_dispatch(device());
   Pass pass(*this, ctx, b, /*record_taps=*/true);
   const at::Tensor canvas_dev = canvas.to(device());
   const at::Tensor inputs_embeds = pass.embed(canvas_dev, embed_scale_);  // [B, C, H]

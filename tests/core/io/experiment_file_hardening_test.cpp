@@ -128,6 +128,11 @@ std::string first_difference(const ExperimentResult& a, const ExperimentResult& 
       p.dtype != q.dtype || p.threads != q.threads || p.emulated != q.emulated) {
     return "provenance";
   }
+  if (p.cpu.flags != q.cpu.flags || p.cpu.aten_capability != q.cpu.aten_capability ||
+      p.cpu.onednn_isa != q.cpu.onednn_isa || p.cpu.bf16_matmul != q.cpu.bf16_matmul ||
+      p.cpu.caps != q.cpu.caps) {
+    return "provenance/cpu";
+  }
   if (experiment::to_json(a.spec) != experiment::to_json(b.spec)) {
     return "spec";
   }
@@ -688,16 +693,59 @@ TEST(ExperimentFileOldSchema, FieldsAddedIn11MayBeMissingBefore12AllOrNone) {
   EXPECT_FALSE(back.value().comparisons.front().pos_frac_differ.empty());
   back = edited(1, {});
   ASSERT_TRUE(back.ok()) << back.error().message;
-  EXPECT_EQ(first_difference(back.value(), r), "");
+  ExperimentResult without_cpu = r;  // a 1.1 file has no /provenance/cpu (schema 1.3)
+  without_cpu.provenance.cpu = {};
+  EXPECT_EQ(first_difference(back.value(), without_cpu), "");
   back = edited(0, {"pos_max_ulp"});
   ASSERT_FALSE(back.ok());
   EXPECT_NE(back.error().message.find("missing dataset " + cmp + "/pos_max_ulp"), std::string::npos)
       << back.error().message;
-  // Schema 1.2 (the root's checksum still matches: only the datasets go).
-  back = edited(2, {"pos_max_abs", "pos_max_ulp"});
+  // Schema 1.2 on, here the current one (the root's checksum still matches: only the datasets
+  // go; writing another minor would change the checksummed root).
+  back = edited(kSchemaMinor, {"pos_max_abs", "pos_max_ulp"});
   ASSERT_FALSE(back.ok());
   EXPECT_NE(back.error().message.find("missing dataset " + cmp + "/pos_max_abs"), std::string::npos)
       << back.error().message;
+}
+
+// ---- schema 1.3: the CPU's ISA in /provenance/cpu ----------------------------------------
+
+TEST(ExperimentFileCpuIsa, RoundTripsInItsOwnGroupBesideTheProvenanceOf12) {
+  ExperimentResult r = tiny_experiment();
+  EXPECT_FALSE(r.provenance.cpu.bf16_matmul.empty()) << "recorded by provenance_now";
+  r.provenance.cpu.flags = "avx2 fma avx512f avx512bw avx512vl avx512dq avx512_bf16";
+  r.provenance.cpu.aten_capability = "AVX2";
+  r.provenance.cpu.onednn_isa = "avx2";
+  r.provenance.cpu.bf16_matmul = "ATen";
+  r.provenance.cpu.caps = "ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2";
+  const std::string p = temp_path("cpu_isa");
+  ASSERT_TRUE(write_experiment(p, r).ok());
+  const auto back = read_experiment(p);
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(first_difference(back.value(), r), "");
+  EXPECT_NE(experiment::summary_text(back.value()).find("ATen AVX2, oneDNN avx2, bf16 matmul ATen"),
+            std::string::npos)
+      << experiment::summary_text(back.value());
+  EXPECT_EQ(experiment::summary_json(back.value()).value("cpu_aten_capability", ""), "AVX2");
+  // Damage to the new group is caught by its own checksum.
+  const hid_t f = H5Fopen(p.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0);
+  EXPECT_GE(H5Adelete_by_name(f, "/provenance/cpu", "caps", H5P_DEFAULT), 0);
+  H5Fclose(f);
+  EXPECT_FALSE(read_experiment(p).ok());
+}
+
+TEST(ExperimentFileCpuIsa, Schema12FilesReadWithoutIt) {
+  // Written by BatchLens before schema 1.3 (the fuzz corpus): no /provenance/cpu, read as before.
+  for (const char* name : {"tiny_free_b2.h5", "tiny_emulated_workaround_b3.h5"}) {
+    const auto r =
+        read_experiment(std::string(BL_SOURCE_DIR) + "/tests/fuzz/corpus/experiment_file/" + name);
+    ASSERT_TRUE(r.ok()) << name << ": " << r.error().message;
+    EXPECT_TRUE(r.value().provenance.cpu.flags.empty()) << name;
+    EXPECT_TRUE(r.value().provenance.cpu.aten_capability.empty()) << name;
+    EXPECT_FALSE(r.value().runs.empty()) << name;
+    EXPECT_FALSE(experiment::summary_json(r.value()).contains("cpu_aten_capability")) << name;
+  }
 }
 
 // ---- one schema: the file holds what core/experiment/schema.h declares ----------------------
@@ -781,6 +829,9 @@ TEST(ExperimentFileSchema, TheFileHoldsExactlyTheDeclaredFields) {
   EXPECT_EQ(s.links, (std::set<std::string>{"comparisons", "provenance", "runs", "spec"}));
   s = stored_at(f, "/provenance");
   EXPECT_EQ(s.attributes, with_digest(declared(r.provenance).attributes));
+  EXPECT_EQ(s.links, (std::set<std::string>{"cpu"}));
+  s = stored_at(f, "/provenance/cpu");  // schema 1.3: a group of its own
+  EXPECT_EQ(s.attributes, with_digest(declared(r.provenance.cpu).attributes));
   EXPECT_TRUE(s.links.empty());
   s = stored_at(f, "/spec");
   EXPECT_EQ(s.attributes, with_digest(declared(r).attributes));
