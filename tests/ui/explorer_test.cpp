@@ -35,8 +35,8 @@
 #include <QUrl>
 #include <gtest/gtest.h>
 
-#include "core/experiment/runner.h"
 #include "core/experiment/command_line.h"
+#include "core/experiment/runner.h"
 #include "core/experiment/story.h"
 #include "core/io/experiment_file.h"
 #include "ui/controllers.h"
@@ -540,8 +540,8 @@ TEST_F(ExplorerTest, ExportWritesPngsOfTheRightSizeAndASummaryOfTheFile) {
   EXPECT_TRUE(md.contains(QStringLiteral("## Prompt")));
   EXPECT_TRUE(md.contains(QStringLiteral("Random weights")));
   EXPECT_TRUE(md.contains(QStringLiteral("One prompt and one sampling seed")));
-  EXPECT_TRUE(
-      md.contains(QString::fromStdString(experiment::cli_run_command(file.spec, {}, "experiment.h5"))));
+  EXPECT_TRUE(md.contains(
+      QString::fromStdString(experiment::cli_run_command(file.spec, {}, "experiment.h5"))));
   EXPECT_TRUE(md.contains(QStringLiteral("![Growth, onset and changed tokens](figure.png)")));
   EXPECT_FALSE(md.contains(QStringLiteral("layer slot")));
   // The changed-token table is the file's token diff of the selected comparison.
@@ -687,7 +687,8 @@ TEST_F(ExplorerTest, EmbeddedLockstepSampleOf26bTellsItsStory) {
   // The Layer × Step view opens on the onset: its tap and cell.
   const auto* c = window_->state()->comparison();
   ASSERT_NE(c, nullptr);
-  EXPECT_EQ(window_->state()->tapNames().value(window_->state()->tap()).toStdString(), c->first.tap);
+  EXPECT_EQ(window_->state()->tapNames().value(window_->state()->tap()).toStdString(),
+            c->first.tap);
   EXPECT_EQ(window_->state()->tick(), c->first.tick);
 }
 

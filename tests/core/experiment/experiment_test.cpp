@@ -13,8 +13,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
-#include "core/experiment/runner.h"
 #include "core/experiment/command_line.h"
+#include "core/experiment/runner.h"
 #include "core/experiment/story.h"
 #include "core/io/experiment_file.h"
 #include "core/model/config.h"
@@ -233,7 +233,8 @@ TEST(Story, RunCommandQuotesForAShell) {
   EXPECT_NE(c.find("--policy emulated_h200+issue_workaround"), std::string::npos) << c;
   EXPECT_NE(c.find("--steps 6 --max-new-tokens 64"), std::string::npos) << c;
   s.overrides.t_min = 0.1;
-  EXPECT_NE(cli_run_command(s, {}, "x.h5").find("  # also generation overrides"), std::string::npos);
+  EXPECT_NE(cli_run_command(s, {}, "x.h5").find("  # also generation overrides"),
+            std::string::npos);
 }
 
 TEST(Experiment, RowWiseEverywhereIsBitwiseIdenticalUnderEmulation) {
