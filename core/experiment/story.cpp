@@ -254,7 +254,7 @@ bool workaround(const ExperimentResult& r, const ComparisonResult& c, StoryClaus
   };
   out.view = StoryView::Overview;
   out.workaround = true;
-  if (differ.empty()) {
+  if (differ.empty() || first_bad == nullptr) {
     out.text = "with the workaround " + join(same) + " " + (same.size() == 1 ? "is" : "are") +
                " bitwise identical";
     return true;
