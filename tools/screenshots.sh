@@ -28,7 +28,7 @@ for i in "${!names[@]}"; do
 done
 report=$(mktemp -d)/report
 XDG_CONFIG_HOME="$config" QT_QPA_PLATFORM=xcb xvfb-run -a -s "-screen 0 1600x1000x24" \
-  "$gui" --report "$report" ${file:+"$file"}
+  "$gui" --export-report "$report" ${file:+"$file"}
 cp "$report/figure.png" "docs/screenshots/${prefix}figure.png"
 cp "$report/summary.md" "docs/screenshots/${prefix}summary.md"
 echo "screenshots: docs/screenshots/${prefix}figure.png and ${prefix}summary.md"

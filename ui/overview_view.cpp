@@ -200,7 +200,7 @@ OverviewView::OverviewView(ExplorerState* state, QWidget* parent) : CoalescedVie
   headline_->setMargin(6);
   headline_->setTextFormat(Qt::RichText);
   headline_->setTextInteractionFlags(Qt::TextBrowserInteraction);
-  headline_->setStyleSheet(QStringLiteral("font-size: 13pt;"));
+  headline_->setStyleSheet(QStringLiteral("font-size: 12pt;"));
   headline_->setToolTip(tr("Each part links to the view that shows it"));
   why_ = new QLabel(this);
   why_->setObjectName(QStringLiteral("HeadlineWhy"));
@@ -230,6 +230,7 @@ OverviewView::OverviewView(ExplorerState* state, QWidget* parent) : CoalescedVie
   legend_row->addElement(0, 0, growth_->legend);
   legend_row->setMargins(QMargins(0, 0, 0, 0));
   growth_->legend->setFillOrder(QCPLegend::foColumnsFirst);
+  growth_->legend->setWrap(4);
   growth_->plotLayout()->setRowStretchFactor(1, 0.001);
 
   auto* split = new QSplitter(Qt::Vertical, this);
@@ -290,7 +291,12 @@ QString OverviewView::headlineHtml(const experiment::Story& story, bool links) {
     if (i > 0) {
       html += QStringLiteral(" → ");
     }
-    html += links ? QStringLiteral("<a href='clause:%1'>%2</a>").arg(i).arg(text) : text;
+    html += links ? QStringLiteral(
+                        "<a href='clause:%1' style='color:#123d73; "
+                        "text-decoration:none'>%2</a>")
+                        .arg(i)
+                        .arg(text)
+                  : text;
   }
   return html.isEmpty() ? html : QStringLiteral("<b>%1.</b>").arg(html);
 }
@@ -361,17 +367,20 @@ void OverviewView::fillGrowth() {
     ticks = std::max(ticks, static_cast<int>(g.positions.size()));
     const QColor colour = colours[n++ % std::size(colours)];
     QPen pen(colour, c.id == selected->id ? 2.5 : 1.5);
-    add(QVector<double>(g.positions.begin(), g.positions.end()),
-        tr("%1: positions").arg(comparisonLabel(*r, c)), pen);
+    const auto* run = r->run(c.run);
+    const QString who = run == nullptr         ? QString::fromStdString(c.run)
+                        : run->batch_size == 1 ? tr("B=1 repeat")
+                                               : QStringLiteral("B=%1").arg(run->batch_size);
+    add(QVector<double>(g.positions.begin(), g.positions.end()), tr("%1: positions").arg(who), pen);
     if (c.id == selected->id) {
       pen.setStyle(Qt::DashLine);
-      add(QVector<double>(g.elements.begin(), g.elements.end()),
-          tr("%1: elements").arg(comparisonLabel(*r, c)), pen);
+      add(QVector<double>(g.elements.begin(), g.elements.end()), tr("%1: elements").arg(who), pen);
     }
   }
   growth_->xAxis->setRange(-0.5, std::max(ticks, 1) - 0.5);
   setStepAxis(growth_->xAxis, *state_);
-  growth_->yAxis->setRange(std::pow(10.0, std::floor(std::log10(lowest))), 1.5);
+  // At least three decades, so a curve at 100 % reads as "all" and not as a mid-plot line.
+  growth_->yAxis->setRange(std::pow(10.0, std::floor(std::log10(std::min(lowest, 1e-3)))), 1.5);
   growth_->replot(QCustomPlot::rpQueuedReplot);
 }
 

@@ -113,11 +113,11 @@ QString finalDiffHtml(const experiment::RunResult& ref, const experiment::RunRes
 // Why a run has no canvas to show at `tick`, or empty when it has one.
 QString missingCanvas(const experiment::RunResult& run, int tick) {
   if (run.canvas_in.shape.size() != 2 || elementAt(run.canvas_in, {tick, 0}) == nullptr) {
-    return QObject::tr("(%1 has no tick %2)").arg(QString::fromStdString(run.id)).arg(tick);
+    return QObject::tr("(%1 did not step there)").arg(QString::fromStdString(run.id));
   }
   const int* canvas = elementAt(run.tick_canvas, tick);
   if (canvas == nullptr || *canvas < 0) {
-    return QObject::tr("(%1 took no step at this tick)").arg(QString::fromStdString(run.id));
+    return QObject::tr("(%1 took no step there)").arg(QString::fromStdString(run.id));
   }
   return {};
 }
@@ -278,10 +278,7 @@ QString TextDiffView::html(Side side) const {
   }
   const int tick = state_->tick();
   html += QStringLiteral("<h4>%1</h4>")
-              .arg(tr("Canvas in at %1 (tick %2)")
-                       .arg(state_->tickLabel(tick))
-                       .arg(tick)
-                       .toHtmlEscaped());
+              .arg(tr("Canvas in at %1").arg(state_->tickLabel(tick)).toHtmlEscaped());
   html += tr("<p>Reference (%1, row <b>ref</b>) and run (%2, row <b>run</b>) aligned position "
              "by position. Red: the token differs from the other run's at that position; bold: "
              "accepted at this step.</p>")
@@ -308,9 +305,9 @@ void TextDiffView::refresh() {
     slider_->setRange(0, std::max(ticks - 1, 0));
     slider_->setValue(state_->tick());
   }
-  step_label_->setText(tr("%1 (tick %2 of %3)")
+  step_label_->setText(tr("%1 (%2 of %3 steps)")
                            .arg(state_->tickLabel(state_->tick()))
-                           .arg(state_->tick())
+                           .arg(state_->tick() + 1)
                            .arg(ticks));
   const int before_scroll = before_->verticalScrollBar()->value();
   before_->setHtml(html(Side::Before));

@@ -77,10 +77,13 @@ void setStepAxis(QCPAxis* axis, const ExplorerState& state) {
     if (canvas == nullptr || step == nullptr || *canvas < 0) {
       continue;
     }
+    // A step label too close to the next canvas's first step would overlap its label.
+    const int* next_step = elementAt(ref->tick_step, t + std::max(1, every / 2));
+    const bool crowded = next_step != nullptr && *next_step >= 1 && *next_step < *step;
     if (*step == 1 && *canvas > 0) {
       at << t;
       labels << QStringLiteral("c%1·1").arg(*canvas + 1);
-    } else if (*step % every == 0 || *step == 1) {
+    } else if ((*step % every == 0 && !crowded) || *step == 1) {
       at << t;
       labels << QString::number(*step);
     }

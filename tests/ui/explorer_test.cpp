@@ -412,8 +412,10 @@ TEST_F(ExplorerTest, ClickingAHeatmapCellDrivesSpreadAndText) {
   EXPECT_EQ(window_->textDiff()->stepSlider()->value(), target_tick);
   const QString html_after = window_->textDiff()->html(Side::Before);
   EXPECT_NE(html_before, html_after);
-  EXPECT_TRUE(html_after.contains(QStringLiteral("(tick %1)").arg(target_tick)))
+  EXPECT_TRUE(html_after.contains(
+      QStringLiteral("Canvas in at %1").arg(window_->state()->tickLabel(target_tick))))
       << html_after.toStdString();
+  EXPECT_FALSE(html_after.contains(QStringLiteral("(tick"))) << "one numbering: no ticks shown";
 
   // Clicking a spread cell selects the position; the slider moves the step.
   window_->tabs()->setCurrentIndex(2);
