@@ -192,11 +192,14 @@ QColor HeatmapPlot::colorOf(double value) const {
   const QCPRange range = map_->dataRange();
   QRgb rgb = 0;
   double v = value;
+  const bool log = scale_->axis()->scaleType() == QCPAxis::stLogarithmic;
   if (!std::isnan(v)) {
-    v = v <= 0 ? range.lower : v;
+    // As setGrid draws it: zero at the floor, small positives lifted on the linear scale.
+    const double lift = log ? 0.0 : range.lower + (range.upper - range.lower) * kSmallestAt;
+    v = v <= 0 ? range.lower : std::max(v, lift);
   }
   QCPColorGradient g = map_->gradient();
-  g.colorize(&v, range, &rgb, 1, 1, scale_->axis()->scaleType() == QCPAxis::stLogarithmic);
+  g.colorize(&v, range, &rgb, 1, 1, log);
   return QColor::fromRgba(rgb);
 }
 

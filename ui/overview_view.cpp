@@ -317,6 +317,16 @@ void OverviewView::openClause(const QString& link) {
       state_->setTap(tap);
     }
   }
+  // A clause about a layer (the routing flip) needs a per-layer tap to show that layer.
+  if (clause.tap.empty() && clause.layer_slot >= 0 && clause.layer_slot < state_->layers() &&
+      !state_->tapIsPerLayer(state_->tap()) && state_->result() != nullptr) {
+    for (const char* name : {"router.topk_ids", "router.scores", "moe.out", "layer.out"}) {
+      if (const int tap = tapIndex(*state_->result(), name); tap >= 0) {
+        state_->setTap(tap);
+        break;
+      }
+    }
+  }
   if (clause.tick >= 0) {
     state_->setCell(clause.tick, clause.layer_slot >= 0 ? clause.layer_slot : state_->layerSlot());
   }

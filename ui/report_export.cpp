@@ -246,7 +246,18 @@ QString reportMarkdown(const ExplorerState& state, const QStringList& images) {
       md += QStringLiteral("![Growth, onset and changed tokens](figure.png)\n\n");
     }
   }
-  md += QStringLiteral("## Prompt\n\n```text\n%1\n```\n\n").arg(q(r->prompt_text));
+  {
+    // A fence longer than any run of backticks in the prompt, so the prompt cannot close it.
+    const QString prompt = q(r->prompt_text);
+    int longest = 0;
+    int run = 0;
+    for (const QChar ch : prompt) {
+      run = ch == QLatin1Char('`') ? run + 1 : 0;
+      longest = std::max(longest, run);
+    }
+    const QString fence(std::max(3, longest + 1), QLatin1Char('`'));
+    md += QStringLiteral("## Prompt\n\n%1text\n%2\n%1\n\n").arg(fence, prompt);
+  }
   if (c != nullptr && c->kind == "row0") {
     const auto* ref = r->run(c->reference);
     const auto* run = r->run(c->run);

@@ -126,11 +126,10 @@ RoutingView::RoutingView(ExplorerState* state, QWidget* parent) : CoalescedView(
       if (c == nullptr) {
         return QString();
       }
-      return tr("layer %1 · %2 (tick %3)\n%4 of %5 positions route to a different expert set\n"
-                "smallest reference margin among them: %6")
+      return tr("layer %1 · %2\n%3 of %4 positions route to a different expert set\n"
+                "smallest reference margin among them: %5")
           .arg(row)
           .arg(state_->tickLabel(column))
-          .arg(column)
           .arg(formatValue(value))
           .arg(state_->canvasLength())
           .arg(formatValue(minFlippedMargin(*c, column, row)));
@@ -186,8 +185,14 @@ void RoutingView::fill(HeatmapPlot* plot, QCustomPlot* detail,
              static_cast<std::size_t>(t)] = flipCount(*c, t, l);
     }
   }
-  plot->setGrid(ticks, layers, std::move(values), state_->logScale());
-  plot->setAxisLabels(tr("denoising step (tick)"), tr("layer"), tr("positions flipped"));
+  // Both sides on one absolute scale: 1 .. every position of the canvas.
+  ValueRange range;
+  range.min_positive = 1;
+  range.max = std::max(1, state_->canvasLength());
+  plot->setGrid(ticks, layers, std::move(values), state_->logScale(), &range);
+  setStepAxis(plot->xAxis, *state_);
+  plot->setAxisLabels(tr("denoising step (canvas 1 unless marked)"), tr("layer"),
+                      tr("positions flipped"));
   plot->setTitle(comparisonLabel(*state_->result(), *c));
   layer = layer >= layers ? -1 : layer;
   plot->setSelectedCell(state_->tick(), layer);

@@ -79,7 +79,7 @@ struct StepCost {
 
 // Calibrated on a 2-core AMD EPYC without AVX-512 (ATEN_CPU_CAPABILITY=avx2, oneDNN AVX2), bf16,
 // the one-click demo's spec (docs/benchmarks.md); measured runs here replace them.
-constexpr double kDemoStepSeconds = 0.2;
+constexpr double kDemoStepSeconds = 0.35;
 constexpr double kTinyStepSeconds = 0.02;
 constexpr double kCalibratedLoadSeconds = 0.2;
 

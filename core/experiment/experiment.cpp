@@ -368,7 +368,7 @@ std::string describe(const Divergence& d) {
     return "none (bitwise identical at every compared step)";
   }
   std::ostringstream o;
-  o << "canvas " << d.canvas + 1 << " · step " << d.step << ", "
+  o << "canvas " << static_cast<std::int64_t>(d.canvas) + 1 << " · step " << d.step << ", "
     << (d.layer >= 0 ? "layer " + std::to_string(d.layer) + " " : std::string()) << d.tap
     << ", position " << d.position;
   return o.str();

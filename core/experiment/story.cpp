@@ -46,7 +46,8 @@ bool compared_at(const ComparisonResult& c, std::int64_t tick) {
 
 // "canvas 1 · step 2" from a divergence's own fields.
 std::string where(const Divergence& d) {
-  return "canvas " + std::to_string(d.canvas + 1) + " · step " + std::to_string(d.step);
+  return "canvas " + std::to_string(static_cast<std::int64_t>(d.canvas) + 1) + " · step " +
+         std::to_string(d.step);
 }
 
 // Who is compared with whom, as the subject of the first clause.
@@ -327,7 +328,8 @@ std::string tick_label(const RunResult& run, int tick) {
   if (canvas == nullptr || step == nullptr || *canvas < 0 || *step < 0) {
     return "tick " + std::to_string(tick);
   }
-  return "canvas " + std::to_string(*canvas + 1) + " · step " + std::to_string(*step);
+  return "canvas " + std::to_string(static_cast<std::int64_t>(*canvas) + 1) + " · step " +
+         std::to_string(*step);
 }
 
 std::string tap_op_phrase(const std::string& tap) {

@@ -277,6 +277,19 @@ TEST_F(ExplorerTest, HeadlineClausesOpenTheirViews) {
       EXPECT_EQ(window_->tabs()->currentWidget(), window_->textDiff());
     }
   }
+  // A clause about a layer (the routing flip) never leaves a per-step tap on a layer slot.
+  for (std::size_t i = 0; i < story.clauses.size(); ++i) {
+    const auto& clause = story.clauses[i];
+    if (clause.view == experiment::StoryView::Routing && clause.layer_slot >= 0) {
+      const int per_step = tapIndex(file, "logits");
+      ASSERT_GE(per_step, 0);
+      window_->state()->setTap(per_step);
+      overview->openClause(QStringLiteral("clause:%1").arg(i));
+      EXPECT_EQ(window_->tabs()->currentWidget(), window_->routing());
+      EXPECT_TRUE(window_->state()->tapIsPerLayer(window_->state()->tap()));
+      EXPECT_EQ(window_->state()->layerSlot(), clause.layer_slot);
+    }
+  }
   overview->openClause(QStringLiteral("clause:99"));  // ignored
   // The growth plot draws every main row-0 comparison on a log axis.
   flushViews();
