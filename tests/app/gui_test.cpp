@@ -87,7 +87,8 @@ TEST(Gui, ExportReportIntoANonEmptyFolderIsRefused) {
   const auto ok =
       testing::run_process({BL_GUI_PATH, "--export-report", (dir / "fresh").string(), sample});
   ASSERT_EQ(ok.exit_code, 0) << ok.err;
-  EXPECT_EQ(std::distance(fs::directory_iterator(dir / "fresh"), fs::directory_iterator{}), 7);
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir / "fresh"), fs::directory_iterator{}),
+            8);  // figure.png, 5 views, summary.md, summary.json
   EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator{}), 2);
   fs::remove_all(dir);
 }
