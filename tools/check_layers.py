@@ -28,7 +28,7 @@ CORE_MODULES = {
     "text": {"base"},
     "compat": {"base"},
     "kernels": {"base", "compat"},
-    "ops": {"base", "compat"},
+    "ops": {"base", "compat", "kernels"},
     "probe": {"base", "compat", "kernels"},
     "model": {"base", "compat", "kernels", "ops", "probe"},
     "generation": {"base", "compat", "model", "ops", "probe"},

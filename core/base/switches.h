@@ -12,9 +12,10 @@
 namespace batchlens::base {
 
 struct Switches {
-  bool fused = true;                   ///< BATCHLENS_FUSED=0: no fused kernel at all
-  std::vector<std::string> fused_off;  ///< BATCHLENS_FUSED_OFF=norm,combine,gelu,softcap,route,diff
-  bool cuda_graphs = true;             ///< BATCHLENS_CUDA_GRAPHS=0: denoising steps run eagerly
+  bool fused = true;  ///< BATCHLENS_FUSED=0: no fused kernel at all
+  std::vector<std::string>
+      fused_off;            ///< BATCHLENS_FUSED_OFF=norm,combine,gelu,softcap,route,diff,gemm
+  bool cuda_graphs = true;  ///< BATCHLENS_CUDA_GRAPHS=0: denoising steps run eagerly
 
   /// Whether the fused kernel `name` may run (it is then still checked bitwise on the device).
   bool fused_kernel(std::string_view name) const;

@@ -35,6 +35,8 @@ struct CpuIsa {
   std::string onednn_isa;
   /// Who computes bf16 matmuls: "oneDNN" (LibTorch's oneDNN path on, CPU with AVX-512 BW/VL/DQ;
   /// products of at most 16^3 multiply-adds still take ATen's) or "ATen" (ATen's own kernel).
+  /// An experiment's provenance adds " (BatchLens's CPU GEMM, checked bitwise at load)" when its
+  /// model computed ATen's results with kernels::cpu_linear_bf16.
   std::string bf16_matmul;
   /// The ISA limits set in the environment, e.g. "ATEN_CPU_CAPABILITY=avx2
   /// ONEDNN_MAX_CPU_ISA=AVX2";

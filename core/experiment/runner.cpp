@@ -273,6 +273,9 @@ base::Result<ExperimentResult> run_experiment(const setup::Session& session,
     ExperimentResult out = p.header;
     run_groups(session, spec, p, plan_groups(spec), control, out);
     out.provenance = provenance_now(session.load, out.provenance.emulated);
+    if (session.model && session.model->fused_kernels().cpu_gemm) {
+      out.provenance.cpu.bf16_matmul += " (BatchLens's CPU GEMM, checked bitwise at load)";
+    }
     return out;
   });
 }

@@ -162,7 +162,9 @@ class Pass {
         t_(model.config().text),
         w_(model.weights()),
         policy_(ctx.policy != nullptr ? *ctx.policy : default_policy()),
-        runner_(policy_, rows),
+        runner_(policy_, rows,
+                ops::CpuGemm{ctx.fused_kernels && model.fused_kernels().cpu_gemm,
+                             model.fused_kernels().cpu_gemm_fma}),
         taps_(record_taps ? ctx.taps : nullptr),
         rows_(rows) {
     if (ctx.fused_kernels) {

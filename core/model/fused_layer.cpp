@@ -9,6 +9,8 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include "core/base/system_info.h"
+#include "core/kernels/cpu_gemm.h"
 #include "core/kernels/fused_ops.h"
 #include "core/model/diffusion_gemma.h"
 
@@ -197,9 +199,45 @@ bool check_route(Check& c, std::int64_t experts, std::int64_t top_k) {
 
 }  // namespace
 
+namespace {
+
+// The CPU GEMM where it can stand in for ATen's: bf16, and no oneDNN computing bf16 matmuls
+// (it does on CPUs with AVX-512 BW/VL/DQ unless turned off; its bits are its own).
+void check_cpu_gemm(const TextConfig& text, at::ScalarType dtype, const base::Switches& switches,
+                    FusedKernels& f) {
+  std::string line;
+  if (dtype != at::kBFloat16) {
+    line = "CPU GEMM: ATen's (the BatchLens kernel is for bf16)";
+  } else if (!switches.fused || !switches.fused_kernel("gemm")) {
+    line = "CPU bf16 GEMM: ATen's (BatchLens kernel turned off by " + switches.describe() + ")";
+  } else if (base::query_cpu_isa().bf16_matmul != "ATen") {
+    line = "CPU bf16 GEMM: oneDNN's (LibTorch's choice on this CPU)";
+  } else {
+    std::vector<std::int64_t> ks;
+    for (const WeightSpec& spec : weight_specs(text)) {
+      if (spec.shape.size() >= 2) {
+        ks.push_back(spec.shape.back());
+      }
+    }
+    ks.push_back(text.vocab_size);  // the self-conditioning matmul reduces over the vocabulary
+    const kernels::CpuGemmCheck c = kernels::check_cpu_gemm(ks);
+    f.cpu_gemm = c.use;
+    f.cpu_gemm_fma = c.fma;
+    line = c.report;
+  }
+  f.report += "; " + line;
+}
+
+}  // namespace
+
 FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& device,
                                  at::ScalarType dtype, const base::Switches& switches) {
   FusedKernels f;
+  if (device.is_cpu()) {
+    f.report = "fused kernels: none (not a CUDA device and build)";
+    check_cpu_gemm(text, dtype, switches, f);
+    return f;
+  }
   if (!device.is_cuda() || !kernels::built()) {
     f.report = "fused kernels: none (not a CUDA device and build)";
     return f;

@@ -24,8 +24,12 @@ struct FusedKernels {
   bool gelu_contract = false;
   bool softcap = false;  ///< tanh(logits / cap) * cap
   bool route = false;    ///< the experts' sort, offsets and token indices
-  std::string report;    ///< one human-readable line: what is used, what not and why
+  /// CPU: bf16 GEMMs through kernels::cpu_linear_bf16 (ATen's own kernel's bits, faster).
+  bool cpu_gemm = false;
+  bool cpu_gemm_fma = false;  ///< the variant that matched ATen
+  std::string report;         ///< one human-readable line: what is used, what not and why
 
+  /// Any of the CUDA kernels (cpu_gemm is not one).
   bool any() const { return norm || combine || gelu || softcap || route; }
 };
 
@@ -33,8 +37,10 @@ struct FusedKernels {
 /// model's widths (hidden size, both head dims, top-k, a slice of the vocabulary), and returns
 /// those that matched bitwise. All false off CUDA, in builds without the kernels, or when
 /// `switches` turn them off (BATCHLENS_FUSED=0); those `switches` name (BATCHLENS_FUSED_OFF=
-/// norm,combine,gelu,softcap,route) are left unused. Synchronises with the device (call it at
-/// load).
+/// norm,combine,gelu,softcap,route) are left unused. On a CPU in bf16 where LibTorch computes
+/// bf16 matmuls with ATen's own kernel, checks the CPU GEMM instead (kernels::check_cpu_gemm at
+/// the model's reduction lengths; BATCHLENS_FUSED_OFF=gemm leaves it unused). Synchronises with
+/// the device (call it at load).
 FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& device,
                                  at::ScalarType dtype, const base::Switches& switches = {});
 

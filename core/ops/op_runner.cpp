@@ -8,6 +8,7 @@
 
 #include "core/base/error.h"
 #include "core/compat/torch_compat.h"
+#include "core/kernels/cpu_gemm.h"
 
 namespace batchlens::ops {
 
@@ -57,12 +58,19 @@ int emulated_split_count(std::int64_t m, std::int64_t k) {
   return static_cast<int>(std::max<std::int64_t>(1, std::min(by_rows, k / 32)));
 }
 
-at::Tensor emulated_split_k_linear(const at::Tensor& x, const at::Tensor& w) {
+at::Tensor linear_call(const at::Tensor& x, const at::Tensor& w, CpuGemm cpu) {
+  if (cpu.on && kernels::cpu_linear_bf16_covers(x, w)) {
+    return kernels::cpu_linear_bf16(x, w, cpu.fma);
+  }
+  return at::linear(x, w);
+}
+
+at::Tensor emulated_split_k_linear(const at::Tensor& x, const at::Tensor& w, CpuGemm cpu) {
   const std::int64_t k = x.size(-1);
   const std::int64_t m = k > 0 ? x.numel() / k : 0;
   const int splits = emulated_split_count(m, k);
   if (splits == 1 || m == 0) {
-    return at::linear(x, w);
+    return linear_call(x, w, cpu);
   }
   // Partial products in the model's dtype (the CPU kernel here is batch invariant), summed in
   // fp32 in chunk order and rounded once: the reduction order depends on M through `splits`.
@@ -71,7 +79,8 @@ at::Tensor emulated_split_k_linear(const at::Tensor& x, const at::Tensor& w) {
   at::Tensor acc;
   for (std::int64_t lo = 0; lo < k; lo += chunk) {
     const std::int64_t len = std::min(chunk, k - lo);
-    const at::Tensor part = at::linear(x2.narrow(1, lo, len), w.narrow(1, lo, len)).to(at::kFloat);
+    const at::Tensor part =
+        linear_call(x2.narrow(1, lo, len), w.narrow(1, lo, len), cpu).to(at::kFloat);
     acc = acc.defined() ? acc.add_(part) : part;
   }
   std::vector<std::int64_t> shape(x.sizes().begin(), x.sizes().end());
@@ -80,7 +89,8 @@ at::Tensor emulated_split_k_linear(const at::Tensor& x, const at::Tensor& w) {
 }
 
 at::Tensor OpRunner::gemm(const at::Tensor& x, const at::Tensor& w, OpSite site) const {
-  return policy_.emulates(site.family) ? emulated_split_k_linear(x, w) : at::linear(x, w);
+  return policy_.emulates(site.family) ? emulated_split_k_linear(x, w, cpu_gemm_)
+                                       : linear_call(x, w, cpu_gemm_);
 }
 
 at::Tensor OpRunner::linear(const at::Tensor& x, const at::Tensor& w, OpSite site) const {
@@ -102,8 +112,10 @@ at::Tensor OpRunner::linear_rows(const at::Tensor& x, const at::Tensor& w, const
 
 at::Tensor OpRunner::matmul(const at::Tensor& a, const at::Tensor& b, OpSite site) const {
   const auto call = [&](const at::Tensor& part) {
-    return policy_.emulates(site.family) ? emulated_split_k_linear(part, b.t())
-                                         : at::matmul(part, b);
+    // at::matmul(part, b) is F.linear(part, b.t()) bit for bit (both are one mm on ATen's side).
+    return policy_.emulates(site.family)
+               ? emulated_split_k_linear(part, b.t(), cpu_gemm_)
+               : (cpu_gemm_.on ? linear_call(part, b.t(), cpu_gemm_) : at::matmul(part, b));
   };
   if (strategy(site) == Strategy::Batched || rows_ == 1) {
     return call(a);

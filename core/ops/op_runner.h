@@ -16,6 +16,16 @@ struct OpSite {
   int layer;  ///< layer index, or -1 for per-step ops
 };
 
+/// How F.linear is computed on a CPU in bf16: ATen's call, or kernels::cpu_linear_bf16 (the
+/// same bits, checked at model load; `fma` is the variant that matched).
+struct CpuGemm {
+  bool on = false;
+  bool fma = false;
+};
+
+/// F.linear(x, w): at::linear, or the CPU GEMM where `cpu` is on and covers the layout.
+at::Tensor linear_call(const at::Tensor& x, const at::Tensor& w, CpuGemm cpu);
+
 /// Executes the model's matmul-like calls under an OpPolicy. Every such call in the model
 /// goes through here, tagged with its OpSite; the policy decides whether it runs as one
 /// batched call (exactly the ATen call transformers makes) or once per logical row.
@@ -23,7 +33,8 @@ struct OpSite {
 class OpRunner {
  public:
   /// `rows` is the logical batch size B of the forward pass.
-  OpRunner(const OpPolicy& policy, std::int64_t rows) : policy_(policy), rows_(rows) {}
+  OpRunner(const OpPolicy& policy, std::int64_t rows, CpuGemm cpu_gemm = {})
+      : policy_(policy), rows_(rows), cpu_gemm_(cpu_gemm) {}
 
   std::int64_t rows() const { return rows_; }
   Strategy strategy(OpSite site) const { return policy_.resolve(site.family, site.layer); }
@@ -58,6 +69,7 @@ class OpRunner {
 
   const OpPolicy& policy_;
   std::int64_t rows_;
+  CpuGemm cpu_gemm_;
 };
 
 /// The number of K chunks the emulated split-K kernel uses for a GEMM with M rows and
@@ -69,7 +81,8 @@ int emulated_split_count(std::int64_t m, std::int64_t k);
 
 /// F.linear(x, w) with the K reduction split in emulated_split_count(M, K) contiguous chunks:
 /// partial products in x's dtype, summed in fp32 in chunk order, rounded once to x's dtype.
-at::Tensor emulated_split_k_linear(const at::Tensor& x, const at::Tensor& w);
+/// Each chunk's product is linear_call(..., cpu).
+at::Tensor emulated_split_k_linear(const at::Tensor& x, const at::Tensor& w, CpuGemm cpu = {});
 
 /// True when this build and device can run OpRunner::grouped_mm.
 bool grouped_mm_available(const at::Device& device);

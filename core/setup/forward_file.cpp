@@ -196,8 +196,11 @@ base::Result<ForwardSummary> run_forward_file(const DiffusionGemma& model,
 
     KvCache cache;
     auto t0 = Clock::now();
-    ForwardContext straight{&policy, nullptr};  // the port op by op, for the timings
-    straight.fused_kernels = false;
+    // The timings: on CUDA the port op by op (the fused kernels are timed by --cuda-graph); on a
+    // CPU as the engine runs, with the CPU GEMM where it was checked (BATCHLENS_FUSED_OFF=gemm
+    // times ATen's).
+    ForwardContext straight{&policy, nullptr};
+    straight.fused_kernels = model.device().is_cpu();
     model.encode(ids_in.clone(), cache, ForwardContext{&policy, nullptr});
     sync(model.device());
     auto t1 = Clock::now();

@@ -10,6 +10,9 @@
 #include <gtest/gtest.h>
 
 #include "core/base/error.h"
+#include "core/compat/torch_compat.h"
+#include "core/ops/policy.h"
+#include "tests/core/kernels/aten_bf16_gemm.h"
 #include "tests/support/naive_model.h"
 
 namespace batchlens::model {
@@ -236,6 +239,38 @@ TEST(DiffusionGemma, FusedKernelsAreCudaOnlyAndChangeNothingOnCpu) {
   off.fused_kernels = false;
   EXPECT_TRUE(
       at::equal(m.decode(canvas, cache, at::Tensor(), off), m.decode(canvas, cache, at::Tensor())));
+}
+
+// Where LibTorch computes bf16 matmuls with ATen's own kernel (CPUs without AVX-512), the model
+// uses the CPU GEMM it checked at load; every logit is the same bit as with ATen's GEMMs, with
+// the default policy, under emulated split-K (whose chunks are strided) and row-wise.
+TEST(DiffusionGemma, CpuGemmChangesNoBit) {
+  const kernels::testing::AtenBf16Gemm aten;
+  const DiffusionGemma m = make_model(at::kBFloat16, 5);
+  if (!m.fused_kernels().cpu_gemm) {
+#if !BL_TORCH_AT_LEAST(2, 0)
+    FAIL() << m.fused_kernels().report;
+#else
+    GTEST_SKIP() << m.fused_kernels().report;
+#endif
+  }
+  const auto& t = m.config().text;
+  const at::Tensor prompt = random_ids(3, 6, t.vocab_size, 81);
+  const at::Tensor canvas = random_ids(3, m.config().canvas_length, t.vocab_size, 82);
+  const at::Tensor sc =
+      (at::randn({3, m.config().canvas_length, t.vocab_size}) * 2.0).to(at::kBFloat16);
+  for (const ops::OpPolicy& policy :
+       {ops::OpPolicy::default_policy(), ops::OpPolicy::emulated_split_k(),
+        ops::OpPolicy::row_wise_all()}) {
+    KvCache cache;
+    m.encode(prompt, cache, ForwardContext{&policy, nullptr});
+    ForwardContext on{&policy, nullptr};
+    ForwardContext off{&policy, nullptr};
+    off.fused_kernels = false;
+    EXPECT_TRUE(at::equal(m.decode(canvas, cache, sc, on).view(at::kInt),
+                          m.decode(canvas, cache, sc, off).view(at::kInt)))
+        << policy.name;
+  }
 }
 
 TEST(DiffusionGemma, RejectsBadInputsWithClearErrors) {
