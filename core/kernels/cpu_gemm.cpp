@@ -42,6 +42,10 @@ struct Gemm {
   std::int64_t ldw = 0;
   bool w_rows = true;
   std::uint16_t* out = nullptr;
+  // fp32 (the batch-invariant fp32 path): weights wf[j * ldw + k] and output out_f instead of w
+  // and out; transa chains only.
+  const float* wf = nullptr;
+  float* out_f = nullptr;
   const float* packed = nullptr;  // transa: every block's W^T, block b at packed + b * k * 16
 };
 
@@ -69,17 +73,21 @@ void transa_scalar(const Gemm& g, const float* xf, std::int64_t j0, std::int64_t
   for (std::int64_t i = 0; i < g.m; ++i) {
     const float* xi = xf + i * g.k;
     for (std::int64_t j = j0; j < j1; ++j) {
-      const std::uint16_t* wj = g.w + j * g.ldw;
       float acc = 0.0F;
       for (std::int64_t l = 0; l < g.k; ++l) {
+        const float w = g.wf != nullptr ? g.wf[j * g.ldw + l] : to_float(g.w[j * g.ldw + l]);
         if constexpr (Fma) {
-          acc = std::fma(xi[l], to_float(wj[l]), acc);
+          acc = std::fma(xi[l], w, acc);
         } else {
-          const float p = xi[l] * to_float(wj[l]);
+          const float p = xi[l] * w;
           acc = acc + p;
         }
       }
-      g.out[i * g.n + j] = to_bf16(acc);
+      if (g.out_f != nullptr) {
+        g.out_f[i * g.n + j] = acc;
+      } else {
+        g.out[i * g.n + j] = to_bf16(acc);
+      }
     }
   }
 }
@@ -292,6 +300,10 @@ BL_AVX2 void tile(const Gemm& g, const float* xf, const void* w, std::int64_t i0
     alignas(32) float v[kCols];
     _mm256_store_ps(v, acc[r][0]);
     _mm256_store_ps(v + 8, acc[r][1]);
+    if (g.out_f != nullptr) {
+      std::copy(v, v + cols, g.out_f + (i0 + r) * g.n + jb);
+      continue;
+    }
     std::uint16_t* o = g.out + (i0 + r) * g.n + jb;
     for (std::int64_t c = 0; c < cols; ++c) {
       o[c] = to_bf16(v[c]);  // notrans: already a bf16 value, exact
@@ -310,6 +322,13 @@ BL_AVX2 void transa_avx2(const Gemm& g, const float* xf, std::int64_t j0, std::i
     const float* block = pack.data();
     if (g.packed != nullptr) {
       block = g.packed + (jb / kCols) * g.k * kCols;
+    } else if (g.wf != nullptr) {
+      for (std::int64_t c = 0; c < kCols; ++c) {
+        const float* wj = g.wf + (jb + std::min(c, cols - 1)) * g.ldw;
+        for (std::int64_t l = 0; l < g.k; ++l) {
+          pack[static_cast<std::size_t>(l * kCols + c)] = wj[l];
+        }
+      }
     } else {
       const std::uint16_t* rows[kCols];
       for (std::int64_t c = 0; c < kCols; ++c) {
@@ -409,7 +428,7 @@ struct PackEntry {
 
 std::shared_ptr<const std::vector<float>> cached_pack(const at::Tensor& w, const Gemm& g) {
 #if BL_CPU_GEMM_AVX2
-  if (!has_avx2() || !g.w_rows || g.n * g.k < (std::int64_t{1} << 14)) {
+  if (!has_avx2() || !g.w_rows || g.wf != nullptr || g.n * g.k < (std::int64_t{1} << 14)) {
     return nullptr;
   }
   static std::mutex mutex;
@@ -439,6 +458,25 @@ std::shared_ptr<const std::vector<float>> cached_pack(const at::Tensor& w, const
   (void)w, (void)g;
   return nullptr;
 #endif
+}
+
+// Column blocks are independent (each output is its own chain), so threads change no bit.
+// Products below kParallelMacs multiply-adds (tens of microseconds) stay on the calling thread:
+// an OpenMP region per small GEMM costs more than it saves, and on a busy machine each one can
+// wait a scheduler slice for its second thread.
+constexpr std::int64_t kParallelMacs = std::int64_t{1} << 21;
+
+void run_all_columns(const Gemm& g, const float* xf, bool fma) {
+  if (g.m * g.n * g.k < kParallelMacs) {
+    run_columns(g, xf, fma, 0, g.n);
+    return;
+  }
+  const std::int64_t blocks = (g.n + kCols - 1) / kCols;
+  const std::int64_t per_block = std::max<std::int64_t>(1, g.m * g.k * kCols);
+  const std::int64_t grain = std::max<std::int64_t>(1, (std::int64_t{1} << 18) / per_block);
+  at::parallel_for(0, blocks, grain, [&](std::int64_t b0, std::int64_t b1) {
+    run_columns(g, xf, fma, b0 * kCols, std::min(g.n, b1 * kCols));
+  });
 }
 
 bool bits_equal(const at::Tensor& a, const at::Tensor& b) {
@@ -495,14 +533,50 @@ at::Tensor cpu_linear_bf16(const at::Tensor& x, const at::Tensor& w, bool fma) {
   }
   const std::shared_ptr<const std::vector<float>> packed = cached_pack(w, g);
   g.packed = packed ? packed->data() : nullptr;
-  // Column blocks are independent (each output is its own chain), so threads change no bit.
-  const std::int64_t blocks = (g.n + kCols - 1) / kCols;
-  const std::int64_t per_block = g.m * g.k * kCols;
-  const std::int64_t grain = std::max<std::int64_t>(1, (std::int64_t{1} << 18) / per_block);
-  at::parallel_for(0, blocks, grain, [&](std::int64_t b0, std::int64_t b1) {
-    run_columns(g, xf.data(), fma, b0 * kCols, std::min(g.n, b1 * kCols));
-  });
+  run_all_columns(g, xf.data(), fma);
   return out;
+}
+
+at::Tensor cpu_linear_invariant(const at::Tensor& x, const at::Tensor& w, bool fma) {
+  TORCH_CHECK(x.device().is_cpu() && w.device().is_cpu() && x.dim() >= 1 && w.dim() == 2 &&
+                  x.size(-1) == w.size(1) && x.scalar_type() == w.scalar_type(),
+              "cpu_linear_invariant: x [..., K] and w [N, K] CPU tensors of one dtype");
+  const std::int64_t k = w.size(1);
+  std::vector<std::int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = w.size(0);
+  if (x.numel() == 0 || k == 0 || w.size(0) == 0) {
+    return at::zeros(shape, x.options());
+  }
+  at::Tensor x2 = x.resolve_conj().resolve_neg().reshape({-1, k});  // [M, K]
+  if (x2.stride(1) != 1 || x2.stride(0) < k) {
+    x2 = x2.contiguous();
+  }
+  if (x.scalar_type() == at::kBFloat16) {
+    at::Tensor ww = w.resolve_conj().resolve_neg();
+    if (!cpu_linear_bf16_covers(x2, ww)) {
+      ww = ww.contiguous();
+    }
+    if (cpu_linear_bf16_covers(x2, ww)) {
+      return cpu_linear_bf16(x2, ww, fma).view(shape);
+    }
+    // K = 1 or N = 1: each output one product (or one row of them), the chain below in fp32
+    // is exact up to the final rounding, which does not depend on M either.
+  }
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
+              "cpu_linear_invariant: bf16 or fp32 only");
+  const at::Tensor xf = x2.to(at::kFloat).contiguous();                              // [M, K] fp32
+  const at::Tensor wf = w.resolve_conj().resolve_neg().to(at::kFloat).contiguous();  // [N, K]
+  Gemm g;
+  g.k = k;
+  g.n = w.size(0);
+  g.m = xf.size(0);
+  g.ldx = k;
+  g.ldw = k;
+  g.wf = wf.data_ptr<float>();
+  at::Tensor out = at::empty({g.m, g.n}, xf.options());  // [M, N] fp32
+  g.out_f = out.data_ptr<float>();
+  run_all_columns(g, xf.data_ptr<float>(), fma);
+  return out.to(x.scalar_type()).view(shape);
 }
 
 CpuGemmCheck check_cpu_gemm(const std::vector<std::int64_t>& ks) {

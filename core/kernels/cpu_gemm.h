@@ -31,6 +31,13 @@ bool cpu_linear_bf16_covers(const at::Tensor& x, const at::Tensor& w);
 /// Requires cpu_linear_bf16_covers(x, w).
 at::Tensor cpu_linear_bf16(const at::Tensor& x, const at::Tensor& w, bool fma);
 
+/// F.linear(x, w) for CPU bf16 or fp32 tensors of any layout with a per-row result that does
+/// not depend on how many rows x has: every output element is one in-order chain over K (bf16:
+/// cpu_linear_bf16's, so where ATen computes bf16 matmuls itself these are its bits; fp32: an
+/// fp32 chain, fused when `fma`, unlike a BLAS whose blocking follows M). The CPU side of
+/// ops::Strategy::BatchInvariant. Returns [..., N] in x's dtype.
+at::Tensor cpu_linear_invariant(const at::Tensor& x, const at::Tensor& w, bool fma);
+
 /// The outcome of check_cpu_gemm.
 struct CpuGemmCheck {
   bool use = false;    ///< cpu_linear_bf16 matched at::linear on every probe

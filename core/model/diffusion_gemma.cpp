@@ -170,6 +170,23 @@ class Pass {
     if (ctx.fused_kernels) {
       use_ = model.fused_kernels();
     }
+    const ops::FamilySet wanted = ops::families_with(policy_, ops::Strategy::BatchInvariant);
+    if (wanted.any()) {
+      const BatchInvariance& bi = model.batch_invariance();
+      const ops::FamilySet missing = wanted & ~bi.proven;
+      if (missing.any()) {
+        std::string names;
+        for (int f = 0; f < ops::kOpFamilyCount; ++f) {
+          if (missing.test(static_cast<std::size_t>(f))) {
+            names += (names.empty() ? "" : ", ") +
+                     std::string(ops::family_name(static_cast<ops::OpFamily>(f)));
+          }
+        }
+        base::raise(base::ErrorCode::InvalidArgument,
+                    "the batch_invariant strategy is not proven on " + model.device().str() +
+                        " for " + names + "; " + bi.report);
+      }
+    }
   }
 
   bool wants(Tap tap, int layer) const { return taps_ != nullptr && taps_->wants(tap, layer); }
@@ -457,8 +474,8 @@ class Pass {
     // GEMM runs per row.
     const bool per_row =
         rows_ > 1 &&
-        (runner_.strategy(OpSite{OpFamily::ExpertGateUp, layer}) != ops::Strategy::Batched ||
-         runner_.strategy(OpSite{OpFamily::ExpertDown, layer}) != ops::Strategy::Batched);
+        (runner_.strategy(OpSite{OpFamily::ExpertGateUp, layer}) == ops::Strategy::RowWise ||
+         runner_.strategy(OpSite{OpFamily::ExpertDown, layer}) == ops::Strategy::RowWise);
     const std::int64_t row_count = per_row ? rows_ : 0;
     const kernels::Route route =
         use_.route && index.is_contiguous() && kernels::route_fits(index.numel(), experts)
@@ -609,6 +626,19 @@ void check_ids(const at::Tensor& ids, std::int64_t vocab, const char* what, bool
 
 }  // namespace
 
+struct DiffusionGemma::InvarianceOnce {
+  std::once_flag once;
+  BatchInvariance value;
+};
+
+const BatchInvariance& DiffusionGemma::batch_invariance() const {
+  std::call_once(invariance_->once, [this] {
+    invariance_->value =
+        measure_batch_invariance(*this, ops::CpuGemm{fused_.cpu_gemm, fused_.cpu_gemm_fma});
+  });
+  return invariance_->value;
+}
+
 bool ensure_cpu_bf16_matmul() {
   static std::once_flag once;
   static bool fallback = false;
@@ -632,7 +662,10 @@ bool ensure_cpu_bf16_matmul() {
 }
 
 DiffusionGemma::DiffusionGemma(ModelConfig config, ModelWeights weights, RunSettings settings)
-    : config_(std::move(config)), weights_(std::move(weights)), settings_(std::move(settings)) {
+    : config_(std::move(config)),
+      weights_(std::move(weights)),
+      settings_(std::move(settings)),
+      invariance_(std::make_shared<InvarianceOnce>()) {
   validate(config_);
   if (device().is_cpu() && dtype() == at::kBFloat16) {
     ensure_cpu_bf16_matmul();

@@ -2,11 +2,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
 
 #include "core/base/switches.h"
+#include "core/model/batch_invariance.h"
 #include "core/model/config.h"
 #include "core/model/fused_layer.h"
 #include "core/model/weights.h"
@@ -74,6 +76,10 @@ class DiffusionGemma {
   const RunSettings& settings() const { return settings_; }
   /// Which fused CUDA kernels passed their bitwise check against ATen at load (none on CPU).
   const FusedKernels& fused_kernels() const { return fused_; }
+  /// Which op families the batch_invariant strategy keeps row 0 bitwise equal for, measured on
+  /// this model's weights and shapes at the first call (model/batch_invariance.h); a forward
+  /// whose policy gives an unproven family that strategy is refused. Thread-safe.
+  const BatchInvariance& batch_invariance() const;
   at::Device device() const { return weights_.device(); }
   at::ScalarType dtype() const { return weights_.dtype(); }
 
@@ -98,6 +104,8 @@ class DiffusionGemma {
   at::Tensor inv_freq_sliding_;  // [D/2] fp32
   at::Tensor inv_freq_full_;     // [Dg/2] fp32
   FusedKernels fused_;
+  struct InvarianceOnce;
+  std::shared_ptr<InvarianceOnce> invariance_;  // measured once, shared by copies
 };
 
 /// LibTorch sends CPU bf16 matmuls to oneDNN when its own CPU check (AVX-512 BW/VL/DQ) passes;

@@ -65,12 +65,16 @@ at::Tensor linear_call(const at::Tensor& x, const at::Tensor& w, CpuGemm cpu) {
   return at::linear(x, w);
 }
 
-at::Tensor emulated_split_k_linear(const at::Tensor& x, const at::Tensor& w, CpuGemm cpu) {
+namespace {
+
+// F.linear(x, w) with K cut in `splits` contiguous chunks, each chunk's product part(x_c, w_c),
+// summed in fp32 in chunk order and rounded once to x's dtype.
+template <class Part>
+at::Tensor split_k_linear(const at::Tensor& x, const at::Tensor& w, int splits, Part&& part) {
   const std::int64_t k = x.size(-1);
   const std::int64_t m = k > 0 ? x.numel() / k : 0;
-  const int splits = emulated_split_count(m, k);
   if (splits == 1 || m == 0) {
-    return linear_call(x, w, cpu);
+    return part(x, w);
   }
   // Partial products in the model's dtype (the CPU kernel here is batch invariant), summed in
   // fp32 in chunk order and rounded once: the reduction order depends on M through `splits`.
@@ -79,13 +83,41 @@ at::Tensor emulated_split_k_linear(const at::Tensor& x, const at::Tensor& w, Cpu
   at::Tensor acc;
   for (std::int64_t lo = 0; lo < k; lo += chunk) {
     const std::int64_t len = std::min(chunk, k - lo);
-    const at::Tensor part =
-        linear_call(x2.narrow(1, lo, len), w.narrow(1, lo, len), cpu).to(at::kFloat);
-    acc = acc.defined() ? acc.add_(part) : part;
+    const at::Tensor p = part(x2.narrow(1, lo, len), w.narrow(1, lo, len)).to(at::kFloat);
+    acc = acc.defined() ? acc.add_(p) : p;
   }
   std::vector<std::int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = w.size(0);
   return acc.to(x.scalar_type()).view(shape);
+}
+
+}  // namespace
+
+at::Tensor emulated_split_k_linear(const at::Tensor& x, const at::Tensor& w, CpuGemm cpu) {
+  const std::int64_t k = x.size(-1);
+  const std::int64_t m = k > 0 ? x.numel() / k : 0;
+  return split_k_linear(
+      x, w, emulated_split_count(m, k),
+      [cpu](const at::Tensor& a, const at::Tensor& b) { return linear_call(a, b, cpu); });
+}
+
+at::Tensor OpRunner::invariant_gemm(const at::Tensor& x, const at::Tensor& w, OpSite site) const {
+  if (!x.device().is_cpu()) {
+    base::raise(base::ErrorCode::InvalidArgument, "the batch_invariant strategy (" +
+                                                      std::string(family_name(site.family)) +
+                                                      ") has no kernel on " + x.device().str() +
+                                                      " in this build yet; use row_wise there");
+  }
+  const bool fma = cpu_gemm_.on ? cpu_gemm_.fma : true;
+  const auto part = [fma](const at::Tensor& a, const at::Tensor& b) {
+    return kernels::cpu_linear_invariant(a, b, fma);
+  };
+  if (!policy_.emulates(site.family)) {
+    return part(x, w);
+  }
+  // The emulated GPU library with its split fixed at what one row gets: the count and the
+  // boundaries no longer follow M (ref: the "split whose count does not depend on M").
+  return split_k_linear(x, w, emulated_split_count(1, x.size(-1)), part);
 }
 
 at::Tensor OpRunner::gemm(const at::Tensor& x, const at::Tensor& w, OpSite site) const {
@@ -94,6 +126,9 @@ at::Tensor OpRunner::gemm(const at::Tensor& x, const at::Tensor& w, OpSite site)
 }
 
 at::Tensor OpRunner::linear(const at::Tensor& x, const at::Tensor& w, OpSite site) const {
+  if (strategy(site) == Strategy::BatchInvariant) {
+    return invariant_gemm(x, w, site);
+  }
   if (strategy(site) == Strategy::Batched || rows_ == 1) {
     return gemm(x, w, site);
   }
@@ -102,6 +137,9 @@ at::Tensor OpRunner::linear(const at::Tensor& x, const at::Tensor& w, OpSite sit
 
 at::Tensor OpRunner::linear_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor& row_of,
                                  OpSite site) const {
+  if (strategy(site) == Strategy::BatchInvariant) {
+    return invariant_gemm(x, w, site);
+  }
   if (strategy(site) == Strategy::Batched || rows_ == 1) {
     return gemm(x, w, site);
   }
@@ -117,6 +155,9 @@ at::Tensor OpRunner::matmul(const at::Tensor& a, const at::Tensor& b, OpSite sit
                ? emulated_split_k_linear(part, b.t(), cpu_gemm_)
                : (cpu_gemm_.on ? linear_call(part, b.t(), cpu_gemm_) : at::matmul(part, b));
   };
+  if (strategy(site) == Strategy::BatchInvariant) {
+    return invariant_gemm(a, b.t(), site);
+  }
   if (strategy(site) == Strategy::Batched || rows_ == 1) {
     return call(a);
   }
@@ -130,7 +171,10 @@ at::Tensor OpRunner::attention(const at::Tensor& q, const at::Tensor& k, const a
                         const at::Tensor& mm) {
     return compat::sdpa(qq, kk, vv, mm, scale, is_causal, enable_gqa);
   };
-  if (strategy(OpSite{OpFamily::Attention, layer}) == Strategy::Batched || rows_ == 1) {
+  // Batch-invariant attention is the batched call: attention kernels compute each batch
+  // element on its own (no reduction across the batch dimension); the model's load-time check
+  // measures it (DiffusionGemma::check_batch_invariance).
+  if (strategy(OpSite{OpFamily::Attention, layer}) != Strategy::RowWise || rows_ == 1) {
     return call(q, k, v, mask);
   }
   std::vector<at::Tensor> parts;
@@ -158,6 +202,11 @@ at::Tensor OpRunner::grouped_mm(const at::Tensor& x, const at::Tensor& w, const 
   const auto call = [&w](const at::Tensor& xx, const at::Tensor& oo) {
     return compat::grouped_mm(xx, w, oo);
   };
+  if (strategy(site) == Strategy::BatchInvariant) {
+    base::raise(base::ErrorCode::InvalidArgument,
+                "the batch_invariant strategy has no grouped_mm kernel in this build yet; use "
+                "row_wise for the experts, or the eager experts implementation");
+  }
   if (strategy(site) == Strategy::Batched || rows_ == 1) {
     return call(x, offs);
   }

@@ -66,6 +66,10 @@ class OpRunner {
  private:
   // at::linear, or the emulated split-K kernel when the policy says so for this family.
   at::Tensor gemm(const at::Tensor& x, const at::Tensor& w, OpSite site) const;
+  // F.linear for Strategy::BatchInvariant: one call whose per-row result does not depend on
+  // the row count (CPU: kernels::cpu_linear_invariant; under emulation a split fixed at one
+  // row's count). InvalidArgument on devices without such a kernel.
+  at::Tensor invariant_gemm(const at::Tensor& x, const at::Tensor& w, OpSite site) const;
 
   const OpPolicy& policy_;
   std::int64_t rows_;

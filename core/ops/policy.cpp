@@ -13,6 +13,8 @@ std::string_view strategy_name(Strategy strategy) {
       return "batched";
     case Strategy::RowWise:
       return "row_wise";
+    case Strategy::BatchInvariant:
+      return "batch_invariant";
   }
   return "unknown";
 }
@@ -50,6 +52,27 @@ OpPolicy OpPolicy::row_wise(FamilySet families, std::string name) {
 
 OpPolicy OpPolicy::row_wise_all() {
   return row_wise(FamilySet().set(), "row_wise_all");
+}
+
+OpPolicy OpPolicy::batch_invariant(FamilySet families, std::string name) {
+  OpPolicy p;
+  p.name = std::move(name);
+  p.rules.push_back(PolicyRule{families, 0, -1, Strategy::BatchInvariant});
+  return p;
+}
+
+OpPolicy OpPolicy::batch_invariant_all() {
+  return batch_invariant(FamilySet().set(), "batch_invariant");
+}
+
+FamilySet families_with(const OpPolicy& policy, Strategy strategy) {
+  FamilySet f;
+  for (const PolicyRule& r : policy.rules) {
+    if (r.strategy == strategy) {
+      f |= r.families;
+    }
+  }
+  return f;
 }
 
 OpPolicy OpPolicy::issue_workaround() {
@@ -227,15 +250,18 @@ base::Result<OpPolicy> policy_from_json_or_throw(const nlohmann::json& doc) {
       rule.last_layer = r["last_layer"].get<int>();
     }
     if (r.contains("strategy") && !r["strategy"].is_string()) {
-      return bad("strategy must be a string (batched or row_wise)");
+      return bad("strategy must be a string (batched, row_wise or batch_invariant)");
     }
     const std::string strategy = r.value("strategy", std::string("row_wise"));
     if (strategy == "row_wise") {
       rule.strategy = Strategy::RowWise;
     } else if (strategy == "batched") {
       rule.strategy = Strategy::Batched;
+    } else if (strategy == "batch_invariant") {
+      rule.strategy = Strategy::BatchInvariant;
     } else {
-      return bad("unknown strategy '" + strategy.substr(0, 60) + "' (known: batched, row_wise)");
+      return bad("unknown strategy '" + strategy.substr(0, 60) +
+                 "' (known: batched, row_wise, batch_invariant)");
     }
     p.rules.push_back(rule);
   }
@@ -283,8 +309,8 @@ base::Result<OpPolicy> policy_from_text(const std::string& text) {
     }
     return combine(a.value(), b.value());
   }
-  for (OpPolicy (*make)() :
-       {&OpPolicy::default_policy, &OpPolicy::issue_workaround, &OpPolicy::row_wise_all}) {
+  for (OpPolicy (*make)() : {&OpPolicy::default_policy, &OpPolicy::issue_workaround,
+                             &OpPolicy::row_wise_all, &OpPolicy::batch_invariant_all}) {
     if (OpPolicy p = make(); p.name == text) {
       return p;
     }
@@ -295,9 +321,9 @@ base::Result<OpPolicy> policy_from_text(const std::string& text) {
   const std::string shown = text.size() > 100 ? text.substr(0, 97) + "..." : text;
   return base::Error{base::ErrorCode::InvalidArgument,
                      "policy '" + shown +
-                         "': expected default, issue_workaround, row_wise_all, emulated_h200, "
-                         "emulated_h100_report, emulated_split_k, policy JSON, such parts joined "
-                         "with + or a JSON file"};
+                         "': expected default, issue_workaround, row_wise_all, batch_invariant, "
+                         "emulated_h200, emulated_h100_report, emulated_split_k, policy JSON, "
+                         "such parts joined with + or a JSON file"};
 }
 
 std::string policy_text(const OpPolicy& policy) {

@@ -19,9 +19,13 @@ namespace batchlens::ops {
 enum class Strategy {
   Batched,  ///< one call over the whole batch, as transformers does ("default")
   RowWise,  ///< one call per logical row (batch element), results concatenated
+  /// One call over the whole batch with a kernel whose per-row reduction order does not depend
+  /// on how many rows the call has (fixed tiles, no M-dependent split): the fix serving engines
+  /// use instead of serialising. See ops::OpRunner for what computes it on each device.
+  BatchInvariant,
 };
 
-/// "batched", "row_wise".
+/// "batched", "row_wise", "batch_invariant".
 std::string_view strategy_name(Strategy strategy);
 
 using FamilySet = std::bitset<kOpFamilyCount>;
@@ -65,6 +69,10 @@ struct OpPolicy {
   static OpPolicy row_wise(FamilySet families, std::string name = "row_wise");
   /// Every family row-wise in every layer: each row computed exactly as at batch size 1.
   static OpPolicy row_wise_all();
+  /// The given families batch-invariant in every layer.
+  static OpPolicy batch_invariant(FamilySet families, std::string name = "batch_invariant");
+  /// Every family batch-invariant in every layer ("batch_invariant").
+  static OpPolicy batch_invariant_all();
   /// The user's recipe: router projection in all layers + self-conditioning matmul row-wise.
   static OpPolicy issue_workaround();
   /// Every GEMM family (all but attention) on the emulated split-K kernel, batched.
@@ -109,7 +117,8 @@ nlohmann::json to_json(const OpPolicy& policy);
 /// Inverse of to_json; InvalidArgument on malformed input. Never throws.
 base::Result<OpPolicy> policy_from_json(const nlohmann::json& doc);
 /// The text form of a policy in experiment specs, settings and on the command line: a named
-/// policy ("default", "issue_workaround", "row_wise_all", an emulation profile's name:
+/// policy ("default", "issue_workaround", "row_wise_all", "batch_invariant", an emulation
+/// profile's name:
 /// "emulated_h200", "emulated_h100_report", "emulated_split_k"), inline policy
 /// JSON (text starting with '{': to_json's format, nesting limited, never echoed in messages),
 /// or such parts joined with "+" (combined left to right, e.g.
@@ -123,6 +132,9 @@ std::string policy_text(const OpPolicy& policy);
 /// FIFOs, devices and folders refused without blocking). InvalidArgument for anything else or a
 /// malformed file. Never throws.
 base::Result<OpPolicy> policy_from_argument(const std::string& text_or_file);
+
+/// The families some rule of `policy` gives `strategy` (in any layer).
+FamilySet families_with(const OpPolicy& policy, Strategy strategy);
 
 /// A one-line description, e.g. "issue_workaround: row_wise {router_proj, selfcond_matmul}".
 std::string describe(const OpPolicy& policy);

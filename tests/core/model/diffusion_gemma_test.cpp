@@ -273,6 +273,25 @@ TEST(DiffusionGemma, CpuGemmChangesNoBit) {
   }
 }
 
+// On a CPU the batch-invariant kernels are proven for every family, in bf16 and fp32, with the
+// checked batch sizes recorded; the report names what the default kernels already do.
+TEST(DiffusionGemma, BatchInvarianceIsMeasuredForEveryFamilyOnCpu) {
+  for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+    const DiffusionGemma m = make_model(dtype, 6);
+    const BatchInvariance& bi = m.batch_invariance();
+    EXPECT_EQ(&bi, &m.batch_invariance());  // measured once
+    EXPECT_EQ(bi.batch_sizes, (std::vector<int>{1, 2, 3, 4, 5, 8, 16, 33, 64}));
+    EXPECT_TRUE(bi.proven.all()) << bi.report;
+    EXPECT_NE(bi.report.find("router_proj: default"), std::string::npos) << bi.report;
+    // A policy the check did not prove is refused: here every family is, so one runs.
+    const ops::OpPolicy policy = ops::OpPolicy::batch_invariant_all();
+    KvCache cache;
+    const auto& t = m.config().text;
+    EXPECT_NO_THROW(
+        m.encode(random_ids(2, 4, t.vocab_size, 3), cache, ForwardContext{&policy, nullptr}));
+  }
+}
+
 TEST(DiffusionGemma, RejectsBadInputsWithClearErrors) {
   const DiffusionGemma m = make_model(at::kFloat);
   const auto& t = m.config().text;

@@ -239,3 +239,36 @@ TEST(OpPolicy, EmulationProfilesFollowTheRecordedFindings) {
 
 }  // namespace
 }  // namespace batchlens::ops
+
+namespace batchlens::ops {
+namespace {
+
+TEST(OpPolicy, BatchInvariantIsAStrategyOfItsOwnInEveryFormOfAPolicy) {
+  const OpPolicy all = policy_from_text("batch_invariant").value();
+  EXPECT_EQ(all, OpPolicy::batch_invariant_all());
+  EXPECT_EQ(all.resolve(OpFamily::SelfCondMatmul, -1), Strategy::BatchInvariant);
+  EXPECT_EQ(all.resolve(OpFamily::RouterProj, 3), Strategy::BatchInvariant);
+  EXPECT_EQ(policy_text(all), "batch_invariant");
+  EXPECT_EQ(families_with(all, Strategy::BatchInvariant), FamilySet().set());
+  EXPECT_TRUE(families_with(all, Strategy::RowWise).none());
+  FamilySet router;
+  router.set(static_cast<std::size_t>(OpFamily::RouterProj));
+  const OpPolicy one = OpPolicy::batch_invariant(router, "bi_router");
+  const auto back = policy_from_json(to_json(one));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(back.value(), one);
+  EXPECT_EQ(back.value().resolve(OpFamily::RouterProj, 0), Strategy::BatchInvariant);
+  EXPECT_EQ(back.value().resolve(OpFamily::QProj, 0), Strategy::Batched);
+  EXPECT_NE(describe(one).find("batch_invariant {router_proj}"), std::string::npos)
+      << describe(one);
+  const OpPolicy mixed = policy_from_text("emulated_h200+batch_invariant").value();
+  EXPECT_TRUE(mixed.emulates(OpFamily::SelfCondMatmul));
+  EXPECT_EQ(mixed.resolve(OpFamily::SelfCondMatmul, -1), Strategy::BatchInvariant);
+  const auto bad = policy_from_json(nlohmann::json::parse(
+      R"({"rules": [{"families": ["q_proj"], "strategy": "batch_invariantly"}]})"));
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("batch_invariant"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace batchlens::ops
