@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <iomanip>
 #include <iostream>
 #include <memory>
@@ -13,6 +14,7 @@
 #include "app/cli/model_options.h"
 #include "app/cli/preflight.h"
 #include "core/base/atomic_file.h"
+#include "core/experiment/culprit.h"
 #include "core/experiment/experiment.h"
 #include "core/experiment/runner.h"
 #include "core/io/experiment_file.h"
@@ -84,134 +86,216 @@ fs::path write_or_rescue(const fs::path& out, const experiment::ExperimentResult
 
 }  // namespace
 
-void register_run(CLI::App& app, int& exit_code) {
-  struct Options {
-    ModelOptions model;
-    experiment::ExperimentSpec spec;
-    std::string prompt_ids;
-    std::string batch_sizes = "2,3,4";
-    std::string taps;
-    std::string out;
-    std::string rng = "per_row";
-    std::string policy = "default";
-    std::string workaround;
-    // The program's edge: how files are written, as the environment sets it.
-    io::WriteOptions write = io::WriteOptions::from_environment();
-    std::string prefill = "copied";
-    std::string mode = "free";
-    bool raw = false;
-  };
-  auto opts = std::make_shared<Options>();
-  auto* cmd = app.add_subcommand(
-      "run",
-      "Run a paired batch-size experiment (B=1 reference, B=1 repeats, batched runs; optionally "
-      "again with a workaround policy) and write it to an HDF5 experiment file");
-  add_model_options(cmd, opts->model);
-  auto& sp = opts->spec;
+namespace {
+
+// The spec options `run` and `culprit` share, as typed, then resolved into `spec`.
+struct SpecOptions {
+  ModelOptions model;
+  experiment::ExperimentSpec spec;
+  std::string prompt_ids;
+  std::string batch_sizes = "2,3,4";
+  std::string taps;
+  std::string out;
+  std::string rng = "per_row";
+  std::string policy = "default";
+  std::string workaround;
+  // The program's edge: how files are written, as the environment sets it.
+  io::WriteOptions write = io::WriteOptions::from_environment();
+  std::string prefill = "copied";
+  std::string mode = "free";
+  bool raw = false;
+};
+
+void add_spec_options(CLI::App* cmd, SpecOptions& o, bool workaround) {
+  add_model_options(cmd, o.model);
+  auto& sp = o.spec;
   auto& ov = sp.overrides;
   auto* text =
       cmd->add_option("--prompt", sp.prompt, "Prompt text (Gemma chat template unless --raw)")
           ->capture_default_str();
-  auto* ids =
-      cmd->add_option("--prompt-ids", opts->prompt_ids, "Prompt token ids, comma-separated");
+  auto* ids = cmd->add_option("--prompt-ids", o.prompt_ids, "Prompt token ids, comma-separated");
   ids->excludes(text);
-  cmd->add_flag("--raw", opts->raw, "Do not apply the chat template to --prompt");
-  cmd->add_option("--batch-sizes", opts->batch_sizes, "Batched runs to compare with B=1")
+  cmd->add_flag("--raw", o.raw, "Do not apply the chat template to --prompt");
+  cmd->add_option("--batch-sizes", o.batch_sizes, "Batched runs to compare with B=1")
       ->capture_default_str();
   cmd->add_option("--repeats", sp.repeats, "Extra B=1 runs (the noise floor)")
       ->capture_default_str();
   cmd->add_option("--gen-seed", sp.seed, "Sampling seed")->capture_default_str();
   cmd->add_option("--steps", ov.max_denoising_steps, "max_denoising_steps [48]");
   cmd->add_option("--max-new-tokens", ov.max_new_tokens, "max_new_tokens [256]");
-  cmd->add_option("--rng", opts->rng, "per_row (BatchLens) or shared (the reference)")
+  cmd->add_option("--rng", o.rng, "per_row (BatchLens) or shared (the reference)")
       ->capture_default_str();
-  cmd->add_option("--prefill", opts->prefill, "copied (batch-1 cache in every row) or batched")
+  cmd->add_option("--prefill", o.prefill, "copied (batch-1 cache in every row) or batched")
       ->capture_default_str();
-  cmd->add_option("--mode", opts->mode,
+  cmd->add_option("--mode", o.mode,
                   "free (each run its own trajectory) or lockstep (batched runs forced onto the "
                   "reference's canvas every step)")
       ->capture_default_str();
-  cmd->add_option("--policy", opts->policy,
+  cmd->add_option("--policy", o.policy,
                   "Kernel policy of every run: default, emulated_split_k (CPU emulation), "
-                  "row_wise_all, ... or a JSON file; join with +")
+                  "row_wise_all, batch_invariant, ... or a JSON file; join with +")
       ->capture_default_str();
-  cmd->add_option("--workaround", opts->workaround,
-                  "Also run everything with this row-wise policy added, e.g. issue_workaround");
-  cmd->add_option("--taps", opts->taps,
+  if (workaround) {
+    cmd->add_option("--workaround", o.workaround,
+                    "Also run everything with this policy added, e.g. issue_workaround");
+  }
+  cmd->add_option("--taps", o.taps,
                   "Comma-separated tap names to compare, or none (tokens and sampler only) [all]");
-  cmd->add_option("--out", opts->out, "Experiment file to write (.h5)")->required();
+  cmd->add_option("--out", o.out, "Experiment file to write (.h5)")->required();
+}
+
+// Fills o.spec from the typed options and runs the checks before any work. False (with the
+// exit code set and the reason printed) when the command must not start.
+bool resolve_spec(SpecOptions& o, const char* command, int& exit_code) {
+  auto& mo = o.model;
+  auto& spec = o.spec;
+  if (mo.source.preset.empty() && mo.checkpoint.empty()) {
+    std::cerr << "batchlens-cli " << command << ": give --preset or --checkpoint\n";
+    exit_code = kExitUsage;
+    return false;
+  }
+  if (!parse_mode(o.rng, generation::parse_rng_mode, spec.rng, command, exit_code) ||
+      !parse_mode(o.prefill, generation::parse_prefill_mode, spec.prefill, command, exit_code) ||
+      !parse_mode(o.mode, experiment::parse_run_mode, spec.mode, command, exit_code) ||
+      !resolve_policy(o.policy, spec.policy, exit_code)) {
+    return false;
+  }
+  if (!o.workaround.empty()) {
+    spec.workaround.emplace();
+    if (!resolve_policy(o.workaround, *spec.workaround, exit_code)) {
+      return false;
+    }
+  }
+  std::string bad;
+  spec.batch_sizes.clear();
+  if (!parse_int_list(o.prompt_ids, spec.prompt_ids, bad) ||
+      !parse_int_list(o.batch_sizes, spec.batch_sizes, bad)) {
+    std::cerr << "batchlens-cli " << command << ": bad number '" << bad << "'\n";
+    exit_code = kExitUsage;
+    return false;
+  }
+  std::stringstream taps(o.taps);
+  for (std::string t; std::getline(taps, t, ',');) {
+    spec.taps.push_back(t);
+  }
+  mo.source.checkpoint_dir = mo.checkpoint;
+  spec.model = mo.source;
+  spec.load = mo.load;
+  spec.chat_template = !o.raw;
+  // Everything the write needs is checked before the run, which may take hours.
+  return preflight(spec, o.out, exit_code);
+}
+
+// Runs `compute` under Ctrl-C cancellation with progress, prints the summary and writes the
+// file (or rescues it); sets the exit code.
+void compute_and_write(
+    const SpecOptions& o,
+    const std::function<base::Result<experiment::ExperimentResult>(const experiment::RunControl&)>&
+        compute,
+    int& exit_code) {
+  base::Result<experiment::ExperimentResult> result = base::Error{};
+  {
+    const SigintCancel sigint;
+    experiment::RunControl control;
+    control.cancel = sigint.token();
+    control.progress = draw_progress;
+    result = compute(control);
+  }
+  std::fprintf(stderr, "\n");
+  if (!result.ok()) {
+    exit_code = report_error(result.error());
+    return;
+  }
+  const fs::path out = o.out;
+  const auto write_start = std::chrono::steady_clock::now();
+  const auto written = write_or_rescue(out, result.value(), o.write);
+  const double write_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - write_start).count();
+  const auto& t = result.value().timings;
+  std::cout << experiment::summary_text(result.value()) << "\n";
+  if (written.empty()) {
+    exit_code = kExitFailure;
+    return;
+  }
+  std::cout << "wrote " << written.string() << "\n"
+            << std::fixed << std::setprecision(2) << "time: load " << t.load_s << " s, engines "
+            << t.engines_s << " s, per-tick copies and comparisons " << t.comparisons_s
+            << " s (read back per canvas " << t.readback_s << " s), results " << t.results_s
+            << " s, file " << write_s << " s\n";
+  // A rescued result is kept, but the command did not do what it was asked.
+  exit_code = written == out ? kExitOk : kExitFailure;
+}
+
+}  // namespace
+
+void register_run(CLI::App& app, int& exit_code) {
+  auto opts = std::make_shared<SpecOptions>();
+  auto* cmd = app.add_subcommand(
+      "run",
+      "Run a paired batch-size experiment (B=1 reference, B=1 repeats, batched runs; optionally "
+      "again with a workaround policy) and write it to an HDF5 experiment file");
+  add_spec_options(cmd, *opts, /*workaround=*/true);
   cmd->callback([opts, &exit_code] {
-    auto& mo = opts->model;
-    auto& spec = opts->spec;
-    if (mo.source.preset.empty() && mo.checkpoint.empty()) {
-      std::cerr << "batchlens-cli run: give --preset or --checkpoint\n";
+    if (!resolve_spec(*opts, "run", exit_code)) {
+      return;
+    }
+    compute_and_write(
+        *opts,
+        [&](const experiment::RunControl& control) {
+          return experiment::run_experiment(opts->spec, control);
+        },
+        exit_code);
+  });
+}
+
+void register_culprit(CLI::App& app, int& exit_code) {
+  struct Options {
+    SpecOptions spec;
+    std::string strategy = "row_wise";
+    int cost_repeats = 5;
+    bool free_trials = false;
+    bool no_narrow = false;
+  };
+  auto opts = std::make_shared<Options>();
+  auto* cmd = app.add_subcommand(
+      "culprit",
+      "Find the op families that, at least, must change for row 0 of every batch size to be "
+      "bitwise B=1's: greedy from the first divergence, 1-minimal, layer ranges narrowed, "
+      "confirmed in free mode; then measure the fix's cost. Writes one experiment file: the "
+      "spec with the fix as its workaround, and the finder's trials");
+  add_spec_options(cmd, opts->spec, /*workaround=*/false);
+  cmd->add_option("--strategy", opts->strategy,
+                  "How the culprit families are fixed: row_wise or batch_invariant")
+      ->capture_default_str();
+  cmd->add_option("--cost-repeats", opts->cost_repeats,
+                  "Decoder passes timed per batch size, without and with the fix (0: no costs)")
+      ->capture_default_str();
+  cmd->add_flag("--free-trials", opts->free_trials,
+                "Search and minimise in free mode too (slower; lockstep by default)");
+  cmd->add_flag("--no-narrow", opts->no_narrow, "Keep each family's fix on every layer");
+  cmd->callback([opts, &exit_code] {
+    experiment::CulpritOptions co;
+    if (opts->strategy == "row_wise") {
+      co.strategy = ops::Strategy::RowWise;
+    } else if (opts->strategy == "batch_invariant") {
+      co.strategy = ops::Strategy::BatchInvariant;
+    } else {
+      std::cerr << "batchlens-cli culprit: --strategy must be row_wise or batch_invariant\n";
       exit_code = kExitUsage;
       return;
     }
-    if (!parse_mode(opts->rng, generation::parse_rng_mode, spec.rng, "run", exit_code) ||
-        !parse_mode(opts->prefill, generation::parse_prefill_mode, spec.prefill, "run",
-                    exit_code) ||
-        !parse_mode(opts->mode, experiment::parse_run_mode, spec.mode, "run", exit_code) ||
-        !resolve_policy(opts->policy, spec.policy, exit_code)) {
+    co.cost_repeats = std::max(0, opts->cost_repeats);
+    co.lockstep_trials = !opts->free_trials;
+    co.narrow_layers = !opts->no_narrow;
+    if (!resolve_spec(opts->spec, "culprit", exit_code)) {
       return;
     }
-    if (!opts->workaround.empty()) {
-      spec.workaround.emplace();
-      if (!resolve_policy(opts->workaround, *spec.workaround, exit_code)) {
-        return;
-      }
-    }
-    std::string bad;
-    spec.batch_sizes.clear();
-    if (!parse_int_list(opts->prompt_ids, spec.prompt_ids, bad) ||
-        !parse_int_list(opts->batch_sizes, spec.batch_sizes, bad)) {
-      std::cerr << "batchlens-cli run: bad number '" << bad << "'\n";
-      exit_code = kExitUsage;
-      return;
-    }
-    std::stringstream taps(opts->taps);
-    for (std::string t; std::getline(taps, t, ',');) {
-      spec.taps.push_back(t);
-    }
-    mo.source.checkpoint_dir = mo.checkpoint;
-    spec.model = mo.source;
-    spec.load = mo.load;
-    spec.chat_template = !opts->raw;
-    // Everything the write needs is checked before the run, which may take hours.
-    const fs::path out = opts->out;
-    if (!preflight(spec, out, exit_code)) {
-      return;
-    }
-    base::Result<experiment::ExperimentResult> result = base::Error{};
-    {
-      const SigintCancel sigint;
-      experiment::RunControl control;
-      control.cancel = sigint.token();
-      control.progress = draw_progress;
-      result = experiment::run_experiment(spec, control);
-    }
-    std::fprintf(stderr, "\n");
-    if (!result.ok()) {
-      exit_code = report_error(result.error());
-      return;
-    }
-    const auto write_start = std::chrono::steady_clock::now();
-    const auto written = write_or_rescue(out, result.value(), opts->write);
-    const double write_s =
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - write_start).count();
-    const auto& t = result.value().timings;
-    std::cout << experiment::summary_text(result.value()) << "\n";
-    if (written.empty()) {
-      exit_code = kExitFailure;
-      return;
-    }
-    std::cout << "wrote " << written.string() << "\n"
-              << std::fixed << std::setprecision(2) << "time: load " << t.load_s << " s, engines "
-              << t.engines_s << " s, per-tick copies and comparisons " << t.comparisons_s
-              << " s (read back per canvas " << t.readback_s << " s), results " << t.results_s
-              << " s, file " << write_s << " s\n";
-    // A rescued result is kept, but the command did not do what it was asked.
-    exit_code = written == out ? kExitOk : kExitFailure;
+    compute_and_write(
+        opts->spec,
+        [&](const experiment::RunControl& control) {
+          return experiment::run_culprit_experiment(opts->spec.spec, co, control);
+        },
+        exit_code);
   });
 }
 

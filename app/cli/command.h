@@ -65,6 +65,8 @@ void register_run(CLI::App& app, int& exit_code);
 
 /// `summary FILE`: an experiment file in words or JSON.
 void register_summary(CLI::App& app, int& exit_code);
+/// `culprit`: the culprit finder (core/experiment/culprit.h) on run's spec options.
+void register_culprit(CLI::App& app, int& exit_code);
 
 /// `tokenize`: encode text or decode ids with a model's tokenizer; export a preset's.
 void register_tokenize(CLI::App& app, int& exit_code);

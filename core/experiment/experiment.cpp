@@ -9,6 +9,7 @@
 
 #include "core/base/input.h"
 #include "core/base/named.h"
+#include "core/experiment/culprit.h"
 #include "core/experiment/schema.h"
 #include "core/experiment/story.h"
 #include "core/ops/policy.h"
@@ -496,6 +497,12 @@ nlohmann::json summary_json(const ExperimentResult& r) {
     const Story story = build_story(r, id);
     out["headline"] = {{"comparison", id}, {"text", story.headline()}, {"why", story.why}};
   }
+  if (r.culprit) {
+    nlohmann::json c = to_json(*r.culprit);
+    c["headline"] =
+        r.culprit->headline(std::vector<int>(r.spec.batch_sizes.begin(), r.spec.batch_sizes.end()));
+    out["culprit"] = std::move(c);
+  }
   out["noise_floor_clean"] =
       floor == nullptr ? nlohmann::json(nullptr) : nlohmann::json(!floor->first.found());
   out["runs"] = std::move(runs);
@@ -530,6 +537,31 @@ std::string summary_text(const ExperimentResult& r) {
     o << "\nheadline (" << id << "): " << story.headline() << "\n";
     if (!story.why.empty()) {
       o << "why: " << story.why << "\n";
+    }
+  }
+  if (r.culprit) {
+    const CulpritReport& c = *r.culprit;
+    std::vector<int> sizes(r.spec.batch_sizes.begin(), r.spec.batch_sizes.end());
+    o << "\n" << c.headline(sizes) << "\n";
+    o << "culprit finder (" << ops::strategy_name(c.strategy) << "): " << c.trials.size()
+      << " trials in " << std::fixed << std::setprecision(1) << c.wall_s << " s; " << c.verdict
+      << "\n";
+    for (std::size_t i = 0; i < c.trials.size(); ++i) {
+      const CulpritTrial& t = c.trials[i];
+      o << "  " << std::setw(2) << i + 1 << " " << std::left << std::setw(9) << t.stage
+        << std::right << " " << (t.identical ? "identical" : "diverges ");
+      if (!t.identical && t.first.found()) {
+        o << " (" << t.comparison << ": canvas " << t.first.canvas + 1 << " step " << t.first.step
+          << " " << t.first.tap
+          << (t.first.layer >= 0 ? " layer " + std::to_string(t.first.layer) : std::string())
+          << ")";
+      }
+      o << std::setprecision(2) << "  " << t.wall_s << " s  fix: " << t.fix << "\n";
+    }
+    for (const CulpritCost& k : c.costs) {
+      o << std::setprecision(2) << "  cost at B=" << k.batch_size << ": decoder forward "
+        << k.default_ms << " ms -> " << k.fixed_ms << " ms (" << std::showpos
+        << std::setprecision(1) << 100.0 * k.overhead() << std::noshowpos << " %)\n";
     }
   }
   o << "\n";

@@ -205,6 +205,40 @@ struct ComparisonResult {
   std::vector<text::TokenEdit> token_diff;
 };
 
+/// One trial: the fix tried (on top of the spec's own policy) and what came of it.
+struct CulpritTrial {
+  std::string stage;       ///< "baseline", "search", "minimise", "narrow", "confirm"
+  std::string fix;         ///< ops::describe of the fix tried
+  bool identical = false;  ///< row 0 of every batch size bitwise B=1's at every tick and tap
+  Divergence first;        ///< else the earliest first divergence over the batch sizes
+  std::string comparison;  ///< the comparison it was found in, e.g. "ref__b4"
+  double wall_s = 0.0;
+};
+
+/// Decoder forward time at one batch size without and with the fix.
+struct CulpritCost {
+  int batch_size = 0;
+  double default_ms = 0.0;  ///< the spec's own policy
+  double fixed_ms = 0.0;    ///< with the fix
+  double overhead() const { return default_ms > 0 ? fixed_ms / default_ms - 1.0 : 0.0; }
+};
+
+struct CulpritReport {
+  ops::Strategy strategy = ops::Strategy::RowWise;
+  bool diverged = false;   ///< the spec diverged at all (else nothing to fix, one trial)
+  bool found = false;      ///< a fix made every batch size identical
+  bool confirmed = false;  ///< ... in free mode over the whole generation too
+  ops::OpPolicy fix;       ///< the minimal fix: one rule per family with its layer range
+  std::string verdict;     ///< one plain sentence
+  std::vector<CulpritTrial> trials;
+  std::vector<CulpritCost> costs;
+  double wall_s = 0.0;
+
+  /// "Culprit: {selfcond_matmul} row_wise — with it B=2,4 are bitwise identical to B=1; cost
+  /// +3.1 % at B=4", or the verdict when nothing was found.
+  std::string headline(const std::vector<int>& batch_sizes) const;
+};
+
 struct ExperimentResult {
   ExperimentSpec spec;
   Provenance provenance;
@@ -218,6 +252,8 @@ struct ExperimentResult {
   std::int64_t top_k = 0;
   std::vector<RunResult> runs;
   std::vector<ComparisonResult> comparisons;
+  /// The culprit finder's report (experiment/culprit.h), when this experiment came from it.
+  std::optional<CulpritReport> culprit;
 
   /// Where run_experiment spent its wall time, in seconds. Measured in this process and never
   /// written to files (a file read back has zeros).

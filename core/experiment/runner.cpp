@@ -309,6 +309,11 @@ base::Result<ExperimentResult> run_workaround_group(const setup::Session& sessio
   });
 }
 
+base::Result<setup::Session> open_session_for(const ExperimentSpec& spec,
+                                              const RunControl& control) {
+  return base::guarded([&] { return open_for(spec, spec.prompt_ids, control); });
+}
+
 base::Result<ExperimentResult> run_experiment(const ExperimentSpec& spec,
                                               const RunControl& control) {
   return base::guarded([&]() -> ExperimentResult {

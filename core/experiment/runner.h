@@ -52,6 +52,12 @@ base::Result<ExperimentResult> run_workaround_group(const ExperimentResult& show
                                                     const ops::OpPolicy& workaround,
                                                     const RunControl& control = {});
 
+/// Validates `spec` and opens a session for it (setup::open_session, the memory check sized for
+/// the spec's runs, the spec's prompt ids or prompt). Errors: those of validate and
+/// open_session. Never throws.
+base::Result<setup::Session> open_session_for(const ExperimentSpec& spec,
+                                              const RunControl& control = {});
+
 /// Opens a session for `spec` (setup::open_session, the memory check sized for the spec's
 /// runs) and runs it there. Errors: those of open_session and of the overload above.
 base::Result<ExperimentResult> run_experiment(const ExperimentSpec& spec,

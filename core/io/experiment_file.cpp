@@ -24,6 +24,7 @@
 
 #include "core/base/atomic_file.h"
 #include "core/base/input.h"
+#include "core/experiment/culprit.h"
 #include "core/experiment/schema.h"
 #include "core/io/chunk_writer.h"
 #include "core/io/hdf5_util.h"
@@ -355,6 +356,11 @@ void write_groups(hid_t fid, const ExperimentResult& r, bool serial) {
   write_list(arrays, runs, r.runs);
   GroupWriter comps = group("comparisons");
   write_list(arrays, comps, r.comparisons);
+  if (r.culprit) {  // schema 1.4: the culprit finder's report, as JSON (experiment/culprit.h)
+    GroupWriter culprit = group("culprit");
+    culprit.str("report_json", base::dump_json_lossy(experiment::to_json(*r.culprit)));
+    culprit.seal();
+  }
 }
 
 // The whole file, built in memory (create_in_memory) and returned as its byte image; the caller
@@ -1189,6 +1195,21 @@ ExperimentResult read_file(const std::string& file, std::uint64_t file_bytes) {
             [&](const GroupReader& comps, const std::string& id) {
               return read_comparison(rd, comps, id, r);
             });
+  if (rd.at_least({1, 4}) && exists(root.id(), "culprit")) {
+    GroupReader culprit = rd.group(root, "culprit");
+    const std::string text = culprit.str("report_json");
+    culprit.check_digest();
+    const std::string at = culprit.at("report_json");
+    const auto doc = base::parse_json(text, file + ": " + at, ErrorCode::FileCorrupted);
+    if (!doc.ok()) {
+      corrupt(doc.error().message);
+    }
+    auto report = experiment::culprit_from_json(doc.value());
+    if (!report.ok()) {
+      corrupt(file + ": " + at + ": " + report.error().message);
+    }
+    r.culprit = std::move(report).value();
+  }
   validate(Fail{file + ": ", ErrorCode::FileCorrupted}, r);
   return r;
 }

@@ -75,7 +75,7 @@ BatchInvariance measure_batch_invariance(const DiffusionGemma& model, ops::CpuGe
   const std::int64_t c = model.config().canvas_length;
   const int bmax = out.batch_sizes.back();
   auto gen = at::make_generator<at::CPUGeneratorImpl>(20261217);
-  const auto random = [&](std::vector<std::int64_t> shape) {
+  const auto random = [&](const std::vector<std::int64_t>& shape) {
     return at::randn(shape, gen).to(model.dtype()).to(model.device());
   };
 

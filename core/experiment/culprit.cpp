@@ -1,0 +1,495 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "core/experiment/culprit.h"
+
+#include <chrono>
+#include <cstdio>
+#include <sstream>
+
+#include "core/base/cancel.h"
+#include "core/model/diffusion_gemma.h"
+#include "core/probe/tap_names.h"
+#include "core/setup/forward_file.h"
+#include "core/setup/front_door.h"
+
+namespace batchlens::experiment {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using ops::FamilySet;
+using ops::OpFamily;
+
+FamilySet of(std::initializer_list<OpFamily> families) {
+  FamilySet f;
+  for (const OpFamily family : families) {
+    f.set(static_cast<std::size_t>(family));
+  }
+  return f;
+}
+
+std::string family_list(const FamilySet& f) {
+  std::string out;
+  for (int i = 0; i < ops::kOpFamilyCount; ++i) {
+    if (f.test(static_cast<std::size_t>(i))) {
+      out += (out.empty() ? "" : ", ") + std::string(ops::family_name(static_cast<OpFamily>(i)));
+    }
+  }
+  return "{" + out + "}";
+}
+
+// One rule per family, in the order the families were added: the fix as a policy.
+struct FixRule {
+  OpFamily family;
+  int first_layer = 0;
+  int last_layer = -1;
+};
+
+ops::OpPolicy fix_policy(const std::vector<FixRule>& rules, ops::Strategy strategy) {
+  ops::OpPolicy p;
+  p.name = "culprit_fix";
+  for (const FixRule& r : rules) {
+    p.rules.push_back(ops::PolicyRule{of({r.family}), r.first_layer, r.last_layer, strategy});
+  }
+  return p;
+}
+
+struct Outcome {
+  bool identical = false;
+  Divergence first;
+  std::string comparison;
+};
+
+// Row 0 of every batch size against B=1 (the row0 comparisons of the main group).
+Outcome outcome_of(const ExperimentResult& r) {
+  Outcome o;
+  o.identical = true;
+  for (const ComparisonResult& c : r.comparisons) {
+    if (c.kind != "row0" || c.reference != "ref" || c.run.rfind("repeat", 0) == 0) {
+      continue;
+    }
+    const bool differs = c.first.found() || !c.tokens_identical;
+    if (!differs) {
+      continue;
+    }
+    if (o.identical || (c.first.found() && (!o.first.found() || c.first.tick < o.first.tick))) {
+      o.first = c.first;
+      o.comparison = c.id;
+    }
+    o.identical = false;
+  }
+  return o;
+}
+
+class Finder {
+ public:
+  Finder(const setup::Session& session, const ExperimentSpec& spec, const CulpritOptions& options,
+         const RunControl& control)
+      : session_(session), spec_(spec), options_(options), control_(control) {}
+
+  CulpritReport run() {
+    const auto start = Clock::now();
+    report_.strategy = options_.strategy;
+    const int layers = static_cast<int>(session_.model->config().text.num_hidden_layers);
+
+    // 1. The spec as it is, free. Then the trials run in lockstep (faster, and every tap of
+    // every step compared on one canvas) if lockstep sees the divergence too: a divergence that
+    // only the sampler makes (e.g. a random stream shared across the batch) shows in free mode
+    // only, and then every trial runs free.
+    Outcome o = trial("baseline", {}, false);
+    bool lockstep = false;
+    if (!o.identical && options_.lockstep_trials) {
+      const Outcome locked = trial("baseline", {}, true);
+      if (!locked.identical) {
+        lockstep = true;
+        o = locked;
+      }
+    }
+    if (o.identical) {
+      report_.verdict = "no divergence: row 0 of every batch size is already bitwise B=1's";
+      report_.wall_s = seconds_since(start);
+      return report_;
+    }
+    report_.diverged = true;
+
+    // 2. Greedy: add the families behind each new first divergence.
+    std::vector<FixRule> rules;
+    FamilySet in_set;
+    const FamilySet everything = FamilySet().set();
+    while (!o.identical) {
+      FamilySet add = families_behind(o.first.tap) & ~in_set;
+      if (add.none()) {
+        // The ops behind the tap are fixed already (or it has none): the divergence enters
+        // upstream, e.g. through a prompt cache encoded at B. Try every family left.
+        add = everything & ~in_set;
+      }
+      if (add.none()) {
+        report_.verdict = "no op-level fix exists: with every op family " + strategy_word() +
+                          " row 0 still differs (first at " + where(o) +
+                          "), so the divergence comes from outside the op layer";
+        report_.wall_s = seconds_since(start);
+        return report_;
+      }
+      for (int f = 0; f < ops::kOpFamilyCount; ++f) {
+        if (add.test(static_cast<std::size_t>(f))) {
+          rules.push_back(FixRule{static_cast<OpFamily>(f), 0, -1});
+        }
+      }
+      in_set |= add;
+      o = trial("search", rules, lockstep);
+    }
+
+    // 3. 1-minimal: drop each family in turn, keep it dropped while the result stays identical.
+    for (std::size_t i = 0; i < rules.size();) {
+      std::vector<FixRule> without = rules;
+      without.erase(without.begin() + static_cast<std::ptrdiff_t>(i));
+      if (!without.empty() && trial("minimise", without, lockstep).identical) {
+        rules = without;
+      } else {
+        ++i;
+      }
+    }
+    // ... then each per-layer family's layer range: the latest first layer, then the earliest
+    // last layer, that keep it identical (binary search; a range that fixes it contains the
+    // layers that matter).
+    if (options_.narrow_layers && layers > 1) {
+      for (FixRule& r : rules) {
+        if (!ops::family_is_per_layer(r.family)) {
+          continue;
+        }
+        int lo = 0;
+        int hi = layers - 1;  // the answer for first_layer lies in [lo, hi]
+        while (lo < hi) {
+          const int mid = (lo + hi + 1) / 2;
+          r.first_layer = mid;
+          if (trial("narrow", rules, lockstep).identical) {
+            lo = mid;
+          } else {
+            hi = mid - 1;
+          }
+        }
+        r.first_layer = lo;
+        int a = lo;
+        int b = layers - 1;  // the answer for last_layer lies in [a, b]
+        while (a < b) {
+          const int mid = (a + b) / 2;
+          r.last_layer = mid;
+          if (trial("narrow", rules, lockstep).identical) {
+            b = mid;
+          } else {
+            a = mid + 1;
+          }
+        }
+        r.last_layer = b == layers - 1 ? -1 : b;
+      }
+    }
+    report_.found = true;
+    report_.fix = fix_policy(rules, options_.strategy);
+
+    // 4. Confirm over the whole generation, trajectories free.
+    report_.confirmed = trial("confirm", rules, false).identical;
+    report_.verdict =
+        report_.confirmed
+            ? "minimal fix found and confirmed in free mode"
+            : "the fix makes lockstep trials identical but free mode still diverges: a longer "
+              "generation reaches ops the trials did not";
+    measure_costs();
+    report_.wall_s = seconds_since(start);
+    return report_;
+  }
+
+ private:
+  static double seconds_since(Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  }
+
+  std::string strategy_word() const { return std::string(ops::strategy_name(options_.strategy)); }
+
+  static std::string where(const Outcome& o) {
+    if (!o.first.found()) {
+      return o.comparison + ": tokens";
+    }
+    std::string s = o.comparison + " canvas " + std::to_string(o.first.canvas + 1) + " step " +
+                    std::to_string(o.first.step) + " " + o.first.tap;
+    if (o.first.layer >= 0) {
+      s += " layer " + std::to_string(o.first.layer);
+    }
+    return s;
+  }
+
+  Outcome trial(const std::string& stage, const std::vector<FixRule>& rules, bool lockstep) {
+    if (control_.cancel != nullptr && control_.cancel->cancelled()) {
+      base::raise(base::ErrorCode::Cancelled, "culprit finder cancelled");
+    }
+    ExperimentSpec s = spec_;
+    s.workaround.reset();
+    s.taps.clear();  // every tap: the first divergence must be seen where it starts
+    s.repeats = 0;
+    s.mode = lockstep ? RunMode::Lockstep : RunMode::Free;
+    const ops::OpPolicy fix = fix_policy(rules, options_.strategy);
+    s.policy = rules.empty() ? spec_.policy : ops::combine(spec_.policy, fix);
+    const auto start = Clock::now();
+    RunControl rc;
+    rc.cancel = control_.cancel;
+    const int index = static_cast<int>(report_.trials.size());
+    if (control_.progress) {
+      rc.progress = [&](const base::Progress& p) {
+        base::Progress q = p;
+        q.stage = "trial " + std::to_string(index + 1) + " (" + stage + "): " + p.stage;
+        control_.progress(q);
+      };
+    }
+    auto result = run_experiment(session_, s, rc);
+    if (!result.ok()) {
+      base::raise(result.error().code, result.error().message);
+    }
+    Outcome o = outcome_of(result.value());
+    CulpritTrial t;
+    t.stage = stage;
+    t.fix = rules.empty() ? std::string("none") : ops::describe(fix);
+    t.identical = o.identical;
+    t.first = o.first;
+    t.comparison = o.comparison;
+    t.wall_s = seconds_since(start);
+    report_.trials.push_back(t);
+    return o;
+  }
+
+  void measure_costs() {
+    if (options_.cost_repeats <= 0) {
+      return;
+    }
+    const ops::OpPolicy fixed = ops::combine(spec_.policy, report_.fix);
+    for (const std::int64_t b : spec_.batch_sizes) {
+      if (control_.cancel != nullptr && control_.cancel->cancelled()) {
+        base::raise(base::ErrorCode::Cancelled, "culprit finder cancelled");
+      }
+      CulpritCost c;
+      c.batch_size = static_cast<int>(b);
+      for (const bool with_fix : {false, true}) {
+        setup::ForwardRequest req;
+        req.rows = b;
+        req.repeat = options_.cost_repeats;
+        req.self_conditioning = true;
+        req.policy = with_fix ? fixed : spec_.policy;
+        auto summary = setup::run_forward_file(*session_.model, req);
+        if (!summary.ok()) {
+          base::raise(summary.error().code, summary.error().message);
+        }
+        (with_fix ? c.fixed_ms : c.default_ms) = summary.value().decode_median_ms;
+      }
+      report_.costs.push_back(c);
+    }
+  }
+
+  const setup::Session& session_;
+  const ExperimentSpec& spec_;
+  const CulpritOptions& options_;
+  const RunControl& control_;
+  CulpritReport report_;
+};
+
+}  // namespace
+
+ops::FamilySet families_behind(const std::string& tap) {
+  const auto t = probe::tap_from_name(tap);
+  if (!t) {
+    return {};
+  }
+  switch (*t) {
+    case probe::Tap::AttnQ:
+      return of({OpFamily::QProj});
+    case probe::Tap::AttnK:
+      return of({OpFamily::KProj});
+    case probe::Tap::AttnV:
+      return of({OpFamily::VProj, OpFamily::KProj});  // full layers: v is k (k_eq_v)
+    case probe::Tap::AttnOut:
+      return of({OpFamily::Attention});
+    case probe::Tap::AttnOProj:
+      return of({OpFamily::OProj});
+    case probe::Tap::MlpOut:
+      return of({OpFamily::MlpGate, OpFamily::MlpUp, OpFamily::MlpDown});
+    case probe::Tap::RouterScores:
+    case probe::Tap::RouterTopkIds:
+    case probe::Tap::RouterTopkWeights:
+      return of({OpFamily::RouterProj});
+    case probe::Tap::MoeOut:
+      return of({OpFamily::ExpertGateUp, OpFamily::ExpertDown});
+    case probe::Tap::SelfCondSoftEmbed:
+      return of({OpFamily::SelfCondMatmul});
+    case probe::Tap::SelfCondOut:
+      return of({OpFamily::SelfCondMlp});
+    case probe::Tap::Logits:
+      return of({OpFamily::LmHead});
+    case probe::Tap::LayerOut:
+      break;  // norms and residual adds only: the op behind is upstream
+  }
+  return {};
+}
+
+std::string CulpritReport::headline(const std::vector<int>& batch_sizes) const {
+  if (!found) {
+    return "Culprit: none — " + verdict;
+  }
+  std::string sizes;
+  for (const int b : batch_sizes) {
+    sizes += (sizes.empty() ? "" : ",") + std::to_string(b);
+  }
+  FamilySet families;
+  std::string ranges;
+  for (const ops::PolicyRule& r : fix.rules) {
+    families |= r.families;
+    if (r.first_layer != 0 || r.last_layer >= 0) {
+      ranges += " " + family_list(r.families) + " layers " + std::to_string(r.first_layer) + ".." +
+                (r.last_layer < 0 ? std::string("last") : std::to_string(r.last_layer));
+    }
+  }
+  std::string out =
+      "Culprit: " + family_list(families) + " " + std::string(ops::strategy_name(strategy)) +
+      (ranges.empty() ? "" : " (" + ranges.substr(1) + ")") + " — with it B=" + sizes +
+      (confirmed ? " are bitwise identical to B=1" : " are identical in lockstep only");
+  if (!costs.empty()) {
+    const CulpritCost& c = costs.back();
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "; cost %+.1f %% at B=%d", 100.0 * c.overhead(), c.batch_size);
+    out += buf;
+  }
+  return out;
+}
+
+base::Result<CulpritReport> find_culprit(const setup::Session& session, const ExperimentSpec& spec,
+                                         const CulpritOptions& options, const RunControl& control) {
+  return base::guarded([&]() -> CulpritReport {
+    if (options.strategy == ops::Strategy::Batched) {
+      base::raise(base::ErrorCode::InvalidArgument,
+                  "the culprit finder's strategy must be row_wise or batch_invariant");
+    }
+    if (!session.model) {
+      base::raise(base::ErrorCode::InvalidArgument, "the culprit finder needs an open model");
+    }
+    return Finder(session, spec, options, control).run();
+  });
+}
+
+base::Result<ExperimentResult> run_culprit_experiment(const ExperimentSpec& spec,
+                                                      const CulpritOptions& options,
+                                                      const RunControl& control) {
+  return base::guarded([&]() -> ExperimentResult {
+    auto session = open_session_for(spec, control);
+    if (!session.ok()) {
+      throw base::ErrorException(session.error());
+    }
+    auto report = find_culprit(session.value(), spec, options, control);
+    if (!report.ok()) {
+      throw base::ErrorException(report.error());
+    }
+    ExperimentSpec shown = spec;
+    shown.workaround.reset();
+    if (report.value().found) {
+      shown.workaround = report.value().fix;
+      shown.workaround->name = "culprit";
+    }
+    auto result = run_experiment(session.value(), shown, control);
+    if (!result.ok()) {
+      throw base::ErrorException(result.error());
+    }
+    ExperimentResult out = std::move(result).value();
+    out.timings.load_s = session.value().load_s;
+    out.culprit = std::move(report).value();
+    return out;
+  });
+}
+
+nlohmann::json to_json(const CulpritReport& r) {
+  nlohmann::json trials = nlohmann::json::array();
+  for (const CulpritTrial& t : r.trials) {
+    trials.push_back({{"stage", t.stage},
+                      {"fix", t.fix},
+                      {"identical", t.identical},
+                      {"comparison", t.comparison},
+                      {"tick", t.first.tick},
+                      {"canvas", t.first.canvas},
+                      {"step", t.first.step},
+                      {"layer", t.first.layer},
+                      {"tap", t.first.tap},
+                      {"wall_s", t.wall_s}});
+  }
+  nlohmann::json costs = nlohmann::json::array();
+  for (const CulpritCost& c : r.costs) {
+    costs.push_back(
+        {{"batch_size", c.batch_size}, {"default_ms", c.default_ms}, {"fixed_ms", c.fixed_ms}});
+  }
+  return {{"strategy", std::string(ops::strategy_name(r.strategy))},
+          {"diverged", r.diverged},
+          {"found", r.found},
+          {"confirmed", r.confirmed},
+          {"fix", ops::to_json(r.fix)},
+          {"verdict", r.verdict},
+          {"trials", trials},
+          {"costs", costs},
+          {"wall_s", r.wall_s}};
+}
+
+base::Result<CulpritReport> culprit_from_json(const nlohmann::json& doc) {
+  const auto bad = [](const std::string& what) {
+    return base::Error{base::ErrorCode::InvalidArgument, "culprit report: " + what};
+  };
+  try {
+    if (!doc.is_object() || !doc.contains("trials") || !doc["trials"].is_array() ||
+        !doc.contains("fix")) {
+      return bad(R"(expected an object with "fix" and a "trials" array)");
+    }
+    CulpritReport r;
+    const std::string strategy = doc.value("strategy", std::string("row_wise"));
+    if (strategy == "row_wise") {
+      r.strategy = ops::Strategy::RowWise;
+    } else if (strategy == "batch_invariant") {
+      r.strategy = ops::Strategy::BatchInvariant;
+    } else {
+      return bad("unknown strategy");
+    }
+    r.diverged = doc.value("diverged", false);
+    r.found = doc.value("found", false);
+    r.confirmed = doc.value("confirmed", false);
+    r.verdict = doc.value("verdict", std::string());
+    r.wall_s = doc.value("wall_s", 0.0);
+    auto fix = ops::policy_from_json(doc["fix"]);
+    if (!fix.ok()) {
+      return fix.error();
+    }
+    r.fix = fix.value();
+    if (doc["trials"].size() > 100000) {
+      return bad("too many trials");
+    }
+    for (const auto& t : doc["trials"]) {
+      if (!t.is_object()) {
+        return bad("a trial is not an object");
+      }
+      CulpritTrial x;
+      x.stage = t.value("stage", std::string());
+      x.fix = t.value("fix", std::string());
+      x.identical = t.value("identical", false);
+      x.comparison = t.value("comparison", std::string());
+      x.first.tick = t.value("tick", -1);
+      x.first.canvas = t.value("canvas", -1);
+      x.first.step = t.value("step", -1);
+      x.first.layer = t.value("layer", -1);
+      x.first.tap = t.value("tap", std::string());
+      x.wall_s = t.value("wall_s", 0.0);
+      r.trials.push_back(std::move(x));
+    }
+    if (doc.contains("costs")) {
+      if (!doc["costs"].is_array() || doc["costs"].size() > 4096) {
+        return bad("costs must be a short array");
+      }
+      for (const auto& c : doc["costs"]) {
+        r.costs.push_back(CulpritCost{c.value("batch_size", 0), c.value("default_ms", 0.0),
+                                      c.value("fixed_ms", 0.0)});
+      }
+    }
+    return r;
+  } catch (const nlohmann::json::exception&) {
+    return bad("a field has the wrong type");
+  }
+}
+
+}  // namespace batchlens::experiment
