@@ -13,6 +13,7 @@
 #include <QStandardPaths>
 #include <QThread>
 
+#include "core/experiment/culprit.h"
 #include "core/experiment/runner.h"
 #include "core/io/experiment_file.h"
 #include "core/setup/front_door.h"
@@ -91,6 +92,27 @@ RunController::~RunController() {
 }
 
 bool RunController::start(const experiment::ExperimentSpec& spec) {
+  return startNew(spec,
+                  [](const experiment::ExperimentSpec& s, const experiment::RunControl& control) {
+                    return experiment::run_experiment(s, control);
+                  });
+}
+
+bool RunController::startCulprit(const experiment::ExperimentSpec& spec, ops::Strategy strategy) {
+  experiment::ExperimentSpec s = spec;
+  s.workaround.reset();  // the finder's fix becomes the workaround
+  return startNew(
+      s, [strategy](const experiment::ExperimentSpec& sp, const experiment::RunControl& control) {
+        experiment::CulpritOptions options;
+        options.strategy = strategy;
+        return experiment::run_culprit_experiment(sp, options, control);
+      });
+}
+
+bool RunController::startNew(
+    const experiment::ExperimentSpec& spec,
+    const std::function<base::Result<experiment::ExperimentResult>(
+        const experiment::ExperimentSpec&, const experiment::RunControl&)>& work) {
   if (running_) {
     return false;
   }
@@ -102,9 +124,7 @@ bool RunController::start(const experiment::ExperimentSpec& spec) {
     return true;
   }
   launch(
-      [spec = spec_](const experiment::RunControl& control) {
-        return experiment::run_experiment(spec, control);
-      },
+      [spec = spec_, work](const experiment::RunControl& control) { return work(spec, control); },
       [spec = spec_](experiment::ExperimentResult result) {
         ExperimentDocument doc;
         doc.tokenizer = tokenizerFor(spec);

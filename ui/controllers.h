@@ -60,6 +60,10 @@ class RunController : public QObject {
   /// Starts `spec` unless a run is in progress (then returns false and does nothing). The
   /// spec is validated first; an invalid one fails at once through `failed`.
   bool start(const experiment::ExperimentSpec& spec);
+  /// Runs the culprit finder on `spec` with `strategy` (experiment::run_culprit_experiment):
+  /// the document shows the spec with the minimal fix as its workaround and the finder's report.
+  /// False (nothing started) while a run is in progress; an invalid spec fails through `failed`.
+  bool startCulprit(const experiment::ExperimentSpec& spec, ops::Strategy strategy);
   /// Runs only the workaround group of the shown experiment `shown` with its own settings
   /// (experiment::run_workaround_group) and hands back `shown` with it merged: its old workaround
   /// runs replaced, the document's path and tokenizer kept, marked modified. False (nothing
@@ -85,6 +89,10 @@ class RunController : public QObject {
   void cancelled();
 
  private:
+  /// Validates `spec` and launches work(spec) as a new experiment (start, startCulprit).
+  bool startNew(const experiment::ExperimentSpec& spec,
+                const std::function<base::Result<experiment::ExperimentResult>(
+                    const experiment::ExperimentSpec&, const experiment::RunControl&)>& work);
   /// Runs `work` on a worker thread with progress and cancellation; `finish` turns its result
   /// into the document handed over by `finished`.
   void launch(

@@ -203,6 +203,15 @@ void MainWindow::buildCentre() {
   tabs_->addTab(spread_, tr("Canvas spread"));
   tabs_->addTab(text_diff_, tr("Text diff"));
   tabs_->addTab(routing_, tr("Routing"));
+  // The culprit line's "use as workaround": the finder's fix into the op list, one click.
+  connect(overview_, &OverviewView::culpritFixRequested, this, [this] {
+    const auto* r = state_->result();
+    if (r != nullptr && r->culprit && r->culprit->found) {
+      run_panel_->showWorkaroundPolicy(r->culprit->fix);
+      statusBar()->showMessage(tr("Workaround op list: %1").arg(q(ops::describe(r->culprit->fix))),
+                               8000);
+    }
+  });
   // A headline clause opens the view that shows it (its cell already selected).
   connect(overview_, &OverviewView::viewRequested, this, [this](int view) {
     QWidget* target = overview_;
@@ -272,6 +281,12 @@ void MainWindow::buildMenus() {
 
   QMenu* run = menuBar()->addMenu(tr("&Run"));
   run->addAction(tr("&Run experiment"), this, &MainWindow::runFromPanel);
+  QAction* culprit = run->addAction(tr("Find c&ulprit"), this, &MainWindow::findCulprit);
+  culprit->setObjectName(QStringLiteral("FindCulprit"));
+  culprit->setToolTip(
+      tr("With the run panel's settings: find the op families that, at least, must be fixed "
+         "(by the workaround's strategy: row-wise or batch-invariant) for every batch size to "
+         "be bitwise B=1's, then measure the fix's cost"));
   run->addAction(tr("&Cancel run"), runs_, &RunController::cancel);
   run->addAction(tr("&Use this experiment's settings"), this, [this] {
     if (state_->result() != nullptr) {
@@ -423,6 +438,23 @@ void MainWindow::runFromPanel() {
     return;
   }
   startRun(spec.value());
+}
+
+void MainWindow::findCulprit() {
+  if (runs_->isRunning()) {
+    run_panel_->showMessage(tr("A run is in progress: cancel it first."));
+    return;
+  }
+  auto spec = run_panel_->spec();
+  if (!spec.ok()) {
+    run_panel_->showMessage(tr("Cannot run: %1").arg(q(spec.error().message)));
+    return;
+  }
+  const ops::Strategy strategy = run_panel_->workaroundStrategy();
+  run_panel_->showMessage(
+      tr("Finding the culprit (%1) on %2…")
+          .arg(q(std::string(ops::strategy_name(strategy))), q(spec.value().model.describe())));
+  runs_->startCulprit(spec.value(), strategy);
 }
 
 void MainWindow::startRun(const experiment::ExperimentSpec& spec) {

@@ -62,6 +62,8 @@ class MainWindow : public QMainWindow {
   base::Result<QStringList> exportReportTo(const QString& dir);
   /// Starts a run of the run panel's spec (a message in the panel if it is not valid).
   void runFromPanel();
+  /// Run > Find culprit: the finder on the run panel's spec with the op list's strategy.
+  void findCulprit();
 
   ExplorerState* state() const { return state_; }
   RunPanel* runPanel() const { return run_panel_; }

@@ -13,6 +13,7 @@
 #include <QTextBrowser>
 #include <QVBoxLayout>
 
+#include "core/experiment/culprit.h"
 #include "core/experiment/story.h"
 #include "ui/comparison_table_model.h"
 #include "ui/qcp.h"
@@ -207,6 +208,14 @@ OverviewView::OverviewView(ExplorerState* state, QWidget* parent) : CoalescedVie
   why_->setWordWrap(true);
   why_->setMargin(6);
   why_->setStyleSheet(QStringLiteral("color:#444;"));
+  culprit_ = new QLabel(this);
+  culprit_->setObjectName(QStringLiteral("Culprit"));
+  culprit_->setWordWrap(true);
+  culprit_->setMargin(6);
+  culprit_->setTextFormat(Qt::RichText);
+  culprit_->setTextInteractionFlags(Qt::TextBrowserInteraction);
+  culprit_->setStyleSheet(QStringLiteral("background:#eef4fb; color:#123d73;"));
+  culprit_->hide();
   growth_ = new QCustomPlot(this);
   growth_->setObjectName(QStringLiteral("GrowthPlot"));
   growth_->setMinimumHeight(170);
@@ -245,9 +254,11 @@ OverviewView::OverviewView(ExplorerState* state, QWidget* parent) : CoalescedVie
   layout->addWidget(banner_);
   layout->addWidget(headline_);
   layout->addWidget(why_);
+  layout->addWidget(culprit_);
   layout->addWidget(split, 1);
 
   connect(headline_, &QLabel::linkActivated, this, &OverviewView::openClause);
+  connect(culprit_, &QLabel::linkActivated, this, [this] { Q_EMIT culpritFixRequested(); });
 
   connect(table_->selectionModel(), &QItemSelectionModel::currentRowChanged, this,
           [this](const QModelIndex& current) {
@@ -281,6 +292,30 @@ void OverviewView::refresh() {
   headline_->setText(headlineHtml(story_, /*links=*/true));
   why_->setText(QString::fromStdString(story_.why).toHtmlEscaped());
   why_->setVisible(!story_.why.empty());
+  culprit_->setVisible(r->culprit.has_value());
+  if (r->culprit) {
+    const experiment::CulpritReport& c = *r->culprit;
+    const std::vector<int> sizes(r->spec.batch_sizes.begin(), r->spec.batch_sizes.end());
+    QString html = QStringLiteral("<b>%1</b>").arg(q(c.headline(sizes)).toHtmlEscaped());
+    if (c.found) {
+      html += QStringLiteral(" &nbsp;<a href='culprit:use'>%1</a>").arg(tr("use as workaround"));
+    }
+    culprit_->setText(html);
+    QString tip = tr("Culprit finder (%1): %2 trials in %3 s; %4")
+                      .arg(q(std::string(ops::strategy_name(c.strategy))))
+                      .arg(c.trials.size())
+                      .arg(c.wall_s, 0, 'f', 1)
+                      .arg(q(c.verdict));
+    for (const experiment::CulpritCost& k : c.costs) {
+      tip += tr("\nB=%1: decoder forward %2 ms → %3 ms (%4%5 %)")
+                 .arg(k.batch_size)
+                 .arg(k.default_ms, 0, 'f', 2)
+                 .arg(k.fixed_ms, 0, 'f', 2)
+                 .arg(k.overhead() >= 0 ? QStringLiteral("+") : QString())
+                 .arg(100.0 * k.overhead(), 0, 'f', 1);
+    }
+    culprit_->setToolTip(tip);
+  }
   fillGrowth();
 }
 

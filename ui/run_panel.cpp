@@ -220,12 +220,21 @@ RunPanel::RunPanel(const base::SystemInfo& system, QWidget* parent) : QWidget(pa
   profile_note_->setTextFormat(Qt::RichText);
 
   // Workaround.
-  workaround_ = new QCheckBox(tr("Apply row-wise workaround"), this);
+  workaround_ = new QCheckBox(tr("Apply workaround"), this);
   workaround_->setObjectName(QStringLiteral("WorkaroundCheck"));
   workaround_->setToolTip(
-      tr("Run the shown experiment's batch sizes again with the checked op families computed "
-         "one row at a time (only the runs it lacks), and show the result beside the one "
+      tr("Run the shown experiment's batch sizes again with the checked op families fixed by "
+         "the chosen strategy (only the runs it lacks), and show the result beside the one "
          "without"));
+  strategy_ = new QComboBox(this);
+  strategy_->setObjectName(QStringLiteral("WorkaroundStrategy"));
+  strategy_->addItem(tr("row-wise"), static_cast<int>(ops::Strategy::RowWise));
+  strategy_->addItem(tr("batch-invariant"), static_cast<int>(ops::Strategy::BatchInvariant));
+  strategy_->setToolTip(
+      tr("row-wise: each checked op runs once per batch row (serialises the batch).\n"
+         "batch-invariant: one call over the whole batch with a kernel whose per-row reduction "
+         "order does not depend on the row count (what serving engines use).\n"
+         "Also the strategy Run > Find culprit applies."));
   buildOpList();
   preset_ops_ = new QPushButton(tr("Issue preset"), this);
   preset_ops_->setToolTip(tr("Router projection + self-conditioning matmul, all layers"));
@@ -335,6 +344,7 @@ QWidget* RunPanel::buildForm() {
   auto* wa_layout = new QVBoxLayout(wa_box);
   auto* wa_row = new QHBoxLayout;
   wa_row->addWidget(workaround_, 1);
+  wa_row->addWidget(strategy_);
   wa_row->addWidget(preset_ops_);
   wa_layout->addLayout(wa_row);
   wa_layout->addWidget(ops_);
@@ -350,7 +360,7 @@ QWidget* RunPanel::buildForm() {
 void RunPanel::buildOpList() {
   ops_ = new QTableWidget(ops::kOpFamilyCount, OpColumnCount, this);
   ops_->setObjectName(QStringLiteral("WorkaroundOps"));
-  ops_->setHorizontalHeaderLabels({tr("Row-wise op family"), tr("First layer"), tr("Last layer")});
+  ops_->setHorizontalHeaderLabels({tr("Op family"), tr("First layer"), tr("Last layer")});
   ops_->horizontalHeaderItem(OpFirstColumn)->setToolTip(tr("First layer (inclusive), 0-based"));
   ops_->horizontalHeaderItem(OpLastColumn)
       ->setToolTip(tr("Last layer (inclusive), 0-based; \"last\": through the last layer"));
@@ -647,9 +657,14 @@ void RunPanel::updateEstimate() {
   expected_->setText(expectedText());
 }
 
+ops::Strategy RunPanel::workaroundStrategy() const {
+  return static_cast<ops::Strategy>(strategy_->currentData().toInt());
+}
+
 ops::OpPolicy RunPanel::workaroundPolicy() const {
+  const ops::Strategy strategy = workaroundStrategy();
   ops::OpPolicy custom;
-  custom.name = "custom_row_wise";
+  custom.name = strategy == ops::Strategy::RowWise ? "custom_row_wise" : "custom_batch_invariant";
   ops::FamilySet everywhere;  // families checked for every layer
   for (int f = 0; f < ops::kOpFamilyCount; ++f) {
     if (ops_->item(f, OpFamilyColumn)->checkState() != Qt::Checked) {
@@ -659,14 +674,15 @@ ops::OpPolicy RunPanel::workaroundPolicy() const {
     const int last = qobject_cast<QSpinBox*>(ops_->cellWidget(f, OpLastColumn))->value();
     ops::FamilySet family;
     family.set(static_cast<std::size_t>(f));
-    custom.rules.push_back({family, first, last, ops::Strategy::RowWise});
+    custom.rules.push_back({family, first, last, strategy});
     if (first == 0 && last == -1) {
       everywhere |= family;
     }
   }
   ops::OpPolicy preset = ops::OpPolicy::issue_workaround();
   const bool whole = everywhere.count() == custom.rules.size();
-  if (whole && ops::OpPolicy::row_wise(everywhere, preset.name) == preset) {
+  if (strategy == ops::Strategy::RowWise && whole &&
+      ops::OpPolicy::row_wise(everywhere, preset.name) == preset) {
     return preset;
   }
   return custom;
@@ -693,9 +709,10 @@ void RunPanel::showWorkaroundPolicy(const ops::OpPolicy& policy) {
     setWorkaroundFamily(ops_->item(f, OpFamilyColumn)->text(), false);
   }
   for (const ops::PolicyRule& rule : policy.rules) {
-    if (rule.strategy != ops::Strategy::RowWise) {
+    if (rule.strategy == ops::Strategy::Batched) {
       continue;
     }
+    strategy_->setCurrentIndex(strategy_->findData(static_cast<int>(rule.strategy)));
     for (int f = 0; f < ops::kOpFamilyCount; ++f) {
       if (rule.families.test(static_cast<std::size_t>(f))) {
         setWorkaroundFamily(q(ops::family_name(static_cast<ops::OpFamily>(f))), true,

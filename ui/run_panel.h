@@ -67,6 +67,9 @@ class RunPanel : public QWidget {
   void resetWorkaroundToPreset();
   /// Shows a policy's row-wise rules in the op list (families and layer ranges).
   void showWorkaroundPolicy(const ops::OpPolicy& policy);
+  /// How the checked families are fixed: row-wise or batch-invariant (the op list's strategy,
+  /// also the culprit finder's).
+  ops::Strategy workaroundStrategy() const;
   /// Marks a family row-wise over [first, last] (last -1 = through the last layer).
   void setWorkaroundFamily(const QString& family, bool on, int first = 0, int last = -1);
 
@@ -81,6 +84,7 @@ class RunPanel : public QWidget {
   QPushButton* runButton() const { return run_; }
   QPushButton* cancelButton() const { return cancel_; }
   QCheckBox* workaroundCheck() const { return workaround_; }
+  QComboBox* workaroundStrategyBox() const { return strategy_; }
   QProgressBar* progressBar() const { return progress_; }
   QComboBox* presetCombo() const { return preset_; }
   QComboBox* policyCombo() const { return policy_; }
@@ -121,6 +125,7 @@ class RunPanel : public QWidget {
   QComboBox* mode_ = nullptr;
   QComboBox* policy_ = nullptr;
   QCheckBox* workaround_ = nullptr;
+  QComboBox* strategy_ = nullptr;
   QTableWidget* ops_ = nullptr;
   QPushButton* preset_ops_ = nullptr;
   QPushButton* run_ = nullptr;

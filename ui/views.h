@@ -58,6 +58,9 @@ class OverviewView : public CoalescedView {
   QPixmap renderGrowth(const QSize& size);
   QTableView* table() const { return table_; }
   QLabel* headline() const { return headline_; }
+  /// "Culprit: {...} row_wise — with it B=... are bitwise identical to B=1; cost +x % at B=4"
+  /// with a "use as workaround" link; hidden unless the experiment came from the finder.
+  QLabel* culprit() const { return culprit_; }
   QCustomPlot* growthPlot() const { return growth_; }
   /// The story the headline shows, as last drawn.
   const experiment::Story& story() const { return story_; }
@@ -71,6 +74,8 @@ class OverviewView : public CoalescedView {
  Q_SIGNALS:
   /// A headline clause asks for a view (experiment::StoryView as int).
   void viewRequested(int view);
+  /// The user asked to fill the workaround op list with the culprit finder's fix.
+  void culpritFixRequested();
 
  protected:
   void refresh() override;
@@ -79,6 +84,7 @@ class OverviewView : public CoalescedView {
   void fillGrowth();
   QLabel* headline_ = nullptr;
   QLabel* why_ = nullptr;
+  QLabel* culprit_ = nullptr;
   QCustomPlot* growth_ = nullptr;
   experiment::Story story_;
   ComparisonTableModel* model_ = nullptr;

@@ -479,6 +479,42 @@ TEST_F(ExplorerTest, WorkaroundToggleStartsARunWithTheWorkaroundOps) {
   EXPECT_FALSE(window_->state()->hasAfter());
 }
 
+// Run > Find culprit with the batch-invariant strategy on the H200's emulation profile: the
+// result shows the culprit line, its link fills the op list with the fix and its strategy.
+TEST_F(ExplorerTest, FindCulpritShowsTheCulpritAndFillsTheOpList) {
+  RunPanel* panel = window_->runPanel();
+  experiment::ExperimentSpec s = demoSpec("");
+  s.policy = ops::OpPolicy::emulation_profile("emulated_h200");
+  s.overrides.max_new_tokens = 32;
+  s.overrides.max_denoising_steps = 4;
+  s.repeats = 0;
+  panel->setSpec(s);
+  QComboBox* strategy = panel->workaroundStrategyBox();
+  strategy->setCurrentIndex(strategy->findData(static_cast<int>(ops::Strategy::BatchInvariant)));
+  QSignalSpy shown(window_.get(), &MainWindow::documentShown);
+  window_->findCulprit();
+  ASSERT_TRUE(window_->runController()->isRunning());
+  ASSERT_TRUE(shown.wait(4 * kWaitMs)) << window_->lastError().toStdString();
+  flushViews();
+  const auto* r = window_->state()->result();
+  ASSERT_TRUE(r->culprit.has_value());
+  ASSERT_TRUE(r->culprit->found) << r->culprit->verdict;
+  QLabel* line = window_->overview()->culprit();
+  EXPECT_TRUE(line->isVisibleTo(window_->overview()));
+  EXPECT_TRUE(line->text().contains(QStringLiteral("Culprit: {selfcond_matmul} batch_invariant")))
+      << line->text().toStdString();
+  EXPECT_TRUE(line->toolTip().contains(QStringLiteral("trials"))) << line->toolTip().toStdString();
+  // Reset the list to the preset (row-wise), then one click on the link.
+  panel->resetWorkaroundToPreset();
+  ASSERT_EQ(panel->workaroundStrategy(), ops::Strategy::RowWise);
+  Q_EMIT line->linkActivated(QStringLiteral("culprit:use"));
+  EXPECT_EQ(panel->workaroundStrategy(), ops::Strategy::BatchInvariant);
+  const ops::OpPolicy filled = panel->workaroundPolicy();
+  ASSERT_EQ(filled.rules.size(), 1U);
+  EXPECT_EQ(filled.rules[0].strategy, ops::Strategy::BatchInvariant);
+  EXPECT_EQ(filled.rules[0].families, r->culprit->fix.rules[0].families);
+}
+
 TEST_F(ExplorerTest, CancelStopsARunningDemoAndKeepsTheOldResult) {
   open(fixtureFile(""));
   const auto* before = window_->state()->result();
