@@ -223,6 +223,10 @@ void HeatmapPlot::setTitle(const QString& title) {
   replot(QCustomPlot::rpQueuedReplot);
 }
 
+QString HeatmapPlot::title() const {
+  return title_->text();
+}
+
 void HeatmapPlot::setAxisLabels(const QString& x, const QString& y, const QString& scale) {
   xAxis->setLabel(x);
   yAxis->setLabel(y);

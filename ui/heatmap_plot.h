@@ -39,6 +39,7 @@ class HeatmapPlot : public QCustomPlot {
   /// The colour the plot draws a value in (tests: zero is white, positives are not).
   QColor colorOf(double value) const;
   void setTitle(const QString& title);
+  QString title() const;
   /// Text labels of the rows (e.g. "per step"); empty = integer row numbers.
   void setRowLabels(const QStringList& labels);
   void setAxisLabels(const QString& x, const QString& y, const QString& scale);

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Layer × step heatmap: where in depth and time row 0 departs from the reference.
+#include <algorithm>
 #include <cmath>
 
 #include <QCheckBox>
@@ -109,44 +110,48 @@ LayerStepView::LayerStepView(ExplorerState* state, QWidget* parent) : CoalescedV
   });
 }
 
-std::vector<double> LayerStepView::values(const experiment::ComparisonResult* c) const {
+LayerStepView::Look LayerStepView::stateLook() const {
+  return {state_->tap(), state_->metric(), state_->logScale(), state_->tick(), state_->layerSlot()};
+}
+
+std::vector<double> LayerStepView::values(const experiment::ComparisonResult* c,
+                                          const Look& look) const {
   if (c == nullptr) {
     return {};
   }
   const int ticks = state_->ticks();
-  const bool per_layer = state_->tapIsPerLayer(state_->tap());
+  const bool per_layer = state_->tapIsPerLayer(look.tap);
   const int rows = per_layer ? state_->layers() : 1;
   std::vector<double> out(static_cast<std::size_t>(ticks) * static_cast<std::size_t>(rows));
   for (int r = 0; r < rows; ++r) {
     const int slot = per_layer ? r : state_->layers();
     for (int t = 0; t < ticks; ++t) {
       out[static_cast<std::size_t>(r) * static_cast<std::size_t>(ticks) +
-          static_cast<std::size_t>(t)] = cellValue(*c, state_->metric(), t, slot, state_->tap());
+          static_cast<std::size_t>(t)] = cellValue(*c, look.metric, t, slot, look.tap);
     }
   }
   return out;
 }
 
 void LayerStepView::fill(HeatmapPlot* plot, const experiment::ComparisonResult* c,
-                         std::vector<double> cells, const ValueRange& range) {
+                         std::vector<double> cells, const ValueRange& range, const Look& look) {
   plot->setVisible(c != nullptr);
   if (c == nullptr) {
     return;
   }
   const int ticks = state_->ticks();
-  const bool per_layer = state_->tapIsPerLayer(state_->tap());
+  const bool per_layer = state_->tapIsPerLayer(look.tap);
   const int rows = per_layer ? state_->layers() : 1;
-  plot->setGrid(ticks, rows, std::move(cells), state_->logScale(), &range);
+  plot->setGrid(ticks, rows, std::move(cells), look.log_scale, &range);
   setStepAxis(plot->xAxis, *state_);
   plot->setAxisLabels(tr("denoising step (canvas 1 unless marked)"),
-                      per_layer ? tr("layer") : QString(), metricLabel(state_->metric()));
+                      per_layer ? tr("layer") : QString(), metricLabel(look.metric));
   plot->setRowLabels(per_layer ? QStringList() : QStringList{tr("per-step tap")});
   const auto* r = state_->result();
   plot->setTitle(comparisonLabel(*r, *c) +
                  (c->first.found() ? QString() : tr(" (bitwise identical)")));
-  const int selected_row = per_layer ? state_->layerSlot() : 0;
-  plot->setSelectedCell(state_->tick(),
-                        per_layer && state_->layerSlot() >= rows ? -1 : selected_row);
+  const int selected_row = per_layer ? look.layer_slot : 0;
+  plot->setSelectedCell(look.tick, per_layer && look.layer_slot >= rows ? -1 : selected_row);
 }
 
 void LayerStepView::refresh() {
@@ -164,11 +169,12 @@ void LayerStepView::refresh() {
     log_->setChecked(state_->logScale());
   }
   // Before and after share one colour scale: the same colour means the same value.
-  std::vector<double> before = values(state_->comparison(Side::Before));
-  std::vector<double> after = values(state_->comparison(Side::After));
+  const Look look = stateLook();
+  std::vector<double> before = values(state_->comparison(Side::Before), look);
+  std::vector<double> after = values(state_->comparison(Side::After), look);
   const ValueRange range = ValueRange::of(before).united(ValueRange::of(after));
-  fill(before_, state_->comparison(Side::Before), std::move(before), range);
-  fill(after_, state_->comparison(Side::After), std::move(after), range);
+  fill(before_, state_->comparison(Side::Before), std::move(before), range, look);
+  fill(after_, state_->comparison(Side::After), std::move(after), range, look);
   const auto* c = state_->comparison(Side::Before);
   if (c != nullptr) {
     const int slot = state_->layerSlot();
@@ -180,6 +186,36 @@ void LayerStepView::refresh() {
                 state_->tickLabel(state_->tick()), state_->tapNames().value(state_->tap()),
                 formatValue(cellValue(*c, state_->metric(), state_->tick(), slot, state_->tap()))));
   }
+}
+
+QPixmap LayerStepView::renderOnset(const QSize& size, const experiment::StoryClause& onset) {
+  const auto* r = state_->result();
+  const auto* c = state_->comparison(Side::Before);
+  if (r == nullptr || c == nullptr) {
+    return {};
+  }
+  if (onset_ == nullptr) {
+    // Never shown nor laid out: only rendered, at the figure's size.
+    onset_ = new HeatmapPlot(this);
+    onset_->setObjectName(QStringLiteral("LayerStepOnset"));
+    onset_->hide();
+  }
+  // The onset made visible whatever the view shows: share differing, log scale, whole grid.
+  Look look;
+  look.tap = std::max(tapIndex(*r, onset.tap.c_str()), 0);
+  look.tick = onset.tick;
+  look.layer_slot = onset.layer_slot;
+  std::vector<double> cells = values(c, look);
+  const ValueRange range = ValueRange::of(cells);
+  fill(onset_, c, std::move(cells), range, look);
+  onset_->hide();
+  onset_->resetZoom();
+  const QString tap = state_->tapNames().value(look.tap);
+  onset_->setTitle(tr("%1 · tap %2%3 · %4 (log)")
+                       .arg(comparisonLabel(*r, *c), tapLabel(tap),
+                            onset.tap.empty() ? tr(" (no onset: the first tap)") : QString(),
+                            metricLabel(look.metric)));
+  return onset_->render(size);
 }
 
 QPixmap LayerStepView::renderReport(const QSize& size) {

@@ -2,6 +2,8 @@
 #include "ui/main_window.h"
 
 #include <algorithm>
+#include <functional>
+#include <map>
 #include <string_view>
 
 #include <QAction>
@@ -198,11 +200,6 @@ void MainWindow::buildCentre() {
   spread_ = new SpreadView(state_, this);
   text_diff_ = new TextDiffView(state_, this);
   routing_ = new RoutingView(state_, this);
-  tabs_->addTab(overview_, tr("Overview"));
-  tabs_->addTab(layer_step_, tr("Layer × Step"));
-  tabs_->addTab(spread_, tr("Canvas spread"));
-  tabs_->addTab(text_diff_, tr("Text diff"));
-  tabs_->addTab(routing_, tr("Routing"));
   // The culprit line's "use as workaround": the finder's fix into the op list, one click.
   connect(overview_, &OverviewView::culpritFixRequested, this, [this] {
     const auto* r = state_->result();
@@ -212,26 +209,25 @@ void MainWindow::buildCentre() {
                                8000);
     }
   });
-  // A headline clause opens the view that shows it (its cell already selected).
-  connect(overview_, &OverviewView::viewRequested, this, [this](int view) {
-    QWidget* target = overview_;
-    switch (static_cast<experiment::StoryView>(view)) {
-      case experiment::StoryView::LayerStep:
-        target = layer_step_;
-        break;
-      case experiment::StoryView::Spread:
-        target = spread_;
-        break;
-      case experiment::StoryView::Routing:
-        target = routing_;
-        break;
-      case experiment::StoryView::TextDiff:
-        target = text_diff_;
-        break;
-      case experiment::StoryView::Overview:
-        break;
-    }
-    tabs_->setCurrentWidget(target);
+  // The tabs, each with the part of the story it shows: a headline clause opens its view (its
+  // cell already selected).
+  struct Tab {
+    QWidget* view;
+    QString title;
+    experiment::StoryView story;
+  };
+  std::map<experiment::StoryView, QWidget*> story_tabs;
+  for (const Tab& tab : {Tab{overview_, tr("Overview"), experiment::StoryView::Overview},
+                         Tab{layer_step_, tr("Layer × Step"), experiment::StoryView::LayerStep},
+                         Tab{spread_, tr("Canvas spread"), experiment::StoryView::Spread},
+                         Tab{text_diff_, tr("Text diff"), experiment::StoryView::TextDiff},
+                         Tab{routing_, tr("Routing"), experiment::StoryView::Routing}}) {
+    tabs_->addTab(tab.view, tab.title);
+    story_tabs.emplace(tab.story, tab.view);
+  }
+  connect(overview_, &OverviewView::viewRequested, this, [this, story_tabs](int view) {
+    const auto it = story_tabs.find(static_cast<experiment::StoryView>(view));
+    tabs_->setCurrentWidget(it != story_tabs.end() ? it->second : overview_);
   });
 
   auto* top = new QHBoxLayout;
@@ -489,15 +485,13 @@ void MainWindow::onWorkaroundToggled(bool on) {
     run_panel_->showMessage(tr("Check at least one op family for the workaround."));
     return;
   }
-  restore_workaround_ = false;  // a cancelled or failed run leaves the toggle off again
   if (r == nullptr) {
-    runFromPanel();
+    startForToggle([this] { runFromPanel(); });
     return;
   }
   const QString blocker = workaroundBlocker(system_, *r);
   if (!blocker.isEmpty()) {
     // Never something else in its place without saying so: the user chooses.
-    restore_workaround_.reset();
     run_panel_->setWorkaroundEnabled(false);
     state_->setShowWorkaround(false);
     offerWorkaroundElsewhere(*r, blocker, workaround);
@@ -515,7 +509,17 @@ void MainWindow::onWorkaroundToggled(bool on) {
       tr("Running only the %1 workaround runs, with the shown experiment's settings (%2)…")
           .arg(missing)
           .arg(q(r->spec.model.describe())));
-  runs_->startWorkaround(state_->document(), workaround);
+  startForToggle([this, workaround] { runs_->startWorkaround(state_->document(), workaround); });
+}
+
+void MainWindow::startForToggle(const std::function<void()>& start) {
+  restore_workaround_ = false;  // a cancelled or failed run leaves the toggle off again
+  start();
+  if (!runs_->isRunning()) {
+    // Refused before it started (a form Run refuses, a run in progress): no cancel or failure
+    // will come to restore the toggle, and none of a later run may.
+    restoreWorkaroundToggle();
+  }
 }
 
 void MainWindow::restoreWorkaroundToggle() {
@@ -538,6 +542,10 @@ QMessageBox* MainWindow::offerWorkaroundElsewhere(const experiment::ExperimentRe
   bool exact = false;
   const ops::EmulationProfile& profile = profileStandingFor(shown.provenance, &exact);
   const QString command = serverCommand(shown, workaround, documentStem());
+  // A CPU experiment runs here too, whole: its own settings and prompt ids, the workaround on.
+  const bool cpu = shown.spec.load.device == "cpu";
+  const QString ran_on = shown.provenance.device_name.empty() ? q(shown.spec.load.device)
+                                                              : q(shown.provenance.device_name);
   auto* box = new QMessageBox(QMessageBox::Information, tr("The workaround cannot run here"),
                               tr("%1\n\nBatchLens will not run something else in its place "
                                  "without asking. You can:")
@@ -546,30 +554,43 @@ QMessageBox* MainWindow::offerWorkaroundElsewhere(const experiment::ExperimentRe
   box->setObjectName(QStringLiteral("WorkaroundElsewhereDialog"));
   box->setAttribute(Qt::WA_DeleteOnClose);
   box->setModal(false);
+  const QString first =
+      cpu ? tr("• run the whole experiment again here, with the workaround (its settings and "
+               "prompt ids; a new experiment of this machine); or")
+          : tr("• run the CPU demo with the %1 profile, an EMULATION of %2%3, with the "
+               "workaround; or")
+                .arg(q(profile.name), q(profile.gpu),
+                     exact ? QString() : tr(" (no profile stands for this experiment's GPU)"));
   box->setInformativeText(
-      tr("• run the CPU demo with the %1 profile, an EMULATION of %2%3, with the workaround; or\n"
-         "• run the shown experiment with the workaround on the GPU server:\n\n%4")
-          .arg(q(profile.name), q(profile.gpu),
-               exact ? QString() : tr(" (no profile stands for this experiment's GPU)"), command));
+      tr("%1\n• run the shown experiment with the workaround where it was recorded (%2):\n\n%3")
+          .arg(first, ran_on, command));
   box->setDetailedText(command);
   box->setTextInteractionFlags(Qt::TextSelectableByMouse);
-  QPushButton* demo =
-      box->addButton(tr("Run the CPU &demo (%1)").arg(q(profile.name)), QMessageBox::AcceptRole);
-  demo->setObjectName(QStringLiteral("RunDemoButton"));
+  QPushButton* run = nullptr;
+  if (cpu) {
+    run = box->addButton(tr("Run it &again here"), QMessageBox::AcceptRole);
+    run->setObjectName(QStringLiteral("RunHereButton"));
+    connect(run, &QPushButton::clicked, this, [this, result = state_->document().result] {
+      if (result != nullptr) {
+        startFromOffer([this, result] { run_panel_->setExperiment(*result); });
+      }
+    });
+  } else {
+    run =
+        box->addButton(tr("Run the CPU &demo (%1)").arg(q(profile.name)), QMessageBox::AcceptRole);
+    run->setObjectName(QStringLiteral("RunDemoButton"));
+    connect(run, &QPushButton::clicked, this, [this, profile_name = std::string(profile.name)] {
+      startFromOffer([this, profile_name] {
+        experiment::ExperimentSpec spec = defaultDemoSpec();
+        spec.policy = ops::OpPolicy::emulation_profile(profile_name);
+        run_panel_->setSpec(spec);
+      });
+    });
+  }
   QPushButton* copy = box->addButton(tr("&Copy the command"), QMessageBox::ActionRole);
   copy->setObjectName(QStringLiteral("CopyCommandButton"));
   QPushButton* cancel = box->addButton(QMessageBox::Cancel);
   box->setDefaultButton(cancel);
-  const std::string profile_name(profile.name);
-  connect(demo, &QPushButton::clicked, this, [this, profile_name] {
-    experiment::ExperimentSpec spec = defaultDemoSpec();
-    spec.policy = ops::OpPolicy::emulation_profile(profile_name);
-    run_panel_->setSpec(spec);
-    run_panel_->setWorkaroundEnabled(true);
-    state_->setShowWorkaround(true);
-    restore_workaround_ = false;
-    runFromPanel();
-  });
   connect(copy, &QPushButton::clicked, this, [this, command] {
     QGuiApplication::clipboard()->setText(command);
     statusBar()->showMessage(tr("Copied: %1").arg(command), 8000);
@@ -578,6 +599,18 @@ QMessageBox* MainWindow::offerWorkaroundElsewhere(const experiment::ExperimentRe
   run_panel_->showMessage(reason);
   Q_EMIT workaroundElsewhereOffered(command);
   return box;
+}
+
+void MainWindow::startFromOffer(const std::function<void()>& fill_panel) {
+  // The dialog is not modal: a run may have started since it opened.
+  if (runs_->isRunning()) {
+    run_panel_->showMessage(tr("A run is in progress: cancel it first."));
+    return;
+  }
+  fill_panel();
+  run_panel_->setWorkaroundEnabled(true);
+  state_->setShowWorkaround(true);
+  startForToggle([this] { runFromPanel(); });
 }
 
 void MainWindow::showDocument(const ExperimentDocument& document) {

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <utility>
@@ -105,12 +106,19 @@ class MainWindow : public QMainWindow {
   void refreshPicker();
   void updateTitle();
   void onWorkaroundToggled(bool on);
+  /// Starts a run for the workaround toggle (`start` starts it, or not): the toggle is put back
+  /// when that run is cancelled or fails, and at once when it did not start.
+  void startForToggle(const std::function<void()>& start);
   /// Puts the workaround toggle back as it was before a run it started (Cancel, failure).
   void restoreWorkaroundToggle();
   /// The shown experiment cannot run here (`reason`): a non-modal dialog offers the CPU demo
-  /// with the emulation profile standing for its GPU, or the CLI command for the GPU server.
+  /// with the emulation profile standing for its GPU (for a CPU experiment: running it again
+  /// here, whole), or the CLI command for the machine it was recorded on.
   QMessageBox* offerWorkaroundElsewhere(const experiment::ExperimentResult& shown,
                                         const QString& reason, const ops::OpPolicy& workaround);
+  /// A run the dialog of offerWorkaroundElsewhere offers: `fill_panel` sets the run panel, then
+  /// the run starts with the workaround on; refused while a run is in progress.
+  void startFromOffer(const std::function<void()>& fill_panel);
   /// The shown document's file name without extension, "experiment" for an unsaved run.
   QString documentStem() const;
   void startRun(const experiment::ExperimentSpec& spec);

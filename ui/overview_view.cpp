@@ -266,8 +266,17 @@ OverviewView::OverviewView(ExplorerState* state, QWidget* parent) : CoalescedVie
               state_->setComparison(current.data(ComparisonTableModel::kIdRole).toString());
             }
           });
-  connect(state_, &ExplorerState::documentChanged, this,
-          [this] { model_->setResult(state_->document().result); });
+  connect(state_, &ExplorerState::documentChanged, this, [this] {
+    model_->setResult(state_->document().result);
+    // Stories and growth belong to the result: a new one computes them again.
+    story_ = nullptr;
+    stories_.clear();
+  });
+}
+
+const experiment::Story& OverviewView::story() const {
+  static const experiment::Story none;
+  return story_ != nullptr ? *story_ : none;
 }
 
 void OverviewView::refresh() {
@@ -288,10 +297,10 @@ void OverviewView::refresh() {
   }
   table_->resizeColumnsToContents();
   details_->setHtml(detailsHtml());
-  story_ = experiment::build_story(*r, state_->comparisonId().toStdString());
-  headline_->setText(headlineHtml(story_, /*links=*/true));
-  why_->setText(QString::fromStdString(story_.why).toHtmlEscaped());
-  why_->setVisible(!story_.why.empty());
+  story_ = &stories_.story(state_->document().result, state_->comparisonId().toStdString());
+  headline_->setText(headlineHtml(*story_, /*links=*/true));
+  why_->setText(QString::fromStdString(story_->why).toHtmlEscaped());
+  why_->setVisible(!story_->why.empty());
   culprit_->setVisible(r->culprit.has_value());
   if (r->culprit) {
     const experiment::CulpritReport& c = *r->culprit;
@@ -339,10 +348,11 @@ QString OverviewView::headlineHtml(const experiment::Story& story, bool links) {
 void OverviewView::openClause(const QString& link) {
   bool ok = false;
   const int i = link.section(QLatin1Char(':'), 1).toInt(&ok);
-  if (!ok || i < 0 || static_cast<std::size_t>(i) >= story_.clauses.size()) {
+  if (!ok || i < 0 || static_cast<std::size_t>(i) >= story().clauses.size()) {
     return;
   }
-  const experiment::StoryClause& clause = story_.clauses[static_cast<std::size_t>(i)];
+  // A copy: the clause's tap and cell change the selection, which redraws.
+  const experiment::StoryClause clause = story().clauses[static_cast<std::size_t>(i)];
   if (clause.workaround) {
     state_->setShowWorkaround(true);
   }
@@ -408,7 +418,7 @@ void OverviewView::fillGrowth() {
     if (c.kind != "row0" || (c.id.rfind("wa.", 0) == 0) != workaround_group) {
       continue;
     }
-    const experiment::Growth g = experiment::growth(*r, c);
+    const experiment::Growth& g = stories_.growth(state_->document().result, c);
     ticks = std::max(ticks, static_cast<int>(g.positions.size()));
     const QColor colour = colours[n++ % std::size(colours)];
     QPen pen(colour, c.id == selected->id ? 2.5 : 1.5);
@@ -532,10 +542,10 @@ QPixmap OverviewView::renderReport(const QSize& size) {
     table += QStringLiteral("</table>");
   }
   const QString headline =
-      headlineHtml(story_, /*links=*/false) +
-      (story_.why.empty()
+      headlineHtml(story(), /*links=*/false) +
+      (story().why.empty()
            ? QString()
-           : QStringLiteral("<p>%1</p>").arg(QString::fromStdString(story_.why).toHtmlEscaped()));
+           : QStringLiteral("<p>%1</p>").arg(QString::fromStdString(story().why).toHtmlEscaped()));
   return composeDocuments(size, tr("Overview"),
                           {tr("Headline"), tr("Comparisons"), tr("Provenance and runs")},
                           {headline, table, detailsHtml()});

@@ -163,10 +163,28 @@ QString changedTokensHtml(const ExplorerState& state) {
   return html;
 }
 
-// One picture that reads on its own: the headline, the growth plot, the onset heatmap and the
-// changed tokens, with the provenance underneath.
+// The story's onset: its first clause that points at a tap in the layer × step view; an empty
+// clause (the first tap, nothing framed) when the comparison has none.
+experiment::StoryClause onsetClause(const experiment::Story& story) {
+  for (const experiment::StoryClause& clause : story.clauses) {
+    if (clause.view == experiment::StoryView::LayerStep && !clause.tap.empty()) {
+      return clause;
+    }
+  }
+  return {};
+}
+
+// What the composite figure shows, for summary.json: the onset heatmap's tap and title.
+struct FigureInfo {
+  std::string tap;
+  QString heatmap_title;
+};
+
+// One picture that reads on its own: the headline, the growth plot, the onset heatmap (the
+// story's onset tap, whole, whatever tap or zoom the view shows) and the changed tokens, with
+// the provenance underneath.
 QPixmap compositeFigure(const ExplorerState& state, OverviewView* overview,
-                        LayerStepView* layer_step) {
+                        LayerStepView* layer_step, FigureInfo* info) {
   const QSize size = reportSize();
   QPixmap page(size);
   page.fill(Qt::white);
@@ -176,6 +194,7 @@ QPixmap compositeFigure(const ExplorerState& state, OverviewView* overview,
   }
   overview->flush();
   layer_step->flush();
+  const experiment::StoryClause onset = onsetClause(overview->story());
   QPainter painter(&page);
   const int margin = 20;
   const int width = size.width() - 2 * margin;
@@ -196,7 +215,12 @@ QPixmap compositeFigure(const ExplorerState& state, OverviewView* overview,
   const int row_top = top + growth_h + 10;
   const int row_h = rest - growth_h - 10;
   const int map_w = width * 3 / 5;
-  painter.drawPixmap(margin, row_top, layer_step->plot(Side::Before)->render(QSize(map_w, row_h)));
+  const QPixmap heatmap = layer_step->renderOnset(QSize(map_w, row_h), onset);
+  painter.drawPixmap(margin, row_top, heatmap);
+  if (!heatmap.isNull() && !r->taps.empty()) {
+    info->tap = r->taps[static_cast<std::size_t>(std::max(tapIndex(*r, onset.tap.c_str()), 0))];
+    info->heatmap_title = layer_step->onsetPlot()->title();
+  }
   QTextDocument tokens;
   tokens.setTextWidth(width - map_w - 20);
   tokens.setHtml(changedTokensHtml(state));
@@ -460,8 +484,10 @@ base::Result<QStringList> exportReport(const QString& dir, const ExplorerState& 
     overview = overview != nullptr ? overview : qobject_cast<OverviewView*>(view);
     layer_step = layer_step != nullptr ? layer_step : qobject_cast<LayerStepView*>(view);
   }
+  FigureInfo figure;
   if (overview != nullptr && layer_step != nullptr) {
-    pages.emplace_back(QStringLiteral("figure"), compositeFigure(state, overview, layer_step));
+    pages.emplace_back(QStringLiteral("figure"),
+                       compositeFigure(state, overview, layer_step, &figure));
   }
   for (const auto& [stem, view] : views) {
     pages.emplace_back(stem, view->renderReport(reportSize()));
@@ -507,6 +533,10 @@ base::Result<QStringList> exportReport(const QString& dir, const ExplorerState& 
       image_names.push_back(QFileInfo(image).fileName().toStdString());
     }
     summary["images"] = image_names;
+    if (overview != nullptr && layer_step != nullptr) {
+      summary["figure"] = {{"onset_tap", figure.tap},
+                           {"heatmap_title", figure.heatmap_title.toStdString()}};
+    }
     // A run's text or the prompt may hold bytes that are not UTF-8 (byte-fallback tokens).
     const std::string json = base::dump_json_lossy(summary, 2) + "\n";
     return QByteArray(json.data(), static_cast<qsizetype>(json.size()));

@@ -6,7 +6,10 @@
 
 #include <QCheckBox>
 #include <QComboBox>
+#include <QDateTime>
+#include <QDir>
 #include <QFileDialog>
+#include <QFileInfo>
 #include <QFormLayout>
 #include <QGroupBox>
 #include <QHBoxLayout>
@@ -176,6 +179,11 @@ RunPanel::RunPanel(const base::SystemInfo& system, QWidget* parent) : QWidget(pa
   prompt_->setObjectName(QStringLiteral("PromptEdit"));
   prompt_->setPlainText(QString::fromStdString(demo.prompt));
   prompt_->setMaximumHeight(70);
+  prompt_note_ = new QLabel(this);
+  prompt_note_->setObjectName(QStringLiteral("PromptIdsNote"));
+  prompt_note_->setWordWrap(true);
+  prompt_note_->setStyleSheet(QStringLiteral("color:#444;"));
+  prompt_note_->hide();
   chat_ = new QCheckBox(tr("Chat template"), this);
   chat_->setChecked(true);
   chat_->setToolTip(tr("Wrap the prompt in Gemma's chat template"));
@@ -305,6 +313,12 @@ RunPanel::RunPanel(const base::SystemInfo& system, QWidget* parent) : QWidget(pa
     connect(sb, &QSpinBox::valueChanged, this, &RunPanel::updateEstimate);
   }
   connect(batch_sizes_, &QLineEdit::textChanged, this, &RunPanel::updateEstimate);
+  connect(checkpoint_, &QLineEdit::textChanged, this, &RunPanel::updateEstimate);
+  // The kept prompt ids hold while the prompt, the chat template and the model are theirs.
+  connect(prompt_, &QPlainTextEdit::textChanged, this, &RunPanel::updatePromptNote);
+  connect(chat_, &QCheckBox::toggled, this, &RunPanel::updatePromptNote);
+  connect(preset_, &QComboBox::currentIndexChanged, this, &RunPanel::updatePromptNote);
+  connect(checkpoint_, &QLineEdit::textChanged, this, &RunPanel::updatePromptNote);
   connect(workaround_, &QCheckBox::toggled, this, &RunPanel::updateEstimate);
   updateModelFields();
   updateProfileNote();
@@ -329,6 +343,7 @@ QWidget* RunPanel::buildForm() {
   auto* run_form = new QFormLayout(run_box);
   run_form->addRow(tr("Prompt"), prompt_);
   run_form->addRow(QString(), chat_);
+  run_form->addRow(QString(), prompt_note_);
   run_form->addRow(tr("Batch sizes"), batch_sizes_);
   run_form->addRow(tr("B=1 repeats"), repeats_);
   run_form->addRow(tr("Steps"), steps_);
@@ -479,6 +494,7 @@ base::Result<experiment::ExperimentSpec> RunPanel::spec() const {
   s.load.experts = experts_->currentText().toStdString();
   s.prompt = prompt_->toPlainText().toStdString();
   s.chat_template = chat_->isChecked();
+  s.prompt_ids = keptPromptIds();
   s.batch_sizes.clear();
   for (const QString& part : batch_sizes_->text().split(QLatin1Char(','), Qt::SkipEmptyParts)) {
     bool ok = false;
@@ -571,6 +587,7 @@ void RunPanel::setSpec(const experiment::ExperimentSpec& s) {
   }
   policy_->setCurrentIndex(policy_->findData(policy));
   updateModelFields();
+  keepPromptIds(s.prompt_ids);
 }
 
 void RunPanel::setExperiment(const experiment::ExperimentResult& result) {
@@ -588,11 +605,78 @@ void RunPanel::setExperiment(const experiment::ExperimentResult& result) {
     }
   }
   if (!result.spec.prompt_ids.empty() || result.spec.prompt.empty()) {
-    // The panel takes text: the prompt as the model saw it, without a second chat template.
+    // Shown as the model saw it, without a second chat template.
     prompt_->setPlainText(QString::fromStdString(result.prompt_text));
     chat_->setChecked(false);
   }
   updateModelFields();
+  // The ids as they ran: decoded text tokenised again need not give them back.
+  keepPromptIds(result.prompt_ids.empty() ? result.spec.prompt_ids : result.prompt_ids);
+}
+
+QString RunPanel::modelKey() const {
+  return preset_->currentIndex() == preset_->count() - 1
+             ? QStringLiteral("checkpoint:") + checkpoint_->text().trimmed()
+             : QStringLiteral("preset:") + preset_->currentText();
+}
+
+void RunPanel::keepPromptIds(std::vector<std::int64_t> ids) {
+  kept_prompt_ = {std::move(ids), prompt_->toPlainText(), chat_->isChecked(), modelKey()};
+  updatePromptNote();
+  updateEstimate();
+}
+
+std::vector<std::int64_t> RunPanel::keptPromptIds() const {
+  const bool same_form = prompt_->toPlainText() == kept_prompt_.text &&
+                         chat_->isChecked() == kept_prompt_.chat_template &&
+                         modelKey() == kept_prompt_.model;
+  return same_form ? kept_prompt_.ids : std::vector<std::int64_t>{};
+}
+
+void RunPanel::updatePromptNote() {
+  const std::size_t ids = keptPromptIds().size();
+  prompt_note_->setVisible(ids > 0);
+  prompt_note_->setText(
+      tr("Runs the experiment's %1 prompt token ids as they ran; editing the prompt, the chat "
+         "template or the model tokenises the text instead.")
+          .arg(ids));
+}
+
+namespace {
+
+// The version of a model's files the step facts come from: the checkpoint's config.json and
+// generation_config.json by path, size and modification time; a preset by name (no file).
+QString stepFactsKey(const model::ModelSource& source) {
+  if (source.checkpoint_dir.empty()) {
+    return QStringLiteral("preset:") + q(source.preset);
+  }
+  const QDir dir(QString::fromStdString(source.checkpoint_dir.string()));
+  QString key = QStringLiteral("checkpoint:") + dir.path();
+  for (const QString& name :
+       {QStringLiteral("config.json"), QStringLiteral("generation_config.json")}) {
+    const QFileInfo file(dir.filePath(name));
+    key += file.exists() ? QStringLiteral("|%1:%2:%3")
+                               .arg(name)
+                               .arg(file.size())
+                               .arg(file.lastModified().toMSecsSinceEpoch())
+                         : QStringLiteral("|%1:none").arg(name);
+  }
+  return key;
+}
+
+}  // namespace
+
+base::Result<experiment::StepCount> RunPanel::stepsOf(const experiment::ExperimentSpec& s) const {
+  const QString key = stepFactsKey(s.model);
+  if (!step_facts_ || key != step_facts_key_) {
+    step_facts_ = experiment::read_step_facts(s.model);
+    step_facts_key_ = key;
+    ++model_file_reads_;
+  }
+  if (!step_facts_->ok()) {
+    return step_facts_->error();
+  }
+  return experiment::count_steps(s, step_facts_->value());
 }
 
 double RunPanel::expectedSeconds() const {
@@ -600,7 +684,7 @@ double RunPanel::expectedSeconds() const {
   if (!s.ok()) {
     return -1;
   }
-  const auto steps = experiment::count_steps(s.value());
+  const auto steps = stepsOf(s.value());
   if (!steps.ok()) {
     return -1;
   }
@@ -616,7 +700,7 @@ QString RunPanel::expectedText() const {
   if (!s.ok()) {
     return tr("Expected duration: — (%1)").arg(QString::fromStdString(s.error().message));
   }
-  const auto steps = experiment::count_steps(s.value());
+  const auto steps = stepsOf(s.value());
   if (!steps.ok()) {
     return tr("Expected duration: unknown (%1)").arg(QString::fromStdString(steps.error().message));
   }
@@ -828,6 +912,7 @@ void RunPanel::restoreSettings(const QSettings& settings) {
   const auto saved = ops::policy_from_text(value("workaroundOps").toString().toStdString());
   showWorkaroundPolicy(saved.ok() ? saved.value() : ops::OpPolicy::issue_workaround());
   updateModelFields();
+  keepPromptIds({});  // the saved prompt is text
 }
 
 }  // namespace batchlens::ui

@@ -4,12 +4,17 @@
 // footer that stays in view: the expected duration, Run / Cancel, progress and ETA.
 #pragma once
 
+#include <cstdint>
+#include <optional>
+#include <vector>
+
 #include <QWidget>
 
 #include "core/base/error.h"
 #include "core/base/progress.h"
 #include "core/base/system_info.h"
 #include "core/experiment/experiment.h"
+#include "core/experiment/plan.h"
 
 class QCheckBox;
 class QComboBox;
@@ -36,12 +41,18 @@ class RunPanel : public QWidget {
   base::Result<experiment::ExperimentSpec> spec() const;
   /// Fills the form from a spec; the workaround toggle is left as it is. A device this machine
   /// does not have stays selected, flagged "not available here" (Run then refuses with a
-  /// message), never silently replaced by the CPU.
+  /// message), never silently replaced by the CPU. The spec's prompt ids, when it has any, are
+  /// what spec() runs until the prompt, the chat template or the model is edited.
   void setSpec(const experiment::ExperimentSpec& spec);
   /// Fills the form from an experiment as it ran (Run > Use this experiment's settings): its
   /// spec, and the steps and new tokens of its generation config where the spec left them to
-  /// the model's defaults; a device that is not here is named with the device it ran on.
+  /// the model's defaults; a device that is not here is named with the device it ran on. The
+  /// experiment's prompt ids (as it ran) are what spec() runs, never its decoded prompt text
+  /// tokenised again (which need not give the same ids), until the prompt, the chat template
+  /// or the model is edited.
   void setExperiment(const experiment::ExperimentResult& result);
+  /// The prompt ids spec() uses instead of the prompt's text; empty when it tokenises the text.
+  std::vector<std::int64_t> keptPromptIds() const;
   /// The device the form names ("cpu", "cuda:0"), and whether this machine has it.
   QString device() const;
   bool deviceAvailable() const;
@@ -52,6 +63,9 @@ class RunPanel : public QWidget {
   double expectedSeconds() const;
   /// The "Expected: about N s" line shown above Run.
   QString expectedText() const;
+  /// How often the estimates read the model's files (config.json, generation_config.json):
+  /// once per version of them (path, size and modification time), never per keystroke.
+  int modelFileReads() const { return model_file_reads_; }
   /// Remembers what one decoder step of `result`'s runs cost here (its timings over the steps
   /// its runs took), for the estimates of later runs (QSettings). A result read from a file has
   /// no timings and is ignored.
@@ -104,6 +118,9 @@ class RunPanel : public QWidget {
   void updateModelFields();
   void updateProfileNote();
   void updateEstimate();
+  /// The decoder steps of `spec` (experiment::count_steps), its model's facts read through
+  /// step_facts_.
+  base::Result<experiment::StepCount> stepsOf(const experiment::ExperimentSpec& spec) const;
   QWidget* buildForm();
   void buildOpList();
 
@@ -138,6 +155,24 @@ class RunPanel : public QWidget {
   QScrollArea* scroll_ = nullptr;
   /// The device an experiment ran on, when it is not on this machine ("NVIDIA H200").
   QString missing_device_name_;
+  /// Prompt ids given with a spec or an experiment, and the form they belong to: spec() uses
+  /// them while the prompt text, the chat template and the model are still these.
+  struct KeptPrompt {
+    std::vector<std::int64_t> ids;
+    QString text;
+    bool chat_template = false;
+    QString model;
+  };
+  /// The model fields as one string (preset or checkpoint directory).
+  QString modelKey() const;
+  void keepPromptIds(std::vector<std::int64_t> ids);
+  void updatePromptNote();
+  KeptPrompt kept_prompt_;
+  QLabel* prompt_note_ = nullptr;
+  /// The last model's step facts and the version of its files they were read from.
+  mutable QString step_facts_key_;
+  mutable std::optional<base::Result<experiment::ModelStepFacts>> step_facts_;
+  mutable int model_file_reads_ = 0;
 };
 
 /// The run panel's defaults on the CPU: the `demo` preset, the H200 emulation profile, B=1

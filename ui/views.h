@@ -9,6 +9,7 @@
 #include "core/experiment/story.h"
 #include "ui/explorer_state.h"
 #include "ui/heatmap_plot.h"
+#include "ui/story_cache.h"
 
 class QCheckBox;
 class QComboBox;
@@ -62,8 +63,10 @@ class OverviewView : public CoalescedView {
   /// with a "use as workaround" link; hidden unless the experiment came from the finder.
   QLabel* culprit() const { return culprit_; }
   QCustomPlot* growthPlot() const { return growth_; }
-  /// The story the headline shows, as last drawn.
-  const experiment::Story& story() const { return story_; }
+  /// The story the headline shows, as last drawn (an object of storyCache()).
+  const experiment::Story& story() const;
+  /// The stories and growth curves of the shown result, computed once per comparison.
+  const StoryCache& storyCache() const { return stories_; }
   /// The provenance / runs panel's HTML.
   QString detailsHtml() const;
   /// The headline as HTML: clauses joined with arrows, as links "clause:N" when `links`.
@@ -86,7 +89,8 @@ class OverviewView : public CoalescedView {
   QLabel* why_ = nullptr;
   QLabel* culprit_ = nullptr;
   QCustomPlot* growth_ = nullptr;
-  experiment::Story story_;
+  StoryCache stories_;
+  const experiment::Story* story_ = nullptr;  ///< in stories_; null before the first draw
   ComparisonTableModel* model_ = nullptr;
   QTableView* table_ = nullptr;
   QTextBrowser* details_ = nullptr;
@@ -100,6 +104,13 @@ class LayerStepView : public CoalescedView {
  public:
   explicit LayerStepView(ExplorerState* state, QWidget* parent = nullptr);
   QPixmap renderReport(const QSize& size) override;
+  /// The composite figure's heatmap: the selected comparison ("before") for the tap `onset`
+  /// names (the story's onset clause; the result's first tap when it names none), share
+  /// differing on the log scale, the whole grid with the onset's cell framed, titled with the
+  /// comparison and the tap. Independent of the tap, metric, scale and zoom the view shows.
+  QPixmap renderOnset(const QSize& size, const experiment::StoryClause& onset);
+  /// The plot renderOnset draws with (never shown), as last drawn.
+  HeatmapPlot* onsetPlot() const { return onset_; }
   HeatmapPlot* plot(Side side) const { return side == Side::Before ? before_ : after_; }
   QComboBox* tapCombo() const { return tap_; }
   QComboBox* metricCombo() const { return metric_; }
@@ -109,15 +120,27 @@ class LayerStepView : public CoalescedView {
   void refresh() override;
 
  private:
-  std::vector<double> values(const experiment::ComparisonResult* c) const;
+  /// What one heatmap shows: a tap (index into the result's taps), a metric and scale, and the
+  /// cell to frame.
+  struct Look {
+    int tap = 0;
+    Metric metric = Metric::FracDiffer;
+    bool log_scale = true;
+    int tick = -1;
+    int layer_slot = -1;
+  };
+  /// The view's look: the state's tap, metric, scale and cell.
+  Look stateLook() const;
+  std::vector<double> values(const experiment::ComparisonResult* c, const Look& look) const;
   void fill(HeatmapPlot* plot, const experiment::ComparisonResult* c, std::vector<double> cells,
-            const ValueRange& range);
+            const ValueRange& range, const Look& look);
   QComboBox* tap_ = nullptr;
   QComboBox* metric_ = nullptr;
   QCheckBox* log_ = nullptr;
   QLabel* cell_ = nullptr;
   HeatmapPlot* before_ = nullptr;
   HeatmapPlot* after_ = nullptr;
+  HeatmapPlot* onset_ = nullptr;
 };
 
 /// Canvas spread: steps × canvas positions for the selected layer and tap, and the first step

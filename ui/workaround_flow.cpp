@@ -4,8 +4,11 @@
 #include <QDir>
 #include <QFileInfo>
 #include <QObject>
+#include <QStringList>
 
 #include "core/experiment/command_line.h"
+#include "core/experiment/provenance.h"
+#include "core/experiment/runner.h"
 
 namespace batchlens::ui {
 
@@ -51,6 +54,20 @@ QString workaroundBlocker(const base::SystemInfo& system,
     }
   } else if (device != "cpu") {
     return QObject::tr("The shown experiment ran on %1, which this build cannot use.").arg(ran_on);
+  }
+  // One file, one provenance: runs added here must compute as the shown ones did.
+  const std::vector<std::string> differences = experiment::extension_mismatches(
+      result, experiment::provenance_of(system, result.spec.load, false));
+  if (!differences.empty()) {
+    QStringList list;
+    for (const std::string& d : differences) {
+      list << q(d);
+    }
+    return QObject::tr(
+               "The shown experiment ran on %1 with other kernels than this machine and build "
+               "would use (%2): workaround runs computed here would not be comparable with its "
+               "runs.")
+        .arg(ran_on, list.join(QStringLiteral("; ")));
   }
   if (result.spec.model.preset.empty()) {
     const QString dir = QString::fromStdString(result.spec.model.checkpoint_dir.string());

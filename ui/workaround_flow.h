@@ -12,9 +12,11 @@
 
 namespace batchlens::ui {
 
-/// Why this build and machine cannot run `result`'s settings (its device, or its checkpoint
-/// directory), or an empty string when they can. A GPU experiment needs the same GPU model
-/// here: a workaround group computed on another GPU would not be comparable.
+/// Why this build and machine (`system`) cannot add runs to `result` with its settings (its
+/// device, its checkpoint directory, or kernels other than its runs': experiment::
+/// extension_mismatches, e.g. another LibTorch or ATen CPU capability), or an empty string when
+/// they can. A GPU experiment needs the same GPU model here: a workaround group computed on
+/// another GPU would not be comparable.
 QString workaroundBlocker(const base::SystemInfo& system,
                           const experiment::ExperimentResult& result);
 

@@ -79,16 +79,31 @@ StepCount count_steps(const ExperimentSpec& spec, std::int64_t canvas_length,
   return n;
 }
 
+base::Result<ModelStepFacts> read_step_facts(const model::ModelSource& source) {
+  return base::guarded([&]() -> ModelStepFacts {
+    ModelStepFacts facts;
+    facts.canvas_length =
+        base::take(source.checkpoint_dir.empty()
+                       ? model::load_preset(source.preset)
+                       : model::load_config_file(source.checkpoint_dir / "config.json"))
+            .canvas_length;
+    facts.generation = base::take(setup::generation_config_for(source, {}));
+    return facts;
+  });
+}
+
+base::Result<StepCount> count_steps(const ExperimentSpec& spec, const ModelStepFacts& model) {
+  return base::guarded([&]() -> StepCount {
+    const generation::GenerationConfig generation =
+        base::take(generation::apply(spec.overrides, model.generation));
+    return count_steps(spec, model.canvas_length, generation.sampler.max_denoising_steps,
+                       generation.max_new_tokens);
+  });
+}
+
 base::Result<StepCount> count_steps(const ExperimentSpec& spec) {
   return base::guarded([&]() -> StepCount {
-    const model::ModelConfig config =
-        base::take(spec.model.preset.empty()
-                       ? model::load_config_file(spec.model.checkpoint_dir / "config.json")
-                       : model::load_preset(spec.model.preset));
-    const generation::GenerationConfig generation =
-        base::take(setup::generation_config_for(spec.model, spec.overrides));
-    return count_steps(spec, config.canvas_length, generation.sampler.max_denoising_steps,
-                       generation.max_new_tokens);
+    return base::take(count_steps(spec, base::take(read_step_facts(spec.model))));
   });
 }
 

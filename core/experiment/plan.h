@@ -63,9 +63,23 @@ struct StepCount {
 };
 StepCount count_steps(const ExperimentSpec& spec, std::int64_t canvas_length,
                       int max_denoising_steps, std::int64_t max_new_tokens);
-/// count_steps for a spec's model and overrides: the preset's (or checkpoint's config.json)
-/// canvas length, the generation config with the spec's overrides. Reads no weights.
-/// Errors: those of reading the config or generation config. Never throws.
+/// What count_steps needs from a model's files: its canvas length (the preset's, or the
+/// checkpoint's config.json) and its generation config before any override (the checkpoint's
+/// generation_config.json, or the defaults). Callers that estimate often (the GUI's run panel)
+/// read it once per version of the files and keep it.
+struct ModelStepFacts {
+  std::int64_t canvas_length = 0;
+  generation::GenerationConfig generation;
+};
+/// Reads a model's step facts; no weights. Errors: those of reading the config or the
+/// generation config. Never throws.
+base::Result<ModelStepFacts> read_step_facts(const model::ModelSource& source);
+/// count_steps for `spec` with its model's facts read before (read_step_facts): the generation
+/// config with the spec's overrides; reads nothing. Errors: InvalidArgument for overrides the
+/// generation config refuses. Never throws.
+base::Result<StepCount> count_steps(const ExperimentSpec& spec, const ModelStepFacts& model);
+/// count_steps for a spec's model and overrides: read_step_facts, then the overload above.
+/// Errors: those of both. Never throws.
 base::Result<StepCount> count_steps(const ExperimentSpec& spec);
 /// The steps the runs of a finished experiment took (RunResult::steps), weighted as StepCount.
 StepCount steps_taken(const ExperimentResult& result);

@@ -217,6 +217,15 @@ bool same_json(const std::string& a, const std::string& b) {
   return !x.is_discarded() && !y.is_discarded() && x == y;
 }
 
+// The provenance of runs computed on `session` now.
+Provenance session_provenance(const setup::Session& session, bool emulated) {
+  Provenance p = provenance_now(session.load, emulated);
+  if (session.model && session.model->fused_kernels().cpu_gemm) {
+    p.cpu.bf16_matmul += " (BatchLens's CPU GEMM, checked bitwise at load)";
+  }
+  return p;
+}
+
 // Refuses to extend `shown` with runs whose arrays or inputs would not match its own: another
 // model config, generation config, prompt, tap list or shape here.
 void check_extends(const ExperimentResult& shown, const ExperimentResult& here) {
@@ -265,6 +274,26 @@ setup::Session open_for(const ExperimentSpec& spec, const std::vector<std::int64
 
 }  // namespace
 
+std::vector<std::string> extension_mismatches(const ExperimentResult& shown,
+                                              const Provenance& here) {
+  std::vector<std::string> out = provenance_mismatches(shown.provenance, here);
+  // The shown runs' policies as they ran against this build's: an emulation profile is stored
+  // by name, and the runs added here must emulate what the shown ones did. The main group's
+  // runs share the spec's policy: the first one that differs says it.
+  for (const PlannedGroup& g : plan_groups(shown.spec)) {
+    for (const PlannedRun& planned : g.runs) {
+      const RunResult* ran = shown.run(planned.id);
+      if (ran != nullptr && ran->group == "main" &&
+          !same_json(ran->policy_json, ops::to_json(planned.policy).dump())) {
+        out.push_back("policy " + ops::policy_text(planned.policy) + " " + ran->policy_text +
+                      " there, " + ops::describe(planned.policy) + " here");
+        return out;
+      }
+    }
+  }
+  return out;
+}
+
 base::Result<ExperimentResult> run_experiment(const setup::Session& session,
                                               const ExperimentSpec& spec,
                                               const RunControl& control) {
@@ -272,10 +301,7 @@ base::Result<ExperimentResult> run_experiment(const setup::Session& session,
     const Prepared p = prepare_experiment(session, spec);
     ExperimentResult out = p.header;
     run_groups(session, spec, p, plan_groups(spec), control, out);
-    out.provenance = provenance_now(session.load, out.provenance.emulated);
-    if (session.model && session.model->fused_kernels().cpu_gemm) {
-      out.provenance.cpu.bf16_matmul += " (BatchLens's CPU GEMM, checked bitwise at load)";
-    }
+    out.provenance = session_provenance(session, out.provenance.emulated);
     return out;
   });
 }
@@ -289,6 +315,19 @@ base::Result<ExperimentResult> run_workaround_group(const setup::Session& sessio
     spec.workaround = workaround;
     const Prepared p = prepare_experiment(session, spec, shown.prompt_ids);
     check_extends(shown, p.header);
+    if (const auto differences = extension_mismatches(shown, session_provenance(session, false));
+        !differences.empty()) {
+      std::string list;
+      for (const std::string& d : differences) {
+        list += (list.empty() ? "" : "; ") + d;
+      }
+      base::raise(ErrorCode::InvalidArgument,
+                  "the shown experiment cannot be extended here: workaround runs computed here "
+                  "would not be comparable with its runs (" +
+                      list +
+                      "); run the whole experiment again here, or add the workaround where it "
+                      "was recorded");
+    }
     std::vector<PlannedGroup> groups = plan_groups(spec);
     groups.erase(std::remove_if(groups.begin(), groups.end(),
                                 [](const PlannedGroup& g) { return g.name != "workaround"; }),

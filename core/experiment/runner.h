@@ -5,6 +5,9 @@
 // seeds, batch sizes): the culprit finder and sweeps do. Torch-free header.
 #pragma once
 
+#include <string>
+#include <vector>
+
 #include "core/base/cancel.h"
 #include "core/base/error.h"
 #include "core/base/progress.h"
@@ -32,15 +35,28 @@ base::Result<ExperimentResult> run_experiment(const setup::Session& session,
                                               const ExperimentSpec& spec,
                                               const RunControl& control = {});
 
+/// Why runs added to `shown` here (run_workaround_group) would not be comparable with its own:
+/// provenance_mismatches(shown.provenance, here) (device, LibTorch, GPU software or the CPU's
+/// kernels), and main runs of `shown` whose policy this build defines otherwise (an emulation
+/// profile whose emulated families changed: the added runs would emulate something else). One
+/// phrase per difference; empty when runs computed with `here` can join `shown`. `here` is
+/// provenance_now (or provenance_of) for `shown`'s device and dtype. Never throws.
+std::vector<std::string> extension_mismatches(const ExperimentResult& shown,
+                                              const Provenance& here);
+
 /// Runs only the workaround group of `shown` (an experiment run without it, or with another
 /// workaround) and returns `shown` with it: its spec's workaround set to `workaround`, its old
 /// "workaround" runs and "wa." comparisons replaced by those of `workaround`, run with the shown
 /// experiment's own settings (spec, prompt ids as it ran) on `session`. A group's ticks and
 /// arrays are its own, so the result equals running the whole spec with the workaround at once
-/// (bar timings and wall times). The shown provenance stays (the emulation flag covers every
-/// run); timings are this run's. Errors: InvalidArgument when `shown` names another model,
-/// device, dtype or experts than the session's, or its model config, generation config, prompt,
-/// taps or shape differ from what the session gives; those of run_experiment. Never throws.
+/// (bar timings and wall times). A file has one provenance for all its runs, so the added runs
+/// must be computed where the shown ones were: the shown provenance stays (the emulation flag
+/// covers every run); timings are this run's. Errors: InvalidArgument when `shown` names another
+/// model, device, dtype or experts than the session's, or its model config, generation config,
+/// prompt, taps or shape differ from what the session gives, or it was recorded with another
+/// LibTorch, GPU software or CPU kernels, or with another definition of its policy
+/// (extension_mismatches; the message names each difference); those of run_experiment. Never
+/// throws.
 base::Result<ExperimentResult> run_workaround_group(const setup::Session& session,
                                                     const ExperimentResult& shown,
                                                     const ops::OpPolicy& workaround,

@@ -2,9 +2,7 @@
 // The explorer window end to end on the offscreen platform: real experiment files (made by the
 // project's own runner), real runs, real exports.
 #include <cmath>
-#include <filesystem>
 #include <fstream>
-#include <map>
 #include <set>
 
 #include <QCheckBox>
@@ -39,6 +37,7 @@
 #include "core/experiment/runner.h"
 #include "core/experiment/story.h"
 #include "core/io/experiment_file.h"
+#include "tests/support/ui_window.h"
 #include "ui/controllers.h"
 #include "ui/heatmap_plot.h"
 #include "ui/main_window.h"
@@ -46,30 +45,15 @@
 #include "ui/run_panel.h"
 #include "ui/views.h"
 
-#include <unistd.h>
-
 namespace batchlens::ui {
 namespace {
 
-namespace fs = std::filesystem;
-
-constexpr int kWaitMs = 120000;
-
-base::SystemInfo cpuMachine() {
-  base::SystemInfo s;
-  s.libtorch_version = "test";
-  s.torch_threads = 2;
-  return s;
-}
+using test_support::kWaitMs;
+using test_support::thisMachine;
 
 experiment::ExperimentSpec demoSpec(const std::string& workaround) {
-  experiment::ExperimentSpec s;
-  s.model.preset = "demo";
-  s.seed = 11;
-  s.overrides.max_denoising_steps = 6;
-  s.overrides.max_new_tokens = 64;
-  s.batch_sizes = {2, 4};
-  s.policy = ops::OpPolicy::emulated_split_k();
+  experiment::ExperimentSpec s =
+      test_support::smallDemoSpec(11, 6, ops::OpPolicy::emulated_split_k());
   if (!workaround.empty()) {
     s.workaround = ops::policy_from_text(workaround).value();
   }
@@ -78,21 +62,8 @@ experiment::ExperimentSpec demoSpec(const std::string& workaround) {
 
 // Experiment files made once per process: with and without the workaround group.
 const std::string& fixtureFile(const std::string& workaround) {
-  static std::map<std::string, std::string> files;
-  auto it = files.find(workaround);
-  if (it == files.end()) {
-    const std::string path = (fs::path(::testing::TempDir()) /
-                              ("bl_ui_" + (workaround.empty() ? std::string("plain") : workaround) +
-                               "_" + std::to_string(::getpid()) + ".h5"))
-                                 .string();
-    auto r = experiment::run_experiment(demoSpec(workaround));
-    EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
-    if (r.ok()) {
-      EXPECT_TRUE(io::write_experiment(path, r.value()).ok());
-    }
-    it = files.emplace(workaround, path).first;
-  }
-  return it->second;
+  return test_support::experimentFile(
+      "ui_" + (workaround.empty() ? std::string("plain") : workaround), demoSpec(workaround));
 }
 
 experiment::ExperimentResult readBack(const std::string& path) {
@@ -101,39 +72,9 @@ experiment::ExperimentResult readBack(const std::string& path) {
   return r.ok() ? r.value() : experiment::ExperimentResult{};
 }
 
-class ExplorerTest : public ::testing::Test {
+class ExplorerTest : public test_support::WindowTest {
  protected:
-  void SetUp() override {
-    // Settings of the tests stay in a private directory.
-    qputenv("XDG_CONFIG_HOME", QDir(QString::fromStdString(::testing::TempDir()))
-                                   .filePath(QStringLiteral("bl-config-%1").arg(::getpid()))
-                                   .toUtf8());
-    QCoreApplication::setOrganizationName(QStringLiteral("BatchLensTests"));
-    QCoreApplication::setApplicationName(QStringLiteral("explorer_test"));
-    QSettings().clear();
-    window_ = std::make_unique<MainWindow>(cpuMachine());
-    window_->resize(1400, 900);
-    window_->show();
-  }
-  void TearDown() override { window_.reset(); }
-
-  // Opens `path` and waits until it is shown.
-  void open(const std::string& path) {
-    QSignalSpy shown(window_.get(), &MainWindow::documentShown);
-    window_->openFile(QString::fromStdString(path));
-    ASSERT_TRUE(shown.wait(kWaitMs))
-        << "the file was not shown: " << window_->lastError().toStdString();
-    flushViews();
-  }
-
-  void flushViews() {
-    QCoreApplication::processEvents();
-    window_->overview()->flush();
-    window_->layerStep()->flush();
-    window_->spread()->flush();
-    window_->textDiff()->flush();
-    window_->routing()->flush();
-  }
+  ExplorerTest() : WindowTest("explorer_test", QSize(1400, 900)) {}
 
   // Clicks the centre of a heatmap cell like a user.
   static void clickCell(HeatmapPlot* plot, int column, int row) {
@@ -142,8 +83,6 @@ class ExplorerTest : public ::testing::Test {
                     static_cast<int>(plot->yAxis->coordToPixel(row)));
     QTest::mouseClick(plot, Qt::LeftButton, Qt::NoModifier, at);
   }
-
-  std::unique_ptr<MainWindow> window_;
 };
 
 TEST_F(ExplorerTest, OpeningAFileFillsTheViewsWithItsNumbers) {
@@ -627,6 +566,107 @@ TEST_F(ExplorerTest, ExportWritesPngsOfTheRightSizeAndASummaryOfTheFile) {
   EXPECT_EQ(QDir(out).entryList(QDir::Files).size(), 8);
 }
 
+// The composite figure shows the story's onset tap over the whole grid, titled with the tap,
+// whatever tap, metric, scale or zoom the Layer × Step view shows when the report is exported.
+TEST_F(ExplorerTest, FigureShowsTheOnsetTapWhateverTheViewShows) {
+  open(fixtureFile("issue_workaround"));
+  ExplorerState* state = window_->state();
+  const auto* c = state->comparison();
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(c->first.found());
+  const std::string onset = c->first.tap;
+  const int other = state->tapNames().indexOf(
+      QString::fromStdString(onset == "layer.out" ? "logits" : "layer.out"));
+  ASSERT_GE(other, 0);
+  state->setTap(other);
+  state->setMetric(Metric::MaxAbs);
+  state->setLogScale(false);
+  flushViews();
+  HeatmapPlot* shown = window_->layerStep()->plot(Side::Before);
+  const QCPRange full = shown->xAxis->range();
+  shown->xAxis->scaleRange(0.25, full.center());
+  const QCPRange zoomed = shown->xAxis->range();
+  QTemporaryDir dir;
+  ASSERT_TRUE(dir.isValid());
+  const QString out = dir.filePath(QStringLiteral("report"));
+  auto written = window_->exportReportTo(out);
+  ASSERT_TRUE(written.ok()) << written.error().message;
+  QFile json_file(QDir(out).filePath(QStringLiteral("summary.json")));
+  ASSERT_TRUE(json_file.open(QIODevice::ReadOnly));
+  const auto summary = nlohmann::json::parse(json_file.readAll().toStdString());
+  EXPECT_EQ(summary["figure"]["onset_tap"], onset);
+  const std::string title = summary["figure"]["heatmap_title"];
+  EXPECT_NE(title.find(onset), std::string::npos) << title;
+  EXPECT_NE(title.find("share differing (log)"), std::string::npos) << title;
+  // The plot it was drawn with: the onset tap's grid, whole, its first divergence framed.
+  HeatmapPlot* figure = window_->layerStep()->onsetPlot();
+  ASSERT_NE(figure, nullptr);
+  EXPECT_FALSE(figure->isVisible());
+  EXPECT_EQ(figure->title().toStdString(), title);
+  EXPECT_EQ(figure->columns(), state->ticks());
+  EXPECT_DOUBLE_EQ(figure->xAxis->range().size(), full.size());
+  EXPECT_EQ(figure->selectedColumn(), c->first.tick);
+  const int onset_tap = tapIndex(*state->result(), onset.c_str());
+  const int row = state->tapIsPerLayer(onset_tap) ? c->first.layer : 0;
+  EXPECT_EQ(figure->value(c->first.tick, row),
+            cellValue(*c, Metric::FracDiffer, c->first.tick,
+                      c->first.layer >= 0 ? c->first.layer : state->layers(), onset_tap));
+  // The user's view is untouched: tap, metric, scale and zoom as they were.
+  EXPECT_EQ(state->tap(), other);
+  EXPECT_EQ(state->metric(), Metric::MaxAbs);
+  EXPECT_FALSE(state->logScale());
+  EXPECT_DOUBLE_EQ(shown->xAxis->range().size(), zoomed.size());
+}
+
+// The Overview computes a comparison's story and growth once per result: selection changes and
+// coming back to a comparison reuse them; a new result computes them again.
+TEST_F(ExplorerTest, OverviewComputesEachStoryOncePerResult) {
+  const std::string path = fixtureFile("issue_workaround");
+  open(path);
+  ExplorerState* state = window_->state();
+  OverviewView* overview = window_->overview();
+  const QString first = state->comparisonId();
+  const experiment::Story* story = &overview->story();
+  const std::string headline = story->headline();
+  ASSERT_FALSE(headline.empty());
+  const int computed = overview->storyCache().computed();
+  EXPECT_GT(computed, 0);
+  // Selection changes: nothing computed again, the same story object.
+  for (int tick = 0; tick < std::min(state->ticks(), 5); ++tick) {
+    state->setCell(tick, state->layerSlot());
+    state->setPosition(tick);
+    flushViews();
+  }
+  EXPECT_EQ(overview->storyCache().computed(), computed);
+  EXPECT_EQ(&overview->story(), story);
+  // Another comparison: its story once; back to the first: the same object as before.
+  QString second;
+  for (const auto& c : state->result()->comparisons) {
+    if (QString::fromStdString(c.id) != first && c.kind == "row0") {
+      second = QString::fromStdString(c.id);
+      break;
+    }
+  }
+  ASSERT_FALSE(second.isEmpty());
+  state->setComparison(second);
+  flushViews();
+  const int with_second = overview->storyCache().computed();
+  EXPECT_GT(with_second, computed);
+  EXPECT_EQ(overview->story().comparison, second.toStdString());
+  state->setComparison(first);
+  flushViews();
+  EXPECT_EQ(overview->storyCache().computed(), with_second);
+  EXPECT_EQ(&overview->story(), story);
+  EXPECT_EQ(overview->story().headline(), headline);
+  // A new result (the same file read again) computes its stories anew.
+  open(path);
+  EXPECT_EQ(state->comparisonId(), first);
+  EXPECT_GT(overview->storyCache().computed(), with_second);
+  EXPECT_EQ(overview->story().headline(), headline);
+  EXPECT_EQ(overview->story().headline(),
+            experiment::build_story(*state->result(), first.toStdString()).headline());
+}
+
 TEST_F(ExplorerTest, DamagedFileShowsAnErrorAndTheWindowSurvives) {
   const std::string good = fixtureFile("");
   open(good);
@@ -743,35 +783,12 @@ TEST_F(ExplorerTest, EmbeddedLockstepSampleOf26bTellsItsStory) {
   EXPECT_EQ(window_->state()->tick(), c->first.tick);
 }
 
-TEST_F(ExplorerTest, RunPanelBuildsTheSpecAndRefusesBadInput) {
-  RunPanel* panel = window_->runPanel();
-  auto spec = panel->spec();
-  ASSERT_TRUE(spec.ok()) << spec.error().message;
-  // One click from the demo preset on this machine, with the emulation labelled as policy.
-  EXPECT_EQ(spec.value().model.preset, "demo");
-  EXPECT_EQ(spec.value().load.device, "cpu");
-  EXPECT_EQ(spec.value().policy, ops::OpPolicy::emulation_profile("emulated_h200"));
-  EXPECT_FALSE(spec.value().workaround.has_value());
-  panel->setWorkaroundEnabled(true);
-  EXPECT_EQ(panel->spec().value().workaround, ops::OpPolicy::issue_workaround());
-  panel->findChild<QLineEdit*>(QStringLiteral("BatchSizesEdit"))->setText(QStringLiteral("2,x"));
-  auto bad = panel->spec();
-  ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.error().message.find("'x'"), std::string::npos);
-  // Run with a bad spec: a message, no run.
-  panel->runButton()->click();
-  EXPECT_FALSE(window_->runController()->isRunning());
-  EXPECT_TRUE(panel->findChild<QLabel*>(QStringLiteral("RunStatus"))
-                  ->text()
-                  .contains(QStringLiteral("Cannot run")));
-}
-
 TEST_F(ExplorerTest, SettingsPersistAcrossWindows) {
   RunPanel* panel = window_->runPanel();
   panel->findChild<QLineEdit*>(QStringLiteral("BatchSizesEdit"))->setText(QStringLiteral("3,5"));
   panel->findChild<QSpinBox*>(QStringLiteral("StepsSpin"))->setValue(17);
   window_->close();
-  window_ = std::make_unique<MainWindow>(cpuMachine());
+  window_ = std::make_unique<MainWindow>(thisMachine());
   auto spec = window_->runPanel()->spec();
   ASSERT_TRUE(spec.ok()) << spec.error().message;
   EXPECT_EQ(spec.value().batch_sizes, (std::vector<std::int64_t>{3, 5}));

@@ -5,16 +5,19 @@
 // Cancel restoring the toggle and the progress bar, the panel in view at 1500×950.
 #include "ui/run_panel.h"
 
-#include <filesystem>
-#include <map>
 #include <set>
 
 #include <QCheckBox>
 #include <QComboBox>
 #include <QCoreApplication>
+#include <QDateTime>
 #include <QDir>
+#include <QFile>
+#include <QFileInfo>
 #include <QLabel>
+#include <QLineEdit>
 #include <QMessageBox>
+#include <QPlainTextEdit>
 #include <QProgressBar>
 #include <QPushButton>
 #include <QScrollBar>
@@ -31,83 +34,34 @@
 #include "core/experiment/runner.h"
 #include "core/generation/generation_config.h"
 #include "core/io/experiment_file.h"
+#include "core/model/config.h"
+#include "core/setup/front_door.h"
+#include "tests/support/ui_window.h"
 #include "ui/controllers.h"
 #include "ui/main_window.h"
 #include "ui/qcp.h"
 #include "ui/views.h"
 #include "ui/workaround_flow.h"
 
-#include <unistd.h>
-
 namespace batchlens::ui {
 namespace {
 
-namespace fs = std::filesystem;
-
-constexpr int kWaitMs = 120000;
-
-base::SystemInfo cpuMachine() {
-  base::SystemInfo s;
-  s.libtorch_version = "test";
-  s.torch_threads = 2;
-  return s;
-}
+using test_support::kWaitMs;
+using test_support::thisMachine;
 
 // A small demo experiment: the H200 emulation profile, B=2 and B=4, two canvases of 4 steps.
 experiment::ExperimentSpec smallSpec() {
-  experiment::ExperimentSpec s;
-  s.model.preset = "demo";
-  s.seed = 7;
-  s.overrides.max_denoising_steps = 4;
-  s.overrides.max_new_tokens = 64;
-  s.batch_sizes = {2, 4};
-  s.policy = ops::OpPolicy::emulation_profile("emulated_h200");
-  return s;
+  return test_support::smallDemoSpec(7, 4, ops::OpPolicy::emulation_profile("emulated_h200"));
 }
 
 // The small experiment without the workaround, written once per process.
 const std::string& plainFile() {
-  static const std::string path = [] {
-    const std::string p =
-        (fs::path(::testing::TempDir()) / ("bl_run_panel_" + std::to_string(::getpid()) + ".h5"))
-            .string();
-    auto r = experiment::run_experiment(smallSpec());
-    EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
-    if (r.ok()) {
-      EXPECT_TRUE(io::write_experiment(p, r.value()).ok());
-    }
-    return p;
-  }();
-  return path;
+  return test_support::experimentFile("run_panel", smallSpec());
 }
 
-class RunPanelTest : public ::testing::Test {
+class RunPanelTest : public test_support::WindowTest {
  protected:
-  void SetUp() override {
-    qputenv("XDG_CONFIG_HOME", QDir(QString::fromStdString(::testing::TempDir()))
-                                   .filePath(QStringLiteral("bl-run-config-%1").arg(::getpid()))
-                                   .toUtf8());
-    QCoreApplication::setOrganizationName(QStringLiteral("BatchLensTests"));
-    QCoreApplication::setApplicationName(QStringLiteral("run_panel_test"));
-    QSettings().clear();
-    window_ = std::make_unique<MainWindow>(cpuMachine());
-    window_->resize(1500, 950);
-    window_->show();
-  }
-  void TearDown() override { window_.reset(); }
-
-  void open(const std::string& path) {
-    QSignalSpy shown(window_.get(), &MainWindow::documentShown);
-    window_->openFile(QString::fromStdString(path));
-    ASSERT_TRUE(shown.wait(kWaitMs)) << window_->lastError().toStdString();
-  }
-  void openSample() {
-    QSignalSpy shown(window_.get(), &MainWindow::documentShown);
-    window_->openEmbeddedSample();
-    ASSERT_TRUE(shown.wait(kWaitMs)) << window_->lastError().toStdString();
-  }
-
-  std::unique_ptr<MainWindow> window_;
+  RunPanelTest() : WindowTest("run_panel_test", QSize(1500, 950)) {}
 };
 
 TEST_F(RunPanelTest, OneClickDefaultsAreTheH200EmulationDemoWithAnEstimate) {
@@ -152,6 +106,23 @@ TEST_F(RunPanelTest, OneClickDefaultsAreTheH200EmulationDemoWithAnEstimate) {
   EXPECT_TRUE(panel->expectedLabel()->text().contains(QStringLiteral("100 ms")))
       << panel->expectedLabel()->text().toStdString();
   EXPECT_TRUE(panel->expectedLabel()->text().contains(QStringLiteral("measured here")));
+}
+
+TEST_F(RunPanelTest, TheToggleAddsTheWorkaroundAndBadInputIsRefused) {
+  RunPanel* panel = window_->runPanel();
+  ASSERT_FALSE(panel->spec().value().workaround.has_value());  // the defaults: above
+  panel->setWorkaroundEnabled(true);
+  EXPECT_EQ(panel->spec().value().workaround, ops::OpPolicy::issue_workaround());
+  panel->findChild<QLineEdit*>(QStringLiteral("BatchSizesEdit"))->setText(QStringLiteral("2,x"));
+  auto bad = panel->spec();
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("'x'"), std::string::npos);
+  // Run with a bad spec: a message, no run.
+  panel->runButton()->click();
+  EXPECT_FALSE(window_->runController()->isRunning());
+  EXPECT_TRUE(panel->findChild<QLabel*>(QStringLiteral("RunStatus"))
+                  ->text()
+                  .contains(QStringLiteral("Cannot run")));
 }
 
 TEST_F(RunPanelTest, OpListShowsEveryFamilyItsFullNameAndLastForMinusOne) {
@@ -303,7 +274,7 @@ TEST_F(RunPanelTest, AGpuExperimentIsNeverSilentlyRunOnThisCpu) {
   openSample();
   const auto* r = window_->state()->result();
   ASSERT_NE(r, nullptr);
-  ASSERT_FALSE(workaroundBlocker(cpuMachine(), *r).isEmpty());
+  ASSERT_FALSE(workaroundBlocker(thisMachine(), *r).isEmpty());
   RunPanel* panel = window_->runPanel();
   // The sample holds the issue's workaround already: switching it on again runs nothing.
   ASSERT_TRUE(panel->workaroundCheck()->isChecked());
@@ -340,6 +311,179 @@ TEST_F(RunPanelTest, AGpuExperimentIsNeverSilentlyRunOnThisCpu) {
   QCoreApplication::processEvents();
   EXPECT_FALSE(window_->runController()->isRunning());
   EXPECT_EQ(window_->state()->result(), r);
+}
+
+// A CPU experiment recorded with other CPU kernels (here: ATen's capability) cannot be extended
+// here: the toggle refuses and says why, and offers to run the whole experiment again here.
+TEST_F(RunPanelTest, AnExperimentOfOtherCpuKernelsIsRefusedAndOfferedToRunHere) {
+  experiment::ExperimentResult other = io::read_experiment(plainFile()).value();
+  other.provenance.cpu.aten_capability =
+      other.provenance.cpu.aten_capability == "AVX512" ? "AVX2" : "AVX512";
+  QTemporaryDir dir;
+  const std::string path = QDir(dir.path()).filePath(QStringLiteral("other.h5")).toStdString();
+  ASSERT_TRUE(io::write_experiment(path, other).ok());
+  open(path);
+  const auto* r = window_->state()->result();
+  ASSERT_NE(r, nullptr);
+  const QString blocker = workaroundBlocker(thisMachine(), *r);
+  EXPECT_TRUE(blocker.contains(QStringLiteral("ATen CPU kernels"))) << blocker.toStdString();
+  EXPECT_TRUE(blocker.contains(QStringLiteral("would not be comparable"))) << blocker.toStdString();
+  // The same file as recorded here can be extended.
+  EXPECT_TRUE(workaroundBlocker(thisMachine(), io::read_experiment(plainFile()).value()).isEmpty());
+
+  RunPanel* panel = window_->runPanel();
+  QSignalSpy offered(window_.get(), &MainWindow::workaroundElsewhereOffered);
+  panel->workaroundCheck()->click();
+  EXPECT_FALSE(window_->runController()->isRunning());
+  ASSERT_EQ(offered.size(), 1);
+  EXPECT_FALSE(panel->workaroundCheck()->isChecked());
+  auto* box = window_->findChild<QMessageBox*>(QStringLiteral("WorkaroundElsewhereDialog"));
+  ASSERT_NE(box, nullptr);
+  EXPECT_TRUE(box->text().contains(QStringLiteral("ATen CPU kernels")))
+      << box->text().toStdString();
+  EXPECT_EQ(box->findChild<QPushButton*>(QStringLiteral("RunDemoButton")), nullptr);
+  auto* here = box->findChild<QPushButton*>(QStringLiteral("RunHereButton"));
+  ASSERT_NE(here, nullptr);
+  // Run it again here: the whole experiment, its settings and prompt ids, with the workaround.
+  QSignalSpy cancelled(window_->runController(), &RunController::cancelled);
+  here->click();
+  ASSERT_TRUE(window_->runController()->isRunning());
+  EXPECT_FALSE(window_->runController()->workaroundRun());
+  const experiment::ExperimentSpec& spec = window_->runController()->lastSpec();
+  EXPECT_EQ(spec.workaround, ops::OpPolicy::issue_workaround());
+  EXPECT_EQ(spec.prompt_ids, r->prompt_ids);
+  EXPECT_EQ(spec.batch_sizes, r->spec.batch_sizes);
+  EXPECT_EQ(spec.seed, r->spec.seed);
+  EXPECT_TRUE(panel->workaroundCheck()->isChecked());
+  window_->runController()->cancel();
+  ASSERT_TRUE(cancelled.wait(kWaitMs));
+  EXPECT_FALSE(panel->workaroundCheck()->isChecked()) << "a cancelled run puts the toggle back";
+}
+
+// The toggle's run never started (the form is refused): the toggle goes back at once, and a
+// later run of the user's, cancelled, leaves the toggle as the user set it.
+TEST_F(RunPanelTest, ARunThatNeverStartedLeavesNoRestoreBehind) {
+  RunPanel* panel = window_->runPanel();
+  auto* sizes = panel->findChild<QLineEdit*>(QStringLiteral("BatchSizesEdit"));
+  sizes->setText(QStringLiteral("2,x"));
+  panel->workaroundCheck()->click();  // no experiment shown: a run of the form, refused
+  EXPECT_FALSE(window_->runController()->isRunning());
+  EXPECT_FALSE(panel->workaroundCheck()->isChecked());
+  EXPECT_FALSE(window_->state()->showWorkaround());
+  EXPECT_TRUE(panel->findChild<QLabel*>(QStringLiteral("RunStatus"))
+                  ->text()
+                  .contains(QStringLiteral("Cannot run")));
+  // The user's own run, with the workaround set in the form, cancelled.
+  sizes->setText(QStringLiteral("2,4"));
+  panel->findChild<QSpinBox*>(QStringLiteral("StepsSpin"))->setValue(48);
+  panel->findChild<QSpinBox*>(QStringLiteral("MaxNewTokensSpin"))->setValue(256);
+  panel->setWorkaroundEnabled(true);
+  QSignalSpy cancelled(window_->runController(), &RunController::cancelled);
+  panel->runButton()->click();
+  ASSERT_TRUE(window_->runController()->isRunning());
+  panel->cancelButton()->click();
+  ASSERT_TRUE(cancelled.wait(kWaitMs));
+  EXPECT_TRUE(panel->workaroundCheck()->isChecked()) << "Cancel restored a toggle of a run that "
+                                                        "never started";
+}
+
+// The estimate reads the checkpoint's config.json once per version of the file (path, size,
+// modification time), not per keystroke, and follows the file when it changes.
+TEST_F(RunPanelTest, EstimateReadsTheCheckpointConfigOncePerVersion) {
+  QTemporaryDir dir;
+  ASSERT_TRUE(dir.isValid());
+  const QString config = QDir(dir.path()).filePath(QStringLiteral("config.json"));
+  nlohmann::json doc = model::to_json(model::load_preset("demo").value());
+  const auto write = [&config](const nlohmann::json& d) {
+    QFile f(config);
+    ASSERT_TRUE(f.open(QIODevice::WriteOnly | QIODevice::Truncate));
+    f.write(QByteArray::fromStdString(d.dump(2)));
+  };
+  doc["canvas_length"] = 32;
+  write(doc);
+  const QDateTime written = QFileInfo(config).lastModified();
+  RunPanel* panel = window_->runPanel();
+  panel->presetCombo()->setCurrentIndex(panel->presetCombo()->count() - 1);
+  panel->findChild<QLineEdit*>(QStringLiteral("CheckpointEdit"))->setText(dir.path());
+  auto* tokens = panel->findChild<QSpinBox*>(QStringLiteral("MaxNewTokensSpin"));
+  auto* steps = panel->findChild<QSpinBox*>(QStringLiteral("StepsSpin"));
+  tokens->setValue(64);
+  steps->setValue(5);
+  const auto text = [panel] {
+    return panel->expectedLabel()->text().toStdString();
+  };
+  EXPECT_NE(text().find("× 2 canvas(es) × ≤ 5 steps"), std::string::npos) << text();
+  const int reads = panel->modelFileReads();
+  // Typing: the estimate follows the form without reading the file again.
+  for (int v = 6; v <= 12; ++v) {
+    steps->setValue(v);
+  }
+  panel->findChild<QLineEdit*>(QStringLiteral("BatchSizesEdit"))->setText(QStringLiteral("2,3"));
+  EXPECT_NE(text().find("× 2 canvas(es) × ≤ 12 steps"), std::string::npos) << text();
+  static_cast<void>(panel->expectedSeconds());  // through the same cache
+  EXPECT_EQ(panel->modelFileReads(), reads);
+  // The same version (size and time) is not read again; a new one is.
+  doc["canvas_length"] = 64;
+  write(doc);
+  QFile file(config);
+  ASSERT_TRUE(file.open(QIODevice::ReadWrite));
+  ASSERT_TRUE(file.setFileTime(written, QFileDevice::FileModificationTime));
+  file.close();
+  steps->setValue(11);
+  EXPECT_NE(text().find("× 2 canvas(es)"), std::string::npos) << text();
+  EXPECT_EQ(panel->modelFileReads(), reads);
+  ASSERT_TRUE(file.open(QIODevice::ReadWrite));
+  ASSERT_TRUE(file.setFileTime(written.addSecs(10), QFileDevice::FileModificationTime));
+  file.close();
+  steps->setValue(12);
+  EXPECT_NE(text().find("× 1 canvas(es) × ≤ 12 steps"), std::string::npos) << text();
+  EXPECT_EQ(panel->modelFileReads(), reads + 1);
+}
+
+// "Use this experiment's settings" runs the experiment's own prompt ids: ids whose decoded text
+// tokenises to other ids are kept, not replaced by the text's.
+TEST_F(RunPanelTest, UseThisExperimentsSettingsRunsItsPromptIds) {
+  auto tokenizer = setup::tokenizer_for(smallSpec().model);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.error().message;
+  const text::Tokenizer& t = *tokenizer.value();
+  // A sentence spelled one character per token: the same text, other ids than its encoding
+  // (the preset's vocabulary holds its words whole).
+  const std::string text = "the cat sat on a mat.";
+  std::vector<std::int64_t> ids;
+  for (const char c : text) {
+    const auto one = t.encode(std::string(1, c));
+    ASSERT_TRUE(one.ok());
+    ids.insert(ids.end(), one.value().begin(), one.value().end());
+  }
+  ASSERT_EQ(t.decode(ids), text);
+  ASSERT_NE(t.encode(t.decode(ids)).value(), ids) << "the ids must not round-trip";
+  experiment::ExperimentSpec spec = smallSpec();
+  spec.prompt_ids = ids;
+  spec.overrides.max_new_tokens = 32;
+  spec.batch_sizes = {2};
+  auto ran = experiment::run_experiment(spec);
+  ASSERT_TRUE(ran.ok()) << ran.error().message;
+  ASSERT_EQ(ran.value().prompt_ids, ids);
+
+  RunPanel* panel = window_->runPanel();
+  panel->setExperiment(ran.value());
+  EXPECT_EQ(panel->spec().value().prompt_ids, ids);
+  auto* note = panel->findChild<QLabel*>(QStringLiteral("PromptIdsNote"));
+  ASSERT_NE(note, nullptr);
+  EXPECT_TRUE(note->isVisibleTo(panel));
+  // Editing the prompt tokenises the text; putting it back runs the ids again.
+  auto* prompt = panel->findChild<QPlainTextEdit*>(QStringLiteral("PromptEdit"));
+  prompt->setPlainText(QString::fromStdString(text + "!"));
+  EXPECT_TRUE(panel->spec().value().prompt_ids.empty());
+  EXPECT_FALSE(note->isVisibleTo(panel));
+  prompt->setPlainText(QString::fromStdString(text));
+  EXPECT_EQ(panel->spec().value().prompt_ids, ids);
+  // Run: the new experiment's prompt is the ids as they ran.
+  QSignalSpy finished(window_->runController(), &RunController::finished);
+  window_->runFromPanel();
+  ASSERT_TRUE(finished.wait(kWaitMs)) << window_->lastError().toStdString();
+  ASSERT_NE(window_->state()->result(), nullptr);
+  EXPECT_EQ(window_->state()->result()->prompt_ids, ids);
 }
 
 TEST_F(RunPanelTest, RoutingChartsShowOneLayerAndTheLegendLeavesTheDataFree) {

@@ -23,6 +23,7 @@
 
 #include "core/experiment/runner.h"
 #include "core/io/experiment_file.h"
+#include "tests/support/ui_window.h"
 #include "ui/controllers.h"
 #include "ui/explorer_state.h"
 #include "ui/heatmap_plot.h"
@@ -38,17 +39,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-constexpr int kWaitMs = 120000;
+using test_support::kWaitMs;
+using test_support::thisMachine;
 constexpr int kLayers = 2;
 constexpr int kCanvas = 4;
 constexpr int kTaps = 2;
-
-base::SystemInfo cpuMachine() {
-  base::SystemInfo s;
-  s.libtorch_version = "test";
-  s.torch_threads = 2;
-  return s;
-}
 
 experiment::RunResult makeRun(const std::string& id, std::int64_t batch, int ticks) {
   experiment::RunResult run;
@@ -205,7 +200,7 @@ TEST(TextDiffView, RunsOfDifferentLengthsAreNeverReadPastTheirEnd) {
 
 // Every view over the same ragged result, at every tick the slider offers.
 TEST(Views, RaggedResultsAreShownWithoutReadingPastTheirArrays) {
-  MainWindow window(cpuMachine());
+  MainWindow window(thisMachine());
   window.resize(1200, 800);
   window.show();
   Q_EMIT window.runController()->finished(runDocument(makeResult(3, true)));
@@ -230,22 +225,15 @@ TEST(Views, RaggedResultsAreShownWithoutReadingPastTheirArrays) {
   EXPECT_FALSE(tip.isEmpty());
 }
 
-class SafetyWindowTest : public ::testing::Test {
+class SafetyWindowTest : public test_support::WindowTest {
  protected:
+  SafetyWindowTest() : WindowTest("safety_test", QSize(1200, 800)) {}
   void SetUp() override {
-    qputenv("XDG_CONFIG_HOME", QDir(QString::fromStdString(::testing::TempDir()))
-                                   .filePath(QStringLiteral("bl-safety-config-%1").arg(::getpid()))
-                                   .toUtf8());
-    QCoreApplication::setOrganizationName(QStringLiteral("BatchLensTests"));
-    QCoreApplication::setApplicationName(QStringLiteral("safety_test"));
-    QSettings().clear();
     ASSERT_TRUE(dir_.isValid());
-    window_ = std::make_unique<MainWindow>(cpuMachine());
-    window_->resize(1200, 800);
-    window_->show();
+    WindowTest::SetUp();
   }
   void TearDown() override {
-    window_.reset();
+    WindowTest::TearDown();
     for (const auto& m : mounts_) {
       ::umount2(m.c_str(), MNT_DETACH);
     }
@@ -269,7 +257,6 @@ class SafetyWindowTest : public ::testing::Test {
   }
 
   QTemporaryDir dir_;
-  std::unique_ptr<MainWindow> window_;
   std::vector<std::string> mounts_;
 };
 

@@ -4,11 +4,13 @@
 #include "core/experiment/runner.h"
 
 #include <cstring>
+#include <functional>
 #include <string>
 
 #include <gtest/gtest.h>
 
 #include "core/experiment/plan.h"
+#include "core/experiment/provenance.h"
 
 namespace batchlens::experiment {
 namespace {
@@ -33,33 +35,35 @@ bool same_bits(const NdArray<T>& a, const NdArray<T>& b) {
           std::memcmp(a.data.data(), b.data.data(), a.data.size() * sizeof(T)) == 0);
 }
 
+// EXPECT_EQ on each of `members` of `a` and `b`.
+template <class S, class... M>
+void expect_same_members(const S& a, const S& b, M S::*... members) {
+  int i = 0;
+  const auto check = [&](auto member) {
+    EXPECT_EQ(a.*member, b.*member) << "member " << i++;
+  };
+  (check(members), ...);
+}
+
 void expect_same_run(const RunResult& a, const RunResult& b) {
   SCOPED_TRACE(a.id);
-  EXPECT_EQ(a.id, b.id);
-  EXPECT_EQ(a.batch_size, b.batch_size);
-  EXPECT_EQ(a.group, b.group);
-  EXPECT_EQ(a.policy_json, b.policy_json);
-  EXPECT_EQ(a.policy_text, b.policy_text);
-  EXPECT_EQ(a.emulated, b.emulated);
+  expect_same_members(a, b, &RunResult::id, &RunResult::batch_size, &RunResult::group,
+                      &RunResult::policy_json, &RunResult::policy_text, &RunResult::emulated,
+                      &RunResult::tick_canvas, &RunResult::tick_step, &RunResult::tokens,
+                      &RunResult::text, &RunResult::stop_position, &RunResult::steps);
   EXPECT_TRUE(same_bits(a.canvas_in, b.canvas_in));
   EXPECT_TRUE(same_bits(a.argmax, b.argmax));
   EXPECT_TRUE(same_bits(a.sampled, b.sampled));
   EXPECT_TRUE(same_bits(a.accepted, b.accepted));
   EXPECT_TRUE(same_bits(a.entropy, b.entropy));
-  EXPECT_EQ(a.tick_canvas, b.tick_canvas);
-  EXPECT_EQ(a.tick_step, b.tick_step);
-  EXPECT_EQ(a.tokens, b.tokens);
-  EXPECT_EQ(a.text, b.text);
-  EXPECT_EQ(a.stop_position, b.stop_position);
-  EXPECT_EQ(a.steps, b.steps);
 }
 
 void expect_same_comparison(const ComparisonResult& a, const ComparisonResult& b) {
   SCOPED_TRACE(a.id);
-  EXPECT_EQ(a.id, b.id);
-  EXPECT_EQ(a.reference, b.reference);
-  EXPECT_EQ(a.run, b.run);
-  EXPECT_EQ(a.kind, b.kind);
+  expect_same_members(a, b, &ComparisonResult::id, &ComparisonResult::reference,
+                      &ComparisonResult::run, &ComparisonResult::kind, &ComparisonResult::compared,
+                      &ComparisonResult::tokens_identical, &ComparisonResult::tokens_changed,
+                      &ComparisonResult::stop_changed, &ComparisonResult::steps_changed);
   for (const auto& [x, y] : {std::pair{&a.frac_differ, &b.frac_differ},
                              {&a.max_abs, &b.max_abs},
                              {&a.max_ulp, &b.max_ulp},
@@ -71,13 +75,8 @@ void expect_same_comparison(const ComparisonResult& a, const ComparisonResult& b
   }
   EXPECT_TRUE(same_bits(a.routing_flips, b.routing_flips));
   EXPECT_TRUE(same_bits(a.sampler_diff, b.sampler_diff));
-  EXPECT_EQ(a.compared, b.compared);
   EXPECT_EQ(describe(a.first), describe(b.first));
   EXPECT_EQ(a.first.tick, b.first.tick);
-  EXPECT_EQ(a.tokens_identical, b.tokens_identical);
-  EXPECT_EQ(a.tokens_changed, b.tokens_changed);
-  EXPECT_EQ(a.stop_changed, b.stop_changed);
-  EXPECT_EQ(a.steps_changed, b.steps_changed);
   EXPECT_EQ(a.token_diff.size(), b.token_diff.size());
 }
 
@@ -108,6 +107,21 @@ class WorkaroundGroup : public ::testing::Test {
     delete session_;
     session_ = nullptr;
   }
+  // `spec` run on the session; an empty result (and a failure) when it does not run.
+  static ExperimentResult run(const ExperimentSpec& spec) {
+    auto r = run_experiment(*session_, spec);
+    EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
+    return r.ok() ? std::move(r).value() : ExperimentResult{};
+  }
+  // The workaround group added to `shown`: its error message, empty when it was added.
+  static std::string refusal(const ExperimentResult& shown) {
+    auto merged = run_workaround_group(*session_, shown, ops::OpPolicy::issue_workaround());
+    if (merged.ok()) {
+      return {};
+    }
+    EXPECT_EQ(merged.error().code, base::ErrorCode::InvalidArgument);
+    return merged.error().message;
+  }
   static setup::Session* session_;
 };
 setup::Session* WorkaroundGroup::session_ = nullptr;
@@ -115,20 +129,17 @@ setup::Session* WorkaroundGroup::session_ = nullptr;
 TEST_F(WorkaroundGroup, MergedEqualsTheWholeSpecRunAtOnce) {
   ExperimentSpec with = demo_spec();
   with.workaround = ops::OpPolicy::issue_workaround();
-  auto whole = run_experiment(*session_, with);
-  ASSERT_TRUE(whole.ok()) << whole.error().message;
-  auto shown = run_experiment(*session_, demo_spec());
-  ASSERT_TRUE(shown.ok()) << shown.error().message;
+  const ExperimentResult whole = run(with);
+  const ExperimentResult shown = run(demo_spec());
   std::int64_t ticks = 0;
   base::ProgressFn progress = [&ticks](const base::Progress&) {
     ++ticks;
   };
   RunControl control;
   control.progress = progress;
-  auto merged =
-      run_workaround_group(*session_, shown.value(), ops::OpPolicy::issue_workaround(), control);
+  auto merged = run_workaround_group(*session_, shown, ops::OpPolicy::issue_workaround(), control);
   ASSERT_TRUE(merged.ok()) << merged.error().message;
-  expect_same_result(merged.value(), whole.value());
+  expect_same_result(merged.value(), whole);
   // Only the missing runs ran: the workaround's reference and batch sizes, no repeat.
   std::int64_t wa_steps = 0;
   for (const RunResult& r : merged.value().runs) {
@@ -153,14 +164,11 @@ TEST_F(WorkaroundGroup, AnotherWorkaroundReplacesTheShownOne) {
   ExperimentSpec with = demo_spec();
   with.batch_sizes = {2};
   with.workaround = ops::OpPolicy::row_wise_all();
-  auto shown = run_experiment(*session_, with);
-  ASSERT_TRUE(shown.ok()) << shown.error().message;
-  auto merged = run_workaround_group(*session_, shown.value(), ops::OpPolicy::issue_workaround());
+  const ExperimentResult shown = run(with);
+  auto merged = run_workaround_group(*session_, shown, ops::OpPolicy::issue_workaround());
   ASSERT_TRUE(merged.ok()) << merged.error().message;
   with.workaround = ops::OpPolicy::issue_workaround();
-  auto whole = run_experiment(*session_, with);
-  ASSERT_TRUE(whole.ok()) << whole.error().message;
-  expect_same_result(merged.value(), whole.value());
+  expect_same_result(merged.value(), run(with));
 }
 
 TEST_F(WorkaroundGroup, AnExperimentOfAnotherDeviceOrModelIsRefused) {
@@ -173,13 +181,97 @@ TEST_F(WorkaroundGroup, AnExperimentOfAnotherDeviceOrModelIsRefused) {
   EXPECT_NE(refused.error().message.find("cuda:0"), std::string::npos) << refused.error().message;
 
   // Same model, but the shown result's tap list is not what this spec taps: not extended.
-  auto shown = run_experiment(*session_, demo_spec());
-  ASSERT_TRUE(shown.ok()) << shown.error().message;
-  ExperimentResult other = shown.value();
+  ExperimentResult other = run(demo_spec());
   other.taps.pop_back();
-  refused = run_workaround_group(*session_, other, ops::OpPolicy::issue_workaround());
-  ASSERT_FALSE(refused.ok());
-  EXPECT_NE(refused.error().message.find("tap list"), std::string::npos) << refused.error().message;
+  EXPECT_NE(refusal(other).find("tap list"), std::string::npos) << refusal(other);
+}
+
+// A file has one provenance for all its runs: runs computed with other kernels than the shown
+// ones (another LibTorch, ATen or oneDNN ISA, emulation profile) are refused, never merged
+// under the shown experiment's provenance.
+TEST_F(WorkaroundGroup, RunsComputedWithOtherKernelsAreNotAddedUnderTheShownProvenance) {
+  const ExperimentResult shown = run(demo_spec());
+  ASSERT_FALSE(shown.provenance.cpu.aten_capability.empty());
+  struct Case {
+    const char* expected;  // in the message
+    std::function<void(ExperimentResult&)> change;
+  };
+  const std::vector<Case> cases{
+      {"LibTorch 2.11.0 there",
+       [](ExperimentResult& r) {
+         r.provenance.libtorch = "2.11.0";
+       }},
+      {"ATen CPU kernels",
+       [](ExperimentResult& r) {
+         r.provenance.cpu.aten_capability =
+             r.provenance.cpu.aten_capability == "AVX2" ? "AVX512" : "AVX2";
+       }},
+      {"oneDNN ISA",
+       [](ExperimentResult& r) {
+         r.provenance.cpu.onednn_isa = "avx512_core_amx";
+       }},
+      {"bf16 matmuls by",
+       [](ExperimentResult& r) {
+         r.provenance.cpu.bf16_matmul =
+             r.provenance.cpu.bf16_matmul.rfind("ATen", 0) == 0 ? "oneDNN" : "ATen";
+       }},
+      {"not recorded there",
+       [](ExperimentResult& r) {
+         r.provenance.cpu = {};
+       }},
+      {"policy emulated_h200",
+       [](ExperimentResult& r) {
+         // The profile as another build defined it: every GEMM family emulated.
+         for (RunResult& run : r.runs) {
+           run.policy_json = ops::to_json(ops::OpPolicy::emulated_split_k()).dump();
+         }
+       }},
+  };
+  for (const Case& c : cases) {
+    ExperimentResult changed = shown;
+    c.change(changed);
+    const std::string message = refusal(changed);
+    EXPECT_NE(message.find(c.expected), std::string::npos) << c.expected << ": " << message;
+    EXPECT_NE(message.find("would not be comparable"), std::string::npos) << message;
+  }
+  // What does not choose a kernel may differ: the host, its CPU's name and raw flags, threads.
+  ExperimentResult elsewhere = shown;
+  elsewhere.provenance.host = "another-host";
+  elsewhere.provenance.device_name = "Another CPU";
+  elsewhere.provenance.cpu.flags += " amx_tile";
+  elsewhere.provenance.threads += 6;
+  auto merged = run_workaround_group(*session_, elsewhere, ops::OpPolicy::issue_workaround());
+  ASSERT_TRUE(merged.ok()) << merged.error().message;
+  EXPECT_EQ(merged.value().provenance.host, "another-host") << "the shown provenance stays";
+}
+
+TEST(ProvenanceMismatches, NameWhatChoosesTheKernels) {
+  Provenance gpu;
+  gpu.device = "cuda:0";
+  gpu.device_name = "NVIDIA H200";
+  gpu.libtorch = "2.11.0";
+  gpu.cuda = "13.0";
+  gpu.cublas = "13.0.0";
+  gpu.dtype = "bf16";
+  EXPECT_TRUE(provenance_mismatches(gpu, gpu).empty());
+  Provenance h100 = gpu;
+  h100.device_name = "NVIDIA H100 80GB HBM3";
+  h100.cublas = "12.8.4";
+  h100.driver = "other";  // not compared
+  EXPECT_EQ(provenance_mismatches(gpu, h100),
+            (std::vector<std::string>{"GPU NVIDIA H200 there, NVIDIA H100 80GB HBM3 here",
+                                      "cuBLAS 13.0.0 there, 12.8.4 here"}));
+  Provenance cpu;
+  cpu.device = "cpu";
+  cpu.libtorch = "1.13.0";
+  cpu.dtype = "bf16";
+  cpu.cpu.aten_capability = "AVX2";
+  cpu.cpu.onednn_isa = "avx2";
+  cpu.cpu.bf16_matmul = "ATen";
+  Provenance gemm = cpu;  // BatchLens's GEMM gives ATen's bits (checked at load)
+  gemm.cpu.bf16_matmul = "ATen (BatchLens's CPU GEMM, checked bitwise at load)";
+  EXPECT_TRUE(provenance_mismatches(cpu, gemm).empty());
+  EXPECT_EQ(provenance_mismatches(gpu, cpu).front(), "device cuda:0 there, cpu here");
 }
 
 TEST(StepCount, CountsEveryEngineOfEveryGroup) {
