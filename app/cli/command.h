@@ -51,6 +51,9 @@ std::string version_text();
 /// Registers `batchlens-cli forward` (prefill + one decoder pass to a safetensors file).
 void register_forward(CLI::App& app, int& exit_code);
 
+/// Registers `batchlens-cli cost` (decoder forward time per policy and batch size).
+void register_cost(CLI::App& app, int& exit_code);
+
 /// Registers `batchlens-cli save-model` (a preset's random weights as a checkpoint).
 void register_save_model(CLI::App& app, int& exit_code);
 

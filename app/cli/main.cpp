@@ -28,6 +28,7 @@ int run(int argc, char** argv) {
   int exit_code = cli::kExitOk;
   cli::register_info(app, exit_code);
   cli::register_forward(app, exit_code);
+  cli::register_cost(app, exit_code);
   cli::register_generate(app, exit_code);
   cli::register_save_model(app, exit_code);
   cli::register_tokenize(app, exit_code);

@@ -1,8 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // Built when LibTorch has CUDA: at::cuda::CUDAGraph.
-#include <optional>
+#include <memory>
 
 #include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -12,7 +13,7 @@
 namespace batchlens::compat {
 
 struct DeviceGraph::Impl {
-  std::optional<at::cuda::CUDAGraph> graph;
+  std::unique_ptr<at::cuda::CUDAGraph> graph;
   at::Device device{at::kCPU};
 };
 
@@ -34,7 +35,7 @@ void DeviceGraph::capture(const at::Device& device, const std::function<void()>&
   const c10::cuda::CUDAStream side = c10::cuda::getStreamFromPool(false, device.index());
   side.synchronize();
   caller.synchronize();
-  impl_->graph.emplace();
+  impl_->graph = std::make_unique<at::cuda::CUDAGraph>();
   impl_->device = device;
   {
     const c10::cuda::CUDAStreamGuard on_side(side);
@@ -52,7 +53,17 @@ void DeviceGraph::capture(const at::Device& device, const std::function<void()>&
       } catch (...) {
       }
       (void)cudaGetLastError();
-      impl_->graph.reset();
+      // A graph whose capture failed is abandoned, not destroyed: its destructor unregisters
+      // it from the RNG states it registered with, which a failed capture_end can leave
+      // inconsistent, and then aborts the process (seen on the H200 after an out-of-memory
+      // capture). Its private pool is handed back to the caching allocator (what the
+      // destructor would do) so that the memory of the failed capture is not lost; the engine
+      // then runs eager.
+      try {
+        c10::cuda::CUDACachingAllocator::releasePool(device.index(), impl_->graph->pool());
+      } catch (...) {
+      }
+      (void)impl_->graph.release();
       throw;
     }
   }
@@ -60,13 +71,13 @@ void DeviceGraph::capture(const at::Device& device, const std::function<void()>&
 }
 
 void DeviceGraph::replay() {
-  TORCH_CHECK(impl_->graph.has_value(), "DeviceGraph::replay: nothing captured");
+  TORCH_CHECK(impl_->graph != nullptr, "DeviceGraph::replay: nothing captured");
   const c10::cuda::CUDAGuard guard(impl_->device);
   impl_->graph->replay();
 }
 
 bool DeviceGraph::captured() const {
-  return impl_ && impl_->graph.has_value();
+  return impl_ && impl_->graph != nullptr;
 }
 
 void DeviceGraph::reset() {

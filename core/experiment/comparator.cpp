@@ -274,6 +274,17 @@ void Comparator::flush() {
   pending_.clear();
 }
 
+bool Comparator::differs_so_far() const {
+  if (r_.kind != "row0") {
+    return false;
+  }
+  const auto positive = [](float v) {
+    return v > 0;
+  };  // NaN: not compared
+  return std::any_of(frac_.begin(), frac_.end(), positive) ||
+         std::any_of(sampler_.begin(), sampler_.end(), [](std::uint8_t v) { return v != 0; });
+}
+
 ComparisonResult Comparator::finish(std::int64_t ticks, const std::vector<std::string>& tap_names,
                                     const RunResult& ref, const RunResult& run) {
   ComparisonResult c = std::move(r_);

@@ -32,6 +32,8 @@ class Comparator {
   /// Reads the queued ticks' results back into the host arrays. The engines' own records must
   /// have been flushed first (the sampler decisions come from them).
   void flush();
+  /// Row-0 comparisons: whether any flushed tick differs (a tap or a sampler decision).
+  bool differs_so_far() const;
   /// The comparison after `ticks` ticks; `tap_names` label the T axis; `ref` and `run` are the
   /// two engines' finished results. Row-0 comparisons also get the token diff, and every
   /// comparison its first divergence.

@@ -138,7 +138,42 @@ class Finder {
       o = trial("search", rules, lockstep);
     }
 
-    // 3. 1-minimal: drop each family in turn, keep it dropped while the result stays identical.
+    // 3. Minimise and narrow, where only "identical or not" matters: the trials watch the
+    // logits alone (every op's difference reaches them, and the sampler's decisions are
+    // compared too), which keeps them light. The result is then verified on every tap; should
+    // a difference hide from the logits, it is done again on every tap.
+    const std::vector<FixRule> greedy = rules;
+    for (const bool light : {true, false}) {
+      rules = greedy;
+      light_ = light;
+      const std::size_t before = report_.trials.size();
+      minimise(rules, lockstep, layers);
+      light_ = false;
+      const bool tried = report_.trials.size() > before;  // a single family may need no trial
+      if (!light || !tried || trial("verify", rules, lockstep).identical) {
+        break;
+      }
+    }
+    report_.found = true;
+    report_.fix = fix_policy(rules, options_.strategy);
+
+    // 4. Confirm over the whole generation, trajectories free.
+    report_.confirmed = trial("confirm", rules, false).identical;
+    report_.verdict =
+        report_.confirmed
+            ? "minimal fix found and confirmed in free mode"
+            : "the fix makes lockstep trials identical but free mode still diverges: a longer "
+              "generation reaches ops the trials did not";
+    measure_costs();
+    report_.wall_s = seconds_since(start);
+    return report_;
+  }
+
+ private:
+  // 1-minimal: drop each family in turn, keep it dropped while the result stays identical; then
+  // each per-layer family's layer range: the latest first layer, then the earliest last layer,
+  // that keep it identical (binary search; a range that fixes it contains the layers that matter).
+  void minimise(std::vector<FixRule>& rules, bool lockstep, int layers) {
     for (std::size_t i = 0; i < rules.size();) {
       std::vector<FixRule> without = rules;
       without.erase(without.begin() + static_cast<std::ptrdiff_t>(i));
@@ -148,9 +183,6 @@ class Finder {
         ++i;
       }
     }
-    // ... then each per-layer family's layer range: the latest first layer, then the earliest
-    // last layer, that keep it identical (binary search; a range that fixes it contains the
-    // layers that matter).
     if (options_.narrow_layers && layers > 1) {
       for (FixRule& r : rules) {
         if (!ops::family_is_per_layer(r.family)) {
@@ -182,22 +214,8 @@ class Finder {
         r.last_layer = b == layers - 1 ? -1 : b;
       }
     }
-    report_.found = true;
-    report_.fix = fix_policy(rules, options_.strategy);
-
-    // 4. Confirm over the whole generation, trajectories free.
-    report_.confirmed = trial("confirm", rules, false).identical;
-    report_.verdict =
-        report_.confirmed
-            ? "minimal fix found and confirmed in free mode"
-            : "the fix makes lockstep trials identical but free mode still diverges: a longer "
-              "generation reaches ops the trials did not";
-    measure_costs();
-    report_.wall_s = seconds_since(start);
-    return report_;
   }
 
- private:
   static double seconds_since(Clock::time_point t) {
     return std::chrono::duration<double>(Clock::now() - t).count();
   }
@@ -222,7 +240,12 @@ class Finder {
     }
     ExperimentSpec s = spec_;
     s.workaround.reset();
-    s.taps.clear();  // every tap: the first divergence must be seen where it starts
+    // Every tap, so that the first divergence is seen where it starts; the logits alone where
+    // only "identical or not" is asked.
+    s.taps.clear();
+    if (light_) {
+      s.taps.emplace_back(probe::tap_name(probe::Tap::Logits));
+    }
     s.repeats = 0;
     s.mode = lockstep ? RunMode::Lockstep : RunMode::Free;
     const ops::OpPolicy fix = fix_policy(rules, options_.strategy);
@@ -230,6 +253,8 @@ class Finder {
     const auto start = Clock::now();
     RunControl rc;
     rc.cancel = control_.cancel;
+    rc.stop_at_first_difference = true;  // a trial asks whether and where, not how far
+    rc.cuda_graphs = false;
     const int index = static_cast<int>(report_.trials.size());
     if (control_.progress) {
       rc.progress = [&](const base::Progress& p) {
@@ -244,7 +269,7 @@ class Finder {
     }
     Outcome o = outcome_of(result.value());
     CulpritTrial t;
-    t.stage = stage;
+    t.stage = light_ ? stage + " (logits)" : stage;
     t.fix = rules.empty() ? std::string("none") : ops::describe(fix);
     t.identical = o.identical;
     t.first = o.first;
@@ -270,12 +295,13 @@ class Finder {
         req.rows = b;
         req.repeat = options_.cost_repeats;
         req.self_conditioning = true;
+        req.engine_timing = true;  // CUDA graph + fused kernels on CUDA, as the engine runs
         req.policy = with_fix ? fixed : spec_.policy;
         auto summary = setup::run_forward_file(*session_.model, req);
         if (!summary.ok()) {
           base::raise(summary.error().code, summary.error().message);
         }
-        (with_fix ? c.fixed_ms : c.default_ms) = summary.value().decode_median_ms;
+        (with_fix ? c.fixed_ms : c.default_ms) = summary.value().engine_median_ms;
       }
       report_.costs.push_back(c);
     }
@@ -286,6 +312,7 @@ class Finder {
   const CulpritOptions& options_;
   const RunControl& control_;
   CulpritReport report_;
+  bool light_ = false;  // trials watch the logits only
 };
 
 }  // namespace

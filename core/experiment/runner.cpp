@@ -77,7 +77,7 @@ void run_group(Context& ctx, const PlannedGroup& group, ExperimentResult& out) {
   o.prefill = spec.prefill;
   o.config = ctx.inputs.generation;
   o.cancel = ctx.control.cancel;
-  o.cuda_graph = ctx.session.load.switches.cuda_graphs;
+  o.cuda_graph = ctx.session.load.switches.cuda_graphs && ctx.control.cuda_graphs;
   const bool lockstep = spec.mode == RunMode::Lockstep;
   // Engines point at their own policy and comparators at engines: neither may move.
   std::vector<std::unique_ptr<Engine>> engines;
@@ -96,9 +96,10 @@ void run_group(Context& ctx, const PlannedGroup& group, ExperimentResult& out) {
   }
   GroupStepper stepper(order, spec.mode);
   std::int64_t ticks = 0;
-  while (!stepper.done()) {
+  bool differs = false;  // stop_at_first_difference: row 0 of a batched run left B=1's
+  while (!stepper.done() && !differs) {
     stepper.begin_canvas();
-    while (stepper.tick()) {
+    while (!differs && stepper.tick()) {
       if (ctx.control.cancel != nullptr && ctx.control.cancel->cancelled()) {
         base::raise(ErrorCode::Cancelled, "experiment cancelled");
       }
@@ -112,8 +113,19 @@ void run_group(Context& ctx, const PlannedGroup& group, ExperimentResult& out) {
       out.timings.comparisons_s += since(compare_start);
       ++ticks;
       report_tick(ctx, group.name, stepper.leader().engine());
+      if (ctx.control.stop_at_first_difference) {
+        for (auto& e : engines) {
+          e->flush();
+        }
+        for (Comparator& c : comparators) {
+          c.flush();
+          differs = differs || c.differs_so_far();
+        }
+      }
     }
-    stepper.end_canvas();
+    if (!differs) {
+      stepper.end_canvas();
+    }
     // The canvas's per-tick results, read back in one transfer per engine and comparison.
     const auto flush_start = std::chrono::steady_clock::now();
     for (auto& e : engines) {

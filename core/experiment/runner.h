@@ -22,6 +22,14 @@ struct RunControl {
   const base::CancelToken* cancel = nullptr;
   base::ProgressFn progress;       ///< one report per tick
   base::ProgressFn load_progress;  ///< weights being loaded (run_experiment(spec) only)
+  /// Stop a group at the first tick where row 0 of a batched run differs from B=1 (the culprit
+  /// finder's trials, which need only whether and where): the result then ends at that tick and
+  /// its runs' texts are those of an unfinished generation. Costs one readback per tick.
+  bool stop_at_first_difference = false;
+  /// false: every engine runs eager even where the session captures CUDA graphs (the culprit
+  /// finder's trials: most stop after a few ticks, where a capture per engine would cost more
+  /// than it saves, and each trial's engines would hold their graphs' memory).
+  bool cuda_graphs = true;
 };
 
 /// Runs `spec` on an open session without loading anything: builds one generation engine per

@@ -225,6 +225,20 @@ __global__ void softcap_kernel(const T* x, float inv_cap, float cap, float* out,
   }
 }
 
+// out[i] = (((parts[0][i] + parts[1][i]) + parts[2][i]) + ...) in fp32, rounded once to T: the
+// batch-invariant GEMM's fixed-order reduction of its K splits (its order never depends on M).
+template <class T>
+__global__ void sum_splits_kernel(const float* parts, int splits, std::int64_t count, T* out) {
+  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    float acc = parts[i];
+    for (int s = 1; s < splits; ++s) {
+      acc = __fadd_rn(acc, parts[s * count + i]);
+    }
+    store(out, i, acc);
+  }
+}
+
 constexpr int kRouteThreads = 1024;
 constexpr int kRouteItems = 8;  // ids per thread: up to 8192 in all
 constexpr int kRouteMaxExperts = 1024;
@@ -576,6 +590,19 @@ int softcap(Elem elem, const void* x, float inv_cap, float cap, float* out, std:
   } else {
     softcap_kernel<<<blocks_for(count), kThreads, 0, s>>>(static_cast<const float*>(x), inv_cap,
                                                           cap, out, count);
+  }
+  return status();
+}
+
+int sum_splits(Elem elem, const float* parts, int splits, std::int64_t count, void* out,
+               void* stream) {
+  auto* s = static_cast<cudaStream_t>(stream);
+  if (elem == Elem::BF16) {
+    sum_splits_kernel<<<blocks_for(count), kThreads, 0, s>>>(parts, splits, count,
+                                                             static_cast<__nv_bfloat16*>(out));
+  } else {
+    sum_splits_kernel<<<blocks_for(count), kThreads, 0, s>>>(parts, splits, count,
+                                                             static_cast<float*>(out));
   }
   return status();
 }

@@ -70,6 +70,12 @@ int route(const std::int64_t* ids, std::int64_t count, int experts, int top_k,
 int softcap(Elem elem, const void* x, float inv_cap, float cap, float* out, std::int64_t count,
             void* stream);
 
+/// out[i] = parts[0][i] + parts[1][i] + ... + parts[splits-1][i], added in that order in fp32
+/// and rounded once to `elem` (parts is [splits, count] fp32): the fixed-order reduction of the
+/// batch-invariant GEMM's K splits.
+int sum_splits(Elem elem, const float* parts, int splits, std::int64_t count, void* out,
+               void* stream);
+
 /// How position_diff reads a pair's elements: floats (their bits compared, |a - b| and the ULP
 /// distance taken) or plain bit patterns of 1, 2, 4 or 8 bytes (only compared).
 enum class DiffKind : std::int32_t { Bits1, Bits2, Bits4, Bits8, BF16, F16, F32 };

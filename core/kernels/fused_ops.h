@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -80,6 +81,18 @@ Route route(const at::Tensor& index, std::int64_t experts, std::int64_t rows);
 /// The final soft-cap: tanh(logits.float() / cap) * cap, fp32 (division by a scalar is ATen's
 /// multiplication by the fp32 reciprocal).
 at::Tensor softcap(const at::Tensor& logits, double cap);
+
+/// F.linear(x, w) for ops::Strategy::BatchInvariant on CUDA: x [..., K], w [N, K] (rows
+/// contiguous, or the transpose of a contiguous [K, N] such as E^T), bf16 or fp32; returns
+/// [..., N] in x's dtype. Row r of the result does not depend on how many rows x has: K is cut
+/// into invariant_splits(K) chunks (a function of K only), each chunk's product runs one
+/// cuBLASLt algorithm pinned per shape (no split-K, no workspace), and the fp32 partials are
+/// added in chunk order and rounded once. invariant_gemm_cuda.cpp says why.
+at::Tensor invariant_linear(const at::Tensor& x, const at::Tensor& w);
+/// The chunk count of invariant_linear for a reduction of length k.
+int invariant_splits(std::int64_t k);
+/// The algorithms invariant_linear has pinned so far, one line per shape ("" before the first).
+std::string invariant_linear_report();
 
 /// Comparison of tapped tensors, up to 120 pairs per launch (probe::position_diffs on CUDA):
 /// `pairs` point into CUDA tensors on `device` ([positions, inner] each, kept alive by the caller

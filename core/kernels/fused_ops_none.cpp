@@ -36,6 +36,16 @@ at::Tensor softcap(const at::Tensor& /*logits*/, double /*cap*/) {
   unavailable();
 }
 
+at::Tensor invariant_linear(const at::Tensor& /*x*/, const at::Tensor& /*w*/) {
+  unavailable();
+}
+int invariant_splits(std::int64_t /*k*/) {
+  return 1;
+}
+std::string invariant_linear_report() {
+  return {};
+}
+
 at::Tensor position_diffs(const std::vector<cuda::DiffPair>& /*pairs*/, std::int64_t /*positions*/,
                           const at::Device& /*device*/) {
   unavailable();

@@ -6,7 +6,11 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#ifdef BL_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
+#include "core/kernels/fused_ops.h"
 #include "core/model/diffusion_gemma.h"
 
 namespace batchlens::model {
@@ -78,6 +82,14 @@ BatchInvariance measure_batch_invariance(const DiffusionGemma& model, ops::CpuGe
   const auto random = [&](const std::vector<std::int64_t>& shape) {
     return at::randn(shape, gen).to(model.dtype()).to(model.device());
   };
+  // [bmax * c, k]: one random row block, each batch row offset by a constant of its own (so the
+  // rows differ), drawn on the host only once per width: the self-conditioning input at
+  // bmax = 64 is 8 GiB on the device.
+  const auto rows_of = [&](std::int64_t k) {
+    const at::Tensor block = random({c, k});  // [C, K]
+    const at::Tensor shift = at::arange(bmax, block.options()).mul_(0.01).view({bmax, 1, 1});
+    return (block.unsqueeze(0) + shift).view({bmax * c, k});  // [bmax*C, K]
+  };
 
   std::ostringstream report;
   report << "batch invariance (row 0 at B = " << out.batch_sizes.front() << ".." << bmax
@@ -87,6 +99,7 @@ BatchInvariance measure_batch_invariance(const DiffusionGemma& model, ops::CpuGe
   ops::OpPolicy invariant_emulated = invariant;
   invariant_emulated.emulate_split_k = ops::gemm_families();
 
+  const bool grouped = model.settings().experts == ExpertsImpl::GroupedMm;
   for (int f = 0; f < ops::kOpFamilyCount; ++f) {
     const auto family = static_cast<OpFamily>(f);
     const std::string name(ops::family_name(family));
@@ -128,13 +141,40 @@ BatchInvariance measure_batch_invariance(const DiffusionGemma& model, ops::CpuGe
       };
       d = check(batched, call);
       i = check(invariant, call);
+    } else if (grouped && (family == OpFamily::ExpertGateUp || family == OpFamily::ExpertDown)) {
+      // The experts as the grouped_mm implementation runs them: every token's top-k pairs
+      // sorted by expert, one grouped GEMM over all groups; row 0's pairs compared in pair order.
+      const LayerWeights& l = model.weights().layers.front();
+      const at::Tensor w = (family == OpFamily::ExpertGateUp ? l.experts_gate_up : l.experts_down)
+                               .transpose(-2, -1);  // [E, K, N]
+      const std::int64_t experts = w.size(0);
+      const std::int64_t top_k = model.config().text.top_k_experts;
+      const at::Tensor x = rows_of(w.size(1));  // [bmax*C, K]
+      // Distinct experts per token: a random first one and the next top_k - 1 after it.
+      const at::Tensor first = at::randint(experts, {bmax * c, 1}, gen, at::kLong);
+      const at::Tensor ids = (first + at::arange(top_k, at::kLong))
+                                 .remainder_(experts)
+                                 .to(model.device());  // [bmax*C, top_k]
+      const auto call = [&](const ops::OpRunner& r, int b) {
+        const at::Tensor index = ids.narrow(0, 0, b * c).reshape(-1);  // [b*C*top_k]
+        const at::Tensor perm = std::get<1>(at::sort(index, true, 0, false));
+        const at::Tensor token_of = at::div(perm, top_k, "floor");
+        const at::Tensor offs = at::cumsum(at::bincount(index, {}, experts), 0, at::kInt);
+        const at::Tensor out = r.grouped_mm(x.index_select(0, token_of), w, offs,
+                                            at::div(token_of, c, "floor"), ops::OpSite{family, 0});
+        return out.index_select(0, at::argsort(perm));  // pair order: row 0's pairs first
+      };
+      d = check(batched, call);
+      i = check(invariant, call);
     } else {
       const at::Tensor w = family_weight(model, family);
       if (!w.defined()) {
         continue;  // no such weight in this model (e.g. no experts)
       }
-      const at::Tensor wn = w.narrow(0, 0, std::min<std::int64_t>(w.size(0), 64));
-      const at::Tensor x = random({bmax * c, w.size(1)});
+      // On a CPU at most 64 output columns (each column is computed on its own there); on CUDA
+      // the real width, which is what picks the library's kernel.
+      const at::Tensor wn = cuda ? w : w.narrow(0, 0, std::min<std::int64_t>(w.size(0), 64));
+      const at::Tensor x = rows_of(w.size(1));
       const auto call = [&](const ops::OpRunner& r, int b) {
         return r.linear(x.narrow(0, 0, b * c), wn, ops::OpSite{family, 0});
       };
@@ -155,7 +195,23 @@ BatchInvariance measure_batch_invariance(const DiffusionGemma& model, ops::CpuGe
            << (i.first && ie.first ? "invariant"
                                    : "NOT invariant (" + (i.first ? ie.second : i.second) + ")");
   }
+  if (const std::string pinned = kernels::invariant_linear_report(); cuda && !pinned.empty()) {
+    report << "\n  pinned GEMMs:\n    ";
+    for (const char ch : pinned) {
+      report << ch;
+      if (ch == '\n') {
+        report << "    ";
+      }
+    }
+  }
   out.report = report.str();
+#ifdef BL_WITH_CUDA
+  // The check's inputs (8 GiB for the self-conditioning matmul at B = 64) go back to the
+  // device: a CUDA graph captured next allocates from a pool of its own and cannot use them.
+  if (cuda) {
+    c10::cuda::CUDACachingAllocator::emptyCache();
+  }
+#endif
   return out;
 }
 

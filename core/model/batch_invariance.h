@@ -23,10 +23,12 @@ struct BatchInvariance {
 };
 
 /// Measures it: for every op family, row block 0 of one call over B x C rows (C = the canvas
-/// length, random inputs of the family's real width, its layer-0 weight, at most 64 output
-/// columns: outputs are computed independently per column) against the same call at B = 1,
-/// for B in 1..64 on CUDA and {1, 2, 3, 4, 5, 8, 16, 33, 64} on a CPU. Attention with the
-/// layer's real heads over a prompt of 7 tokens plus the canvas. Seeded; synchronises.
+/// length; random inputs of the family's real width, each batch row offset so rows differ; its
+/// layer-0 weight) against the same call at B = 1, for B in 1..64 on CUDA and
+/// {1, 2, 3, 4, 5, 8, 16, 33, 64} on a CPU. On CUDA the weight's full width (the library picks
+/// its kernel from it), on a CPU at most 64 output columns. The experts of the grouped_mm
+/// implementation as it runs them (top-k pairs sorted by expert, one grouped GEMM); attention
+/// with the layer's real heads over a prompt of 7 tokens plus the canvas. Seeded; synchronises.
 BatchInvariance measure_batch_invariance(const DiffusionGemma& model, ops::CpuGemm cpu_gemm);
 
 }  // namespace batchlens::model

@@ -2,6 +2,7 @@
 #include "core/ops/op_runner.h"
 
 #include <algorithm>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -9,6 +10,7 @@
 #include "core/base/error.h"
 #include "core/compat/torch_compat.h"
 #include "core/kernels/cpu_gemm.h"
+#include "core/kernels/fused_ops.h"
 
 namespace batchlens::ops {
 
@@ -29,13 +31,13 @@ at::Tensor per_row_blocks(const at::Tensor& x, std::int64_t rows, F&& f) {
   return at::cat(parts, 0);
 }
 
-// Runs f on the rows of x belonging to each logical row and scatters the results back into
-// x's row order.
-template <class F>
-at::Tensor per_row_gather(const at::Tensor& x, const at::Tensor& row_of, std::int64_t rows, F&& f) {
+// Runs f on the rows of x belonging to each logical row (their indices, ascending, from
+// index_of(r)) and scatters the results back into x's row order.
+template <class IndexOf, class F>
+at::Tensor gather_apply_scatter(const at::Tensor& x, std::int64_t rows, IndexOf&& index_of, F&& f) {
   at::Tensor out;
   for (std::int64_t r = 0; r < rows; ++r) {
-    const at::Tensor idx = (row_of == r).nonzero().squeeze(1);  // [n_r] int64
+    const at::Tensor idx = index_of(r);  // [n_r] int64
     if (idx.numel() == 0) {
       continue;
     }
@@ -48,6 +50,29 @@ at::Tensor per_row_gather(const at::Tensor& x, const at::Tensor& row_of, std::in
     out.index_copy_(0, idx, part);
   }
   return out;
+}
+
+// Each logical row's rows of x found by row_of (any count per row; synchronises with the host).
+template <class F>
+at::Tensor per_row_gather(const at::Tensor& x, const at::Tensor& row_of, std::int64_t rows, F&& f) {
+  return gather_apply_scatter(
+      x, rows, [&](std::int64_t r) { return (row_of == r).nonzero().squeeze(1); },
+      std::forward<F>(f));
+}
+
+// per_row_gather where every logical row owns the same number of x's rows (each token's top-k
+// expert pairs): a stable sort of row_of gives each row's indices in ascending order, the order
+// nonzero gives, without a host synchronisation, so it runs inside a CUDA graph capture.
+template <class F>
+at::Tensor per_row_uniform(const at::Tensor& x, const at::Tensor& row_of, std::int64_t rows,
+                           F&& f) {
+  TORCH_CHECK(x.size(0) % rows == 0, "row-wise op: ", x.size(0), " rows are not ", rows,
+              " equal parts");
+  const std::int64_t n = x.size(0) / rows;
+  const at::Tensor order =
+      std::get<1>(at::sort(row_of, /*stable=*/true, /*dim=*/0, /*descending=*/false));  // [R*n]
+  return gather_apply_scatter(
+      x, rows, [&](std::int64_t r) { return order.narrow(0, r * n, n); }, std::forward<F>(f));
 }
 
 }  // namespace
@@ -102,11 +127,14 @@ at::Tensor emulated_split_k_linear(const at::Tensor& x, const at::Tensor& w, Cpu
 }
 
 at::Tensor OpRunner::invariant_gemm(const at::Tensor& x, const at::Tensor& w, OpSite site) const {
+  if (x.device().is_cuda()) {
+    // Pinned cuBLASLt algorithms over a K split fixed by K (kernels::invariant_linear).
+    return kernels::invariant_linear(x, w);
+  }
   if (!x.device().is_cpu()) {
-    base::raise(base::ErrorCode::InvalidArgument, "the batch_invariant strategy (" +
-                                                      std::string(family_name(site.family)) +
-                                                      ") has no kernel on " + x.device().str() +
-                                                      " in this build yet; use row_wise there");
+    base::raise(base::ErrorCode::InvalidArgument,
+                "the batch_invariant strategy (" + std::string(family_name(site.family)) +
+                    ") has no kernel on " + x.device().str() + "; use row_wise there");
   }
   const bool fma = cpu_gemm_.on ? cpu_gemm_.fma : true;
   const auto part = [fma](const at::Tensor& a, const at::Tensor& b) {
@@ -202,21 +230,23 @@ at::Tensor OpRunner::grouped_mm(const at::Tensor& x, const at::Tensor& w, const 
   const auto call = [&w](const at::Tensor& xx, const at::Tensor& oo) {
     return compat::grouped_mm(xx, w, oo);
   };
-  if (strategy(site) == Strategy::BatchInvariant) {
-    base::raise(base::ErrorCode::InvalidArgument,
-                "the batch_invariant strategy has no grouped_mm kernel in this build yet; use "
-                "row_wise for the experts, or the eager experts implementation");
-  }
-  if (strategy(site) == Strategy::Batched || rows_ == 1) {
+  // Batch-invariant experts are the batched grouped GEMM: each group is one expert's rows and
+  // its kernel reduces every output over K in one pass; the model's load-time check
+  // (measure_batch_invariance) proves row 0 equal for B = 1..64 or the strategy is refused.
+  if (strategy(site) != Strategy::RowWise || rows_ == 1) {
     return call(x, offs);
   }
   const std::int64_t experts = w.size(0);
-  return per_row_gather(
+  const at::Tensor ends = offs.to(at::kLong);  // [E] each expert's end in x
+  const at::Tensor expert_ids = at::arange(experts, ends.options());
+  // Each row has its tokens' top-k pairs: the same count for every row.
+  return per_row_uniform(
       x, row_of, rows_, [&](const at::Tensor& part, std::int64_t, const at::Tensor& idx) {
-        // This row's rows are still sorted by expert; recount its groups.
-        const at::Tensor group = at::searchsorted(offs.to(at::kLong), idx, false, true);
-        const at::Tensor counts = at::bincount(group, {}, experts);
-        return call(part, at::cumsum(counts, 0, at::kInt));
+        // This row's pairs are still sorted by expert: the expert of each, then each expert's end
+        // within the row (how many of its pairs have an expert <= e), as the grouped GEMM's
+        // offsets.
+        const at::Tensor group = at::searchsorted(ends, idx, false, true);  // [n] int64, ascending
+        return call(part, at::searchsorted(group, expert_ids, /*out_int32=*/true, /*right=*/true));
       });
 #else
   (void)x, (void)w, (void)offs, (void)row_of, (void)site;

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/ops/policy.h"
 
+#include <algorithm>
+
 #include <nlohmann/json.hpp>
 
 #include "core/base/input.h"
@@ -309,6 +311,28 @@ base::Result<OpPolicy> policy_from_text(const std::string& text) {
     }
     return combine(a.value(), b.value());
   }
+  if (const auto colon = text.find(':'); colon != std::string::npos) {
+    // A family list: "row_wise:selfcond_matmul,router_proj", "batch_invariant:selfcond_matmul".
+    const std::string strategy = text.substr(0, colon);
+    if (strategy == "row_wise" || strategy == "batch_invariant") {
+      FamilySet families;
+      std::size_t start = colon + 1;
+      while (start <= text.size()) {
+        const std::size_t comma = std::min(text.find(',', start), text.size());
+        const std::string name = text.substr(start, comma - start);
+        const auto family = family_from_name(name);
+        if (!family) {
+          return base::Error{base::ErrorCode::InvalidArgument, "policy '" + text.substr(0, 100) +
+                                                                   "': unknown op family '" +
+                                                                   name.substr(0, 40) + "'"};
+        }
+        families.set(static_cast<std::size_t>(*family));
+        start = comma + 1;
+      }
+      return strategy == "row_wise" ? OpPolicy::row_wise(families, text)
+                                    : OpPolicy::batch_invariant(families, text);
+    }
+  }
   for (OpPolicy (*make)() : {&OpPolicy::default_policy, &OpPolicy::issue_workaround,
                              &OpPolicy::row_wise_all, &OpPolicy::batch_invariant_all}) {
     if (OpPolicy p = make(); p.name == text) {
@@ -322,8 +346,9 @@ base::Result<OpPolicy> policy_from_text(const std::string& text) {
   return base::Error{base::ErrorCode::InvalidArgument,
                      "policy '" + shown +
                          "': expected default, issue_workaround, row_wise_all, batch_invariant, "
-                         "emulated_h200, emulated_h100_report, emulated_split_k, policy JSON, "
-                         "such parts joined with + or a JSON file"};
+                         "row_wise:FAMILY,... or batch_invariant:FAMILY,..., emulated_h200, "
+                         "emulated_h100_report, emulated_split_k, policy JSON, such parts "
+                         "joined with + or a JSON file"};
 }
 
 std::string policy_text(const OpPolicy& policy) {

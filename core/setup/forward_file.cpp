@@ -8,6 +8,9 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#ifdef BL_WITH_CUDA
+#include <c10/cuda/CUDACachingAllocator.h>
+#endif
 
 #include "core/compat/device_graph.h"
 #include "core/compat/profile.h"
@@ -143,6 +146,53 @@ void time_graphs(const DiffusionGemma& model, const at::Tensor& canvas, const Kv
   summary.fused_bitwise = fused.bitwise;
 }
 
+// ForwardRequest::engine_timing on CUDA: the fused kernels as a CUDA graph, or eager without
+// host syncs where the engine would fall back to it.
+void time_engine(const DiffusionGemma& model, const at::Tensor& canvas, const KvCache& cache,
+                 const at::Tensor& sc, const ops::OpPolicy& policy, int repeat,
+                 ForwardSummary& summary) {
+  const at::Device device = model.device();
+  const at::Tensor canvas_dev = canvas.to(device);
+  ForwardContext ctx{&policy, nullptr};
+  ctx.check_id_range = false;
+  ctx.fused_kernels = true;
+  const std::string fused = model.fused_kernels().any() ? ", fused kernels" : "";
+  std::string fallback;
+#ifdef BL_WITH_CUDA
+  // Blocks cached by earlier cells (or the batch-invariance check) go back to the device: the
+  // graph below allocates from a pool of its own and cannot use them.
+  c10::cuda::CUDACachingAllocator::emptyCache();
+#endif
+  if (compat::DeviceGraph::supported(device)) {
+    try {
+      at::Tensor expected;
+      const GraphTiming g = time_graph(model, canvas_dev, cache, sc, ctx, repeat, expected);
+      if (g.bitwise) {
+        summary.engine_median_ms = g.graph_median;
+        summary.engine_min_ms = g.graph_min;
+        summary.engine_mode = "CUDA graph replays" + fused;
+        return;
+      }
+      fallback = "the graph replay differed from eager";
+    } catch (const std::exception& e) {
+      const std::string what = e.what();
+      fallback = "CUDA graph capture failed: " + what.substr(0, what.find('\n')).substr(0, 120);
+    }
+  } else {
+    fallback = "no CUDA graphs in this build";
+  }
+  std::vector<double> times;
+  (void)model.decode(canvas_dev, cache, sc, ctx);  // warm-up
+  for (int i = 0; i < repeat; ++i) {
+    const auto a = Clock::now();
+    (void)model.decode(canvas_dev, cache, sc, ctx);
+    sync(device);
+    times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - a).count());
+  }
+  std::tie(summary.engine_median_ms, summary.engine_min_ms) = median_min(times);
+  summary.engine_mode = "eager without host syncs" + fused + " (" + fallback + ")";
+}
+
 }  // namespace
 
 base::Result<ForwardSummary> run_forward_file(const DiffusionGemma& model,
@@ -210,7 +260,10 @@ base::Result<ForwardSummary> run_forward_file(const DiffusionGemma& model,
     auto t2 = Clock::now();
     summary.encode_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
     summary.decode_ms = std::chrono::duration<double, std::milli>(t2 - t1).count();
-    if (request.repeat > 0) {
+    const bool engine_cuda = request.engine_timing && model.device().is_cuda();
+    if (request.repeat > 0 && engine_cuda) {
+      time_engine(model, canvas_in, cache, sc, policy, request.repeat, summary);
+    } else if (request.repeat > 0) {
       // Timed passes without taps: what a generation step costs.
       std::vector<double> times;
       for (int i = 0; i < request.repeat; ++i) {
@@ -222,8 +275,13 @@ base::Result<ForwardSummary> run_forward_file(const DiffusionGemma& model,
       std::sort(times.begin(), times.end());
       summary.decode_median_ms = times[times.size() / 2];
       summary.decode_min_ms = times.front();
+      if (request.engine_timing) {
+        summary.engine_median_ms = summary.decode_median_ms;
+        summary.engine_min_ms = summary.decode_min_ms;
+        summary.engine_mode = "CPU passes as the engine runs them";
+      }
     }
-    if (request.repeat > 0 && request.cuda_graph) {
+    if (request.repeat > 0 && request.cuda_graph && !engine_cuda) {
       try {
         time_graphs(model, canvas_in, cache, sc, policy, request.repeat, summary);
       } catch (const std::exception& e) {
@@ -266,6 +324,60 @@ base::Result<ForwardSummary> run_forward_file(const DiffusionGemma& model,
                        {"batchlens_experts", experts_impl_name(model.settings().experts)}});
     summary.tensors_written = out.size();
     return summary;
+  });
+}
+
+base::Result<PolicyCosts> measure_policy_costs(const DiffusionGemma& model,
+                                               const PolicyCostRequest& request) {
+  return base::guarded([&] {
+    if (request.policies.empty() || request.batch_sizes.empty() || request.repeat <= 0) {
+      base::raise(base::ErrorCode::InvalidArgument,
+                  "policy costs: give at least one policy, one batch size and repeat > 0");
+    }
+    PolicyCosts out;
+    out.batch_sizes = request.batch_sizes;
+    out.repeat = request.repeat;
+    out.fused_report = model.fused_kernels().report;
+    bool invariant = false;
+    for (const auto& [label, policy] : request.policies) {
+      out.labels.push_back(label);
+      out.policies.push_back(ops::policy_text(policy));
+      invariant = invariant || ops::families_with(policy, ops::Strategy::BatchInvariant).any();
+    }
+    if (invariant) {
+      out.invariance_report = model.batch_invariance().report;
+    }
+    const int total = static_cast<int>(request.policies.size() * request.batch_sizes.size());
+    int done = 0;
+    for (const auto& [label, policy] : request.policies) {
+      std::vector<PolicyCostCell> row;
+      for (const std::int64_t b : request.batch_sizes) {
+        if (b <= 0 || b > 4096) {
+          base::raise(base::ErrorCode::InvalidArgument,
+                      "policy costs: batch size " + std::to_string(b) + " is outside 1..4096");
+        }
+        ForwardRequest req;
+        req.rows = b;
+        req.repeat = request.repeat;
+        req.self_conditioning = true;
+        req.engine_timing = true;
+        req.prompt_length = request.prompt_length;
+        req.input_seed = request.input_seed;
+        req.policy = policy;
+        auto summary = run_forward_file(model, req);
+        if (!summary.ok()) {
+          base::raise(summary.error().code,
+                      label + " at B=" + std::to_string(b) + ": " + summary.error().message);
+        }
+        row.push_back(PolicyCostCell{summary.value().engine_median_ms,
+                                     summary.value().engine_min_ms, summary.value().engine_mode});
+        if (request.progress && !request.progress(++done, total)) {
+          base::raise(base::ErrorCode::Cancelled, "policy costs cancelled");
+        }
+      }
+      out.cells.push_back(std::move(row));
+    }
+    return out;
   });
 }
 

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/base/error.h"
@@ -39,6 +41,12 @@ struct ForwardRequest {
   /// and no host synchronisation, then captured once as a CUDA graph and replayed `repeat`
   /// times; the replay's logits are checked bitwise against the eager pass's.
   bool cuda_graph = false;
+  /// With repeat > 0: time the decoder pass as the generation engine runs it instead of the
+  /// port op by op: on CUDA the fused kernels where they passed their check, captured once as
+  /// a CUDA graph and replayed (eager without host syncs where the capture fails or the replay
+  /// differs, as the engine falls back); on a CPU the straight passes, which already run as the
+  /// engine does. Fills engine_median_ms, engine_min_ms and engine_mode.
+  bool engine_timing = false;
   /// Non-empty (CUDA builds): profile three decoder passes (fused kernels where checked, no
   /// host syncs) and write the Chrome trace here.
   std::filesystem::path profile;
@@ -68,8 +76,12 @@ struct ForwardSummary {
   double fused_graph_median_ms = 0.0;
   double fused_graph_min_ms = 0.0;
   bool fused_bitwise = false;  ///< fused graph logits == the unfused eager logits
-  std::string fused_report;    ///< DiffusionGemma::fused_kernels().report
-  std::string graph_error;     ///< why the graph timing failed ("" when it ran)
+  // engine_timing only:
+  double engine_median_ms = 0.0;  ///< the decoder pass as the engine runs it
+  double engine_min_ms = 0.0;
+  std::string engine_mode;   ///< how it ran, e.g. "CUDA graph replays, fused kernels"
+  std::string fused_report;  ///< DiffusionGemma::fused_kernels().report
+  std::string graph_error;   ///< why the graph timing failed ("" when it ran)
 };
 
 /// Runs the request. Errors: FileNotFound / FileCorrupted (inputs), InvalidArgument (missing
@@ -77,5 +89,40 @@ struct ForwardSummary {
 /// leaves a partial output file.
 base::Result<ForwardSummary> run_forward_file(const model::DiffusionGemma& model,
                                               const ForwardRequest& request);
+
+/// What a fix costs: the decoder forward as the engine runs it (ForwardRequest::engine_timing,
+/// self-conditioning on, seeded random inputs, identical rows) for every policy at every batch
+/// size, on one loaded model.
+struct PolicyCostRequest {
+  std::vector<std::pair<std::string, ops::OpPolicy>> policies;  ///< label and policy
+  std::vector<std::int64_t> batch_sizes{1, 2, 4, 8, 16, 32};
+  int repeat = 20;  ///< timed passes per cell (median kept)
+  std::int64_t prompt_length = 20;
+  std::uint64_t input_seed = 0;
+  /// Called after each cell with (cells done, cells in all); returns false to stop (Cancelled).
+  std::function<bool(int, int)> progress;
+};
+
+struct PolicyCostCell {
+  double median_ms = 0.0;
+  double min_ms = 0.0;
+  std::string mode;  ///< ForwardSummary::engine_mode
+};
+
+struct PolicyCosts {
+  std::vector<std::string> labels;
+  std::vector<std::string> policies;  ///< ops::policy_text of each
+  std::vector<std::int64_t> batch_sizes;
+  int repeat = 0;
+  std::vector<std::vector<PolicyCostCell>> cells;  ///< [policy][batch size]
+  /// DiffusionGemma::batch_invariance().report when a policy uses the batch-invariant strategy.
+  std::string invariance_report;
+  std::string fused_report;
+};
+
+/// Measures it. Errors as run_forward_file (a batch-invariant family the model could not prove
+/// is InvalidArgument), Cancelled from progress. Never throws.
+base::Result<PolicyCosts> measure_policy_costs(const model::DiffusionGemma& model,
+                                               const PolicyCostRequest& request);
 
 }  // namespace batchlens::setup

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/experiment/runner.h"
 #include "core/io/experiment_file.h"
 #include "core/setup/front_door.h"
 
@@ -80,6 +81,15 @@ TEST(Culprit, FindsExactlyTheFamiliesTheEmulationSplits) {
   EXPECT_FALSE(r.trials.front().identical);
   EXPECT_EQ(r.trials.back().stage, "confirm");
   EXPECT_TRUE(r.trials.back().identical);
+  // Minimising watched the logits only; the result was then verified on every tap.
+  int light = 0;
+  for (const CulpritTrial& t : r.trials) {
+    light += t.stage == "minimise (logits)" ? 1 : 0;
+  }
+  EXPECT_EQ(light, 2);  // each of the two families dropped once, and needed
+  ASSERT_GE(r.trials.size(), 5U);
+  EXPECT_EQ(r.trials[r.trials.size() - 2].stage, "verify");
+  EXPECT_TRUE(r.trials[r.trials.size() - 2].identical);
   ASSERT_EQ(r.costs.size(), 1U);
   EXPECT_EQ(r.costs[0].batch_size, 2);
   EXPECT_GT(r.costs[0].default_ms, 0.0);
@@ -117,6 +127,33 @@ TEST(Culprit, SaysPlainlyWhenNoOpLevelFixExists) {
   EXPECT_FALSE(r.found);
   EXPECT_NE(r.verdict.find("no op-level fix exists"), std::string::npos) << r.verdict;
   EXPECT_TRUE(r.fix.rules.empty());
+}
+
+TEST(Culprit, ATrialStopsAtTheFirstDifferenceWhereTheWholeRunSeesIt) {
+  const ExperimentSpec spec = small_spec("emulated_h200");
+  auto whole = run_experiment(session(), spec);
+  RunControl stop;
+  stop.stop_at_first_difference = true;
+  auto stopped = run_experiment(session(), spec, stop);
+  ASSERT_TRUE(whole.ok() && stopped.ok());
+  const auto row0 = [](const ExperimentResult& r) -> const ComparisonResult& {
+    for (const ComparisonResult& c : r.comparisons) {
+      if (c.kind == "row0" && c.run == "b2") {
+        return c;
+      }
+    }
+    ADD_FAILURE() << "no row-0 comparison of b2";
+    return r.comparisons.front();
+  };
+  const ComparisonResult& w = row0(whole.value());
+  const ComparisonResult& s = row0(stopped.value());
+  ASSERT_TRUE(w.first.found());
+  ASSERT_TRUE(s.first.found());
+  EXPECT_EQ(s.first.tick, w.first.tick);
+  EXPECT_EQ(s.first.tap, w.first.tap);
+  EXPECT_EQ(s.first.layer, w.first.layer);
+  EXPECT_EQ(s.frac_differ.shape[0], w.first.tick + 1);  // nothing ran past it
+  EXPECT_LT(s.frac_differ.shape[0], w.frac_differ.shape[0]);
 }
 
 TEST(Culprit, TapsLeadToTheOpsBehindThem) {

@@ -86,6 +86,28 @@ TEST(OpPolicy, JsonRoundTripAndErrors) {
                    .ok());
 }
 
+TEST(OpPolicy, FamilyListsAreNamedPoliciesForBothFixStrategies) {
+  const OpPolicy sc = policy_from_text("batch_invariant:selfcond_matmul").value();
+  EXPECT_EQ(sc.resolve(OpFamily::SelfCondMatmul, -1), Strategy::BatchInvariant);
+  EXPECT_EQ(sc.resolve(OpFamily::RouterProj, 0), Strategy::Batched);
+  EXPECT_EQ(policy_text(sc), "batch_invariant:selfcond_matmul");  // round trip by name
+  const OpPolicy pair = policy_from_text("row_wise:router_proj,selfcond_matmul").value();
+  EXPECT_EQ(pair.resolve(OpFamily::RouterProj, 5), Strategy::RowWise);
+  EXPECT_EQ(pair.resolve(OpFamily::SelfCondMatmul, -1), Strategy::RowWise);
+  EXPECT_EQ(pair.resolve(OpFamily::LmHead, -1), Strategy::Batched);
+  EXPECT_EQ(families_with(pair, Strategy::RowWise),
+            families_with(OpPolicy::issue_workaround(), Strategy::RowWise));
+  const OpPolicy both =
+      policy_from_text("row_wise:router_proj+batch_invariant:selfcond_matmul").value();
+  EXPECT_EQ(both.resolve(OpFamily::RouterProj, 1), Strategy::RowWise);
+  EXPECT_EQ(both.resolve(OpFamily::SelfCondMatmul, -1), Strategy::BatchInvariant);
+  for (const char* bad : {"row_wise:", "row_wise:q_proj,", "batch_invariant:nope"}) {
+    const auto r = policy_from_text(bad);
+    ASSERT_FALSE(r.ok()) << bad;
+    EXPECT_NE(r.error().message.find("unknown op family"), std::string::npos) << r.error().message;
+  }
+}
+
 }  // namespace
 }  // namespace batchlens::ops
 
