@@ -200,6 +200,7 @@ void MainWindow::buildCentre() {
   spread_ = new SpreadView(state_, this);
   text_diff_ = new TextDiffView(state_, this);
   routing_ = new RoutingView(state_, this);
+  kernels_ = new KernelsView(state_, this);
   // The culprit line's "use as workaround": the finder's fix into the op list, one click.
   connect(overview_, &OverviewView::culpritFixRequested, this, [this] {
     const auto* r = state_->result();
@@ -221,7 +222,8 @@ void MainWindow::buildCentre() {
                          Tab{layer_step_, tr("Layer × Step"), experiment::StoryView::LayerStep},
                          Tab{spread_, tr("Canvas spread"), experiment::StoryView::Spread},
                          Tab{text_diff_, tr("Text diff"), experiment::StoryView::TextDiff},
-                         Tab{routing_, tr("Routing"), experiment::StoryView::Routing}}) {
+                         Tab{routing_, tr("Routing"), experiment::StoryView::Routing},
+                         Tab{kernels_, tr("Kernels"), experiment::StoryView::Kernels}}) {
     tabs_->addTab(tab.view, tab.title);
     story_tabs.emplace(tab.story, tab.view);
   }

@@ -31,6 +31,7 @@ class LayerStepView;
 class SpreadView;
 class TextDiffView;
 class RoutingView;
+class KernelsView;
 
 /// The BatchLens main window. Lives on the GUI thread and only composes: the run panel (dock),
 /// the comparison picker, the explorer tabs, the menus and the status bar. Long work goes to
@@ -77,6 +78,7 @@ class MainWindow : public QMainWindow {
   SpreadView* spread() const { return spread_; }
   TextDiffView* textDiff() const { return text_diff_; }
   RoutingView* routing() const { return routing_; }
+  KernelsView* kernels() const { return kernels_; }
   /// The text of the last error shown (tests, logs).
   QString lastError() const { return last_error_; }
   static QStringList recentFiles();
@@ -143,6 +145,7 @@ class MainWindow : public QMainWindow {
   SpreadView* spread_ = nullptr;
   TextDiffView* text_diff_ = nullptr;
   RoutingView* routing_ = nullptr;
+  KernelsView* kernels_ = nullptr;
   QMenu* recent_menu_ = nullptr;
   QLabel* environment_label_ = nullptr;
   QLabel* document_label_ = nullptr;

@@ -14,6 +14,7 @@
 #include <QVBoxLayout>
 
 #include "core/experiment/culprit.h"
+#include "core/experiment/kernels.h"
 #include "core/experiment/story.h"
 #include "ui/comparison_table_model.h"
 #include "ui/qcp.h"
@@ -216,6 +217,17 @@ OverviewView::OverviewView(ExplorerState* state, QWidget* parent) : CoalescedVie
   culprit_->setTextInteractionFlags(Qt::TextBrowserInteraction);
   culprit_->setStyleSheet(QStringLiteral("background:#eef4fb; color:#123d73;"));
   culprit_->hide();
+  kernels_ = new QLabel(this);
+  kernels_->setObjectName(QStringLiteral("OverviewKernels"));
+  kernels_->setWordWrap(true);
+  kernels_->setMargin(6);
+  kernels_->setTextFormat(Qt::RichText);
+  kernels_->setTextInteractionFlags(Qt::TextBrowserInteraction);
+  kernels_->setStyleSheet(QStringLiteral("background:#f7f3e8;"));
+  kernels_->setToolTip(
+      tr("Which kernels the op behind the first divergence launched at B=1 and "
+         "at this batch size (the experiment's kernel provenance)"));
+  kernels_->hide();
   growth_ = new QCustomPlot(this);
   growth_->setObjectName(QStringLiteral("GrowthPlot"));
   growth_->setMinimumHeight(170);
@@ -255,10 +267,13 @@ OverviewView::OverviewView(ExplorerState* state, QWidget* parent) : CoalescedVie
   layout->addWidget(headline_);
   layout->addWidget(why_);
   layout->addWidget(culprit_);
+  layout->addWidget(kernels_);
   layout->addWidget(split, 1);
 
   connect(headline_, &QLabel::linkActivated, this, &OverviewView::openClause);
   connect(culprit_, &QLabel::linkActivated, this, [this] { Q_EMIT culpritFixRequested(); });
+  connect(kernels_, &QLabel::linkActivated, this,
+          [this] { Q_EMIT viewRequested(static_cast<int>(experiment::StoryView::Kernels)); });
 
   connect(table_->selectionModel(), &QItemSelectionModel::currentRowChanged, this,
           [this](const QModelIndex& current) {
@@ -324,6 +339,21 @@ void OverviewView::refresh() {
                  .arg(100.0 * k.overhead(), 0, 'f', 1);
     }
     culprit_->setToolTip(tip);
+  }
+  // Beside the first divergence: the kernels of the op behind it, what differs in bold.
+  const experiment::ComparisonResult* c = state_->comparison();
+  const std::vector<std::string> lines =
+      c != nullptr ? experiment::first_divergence_kernels(*r, *c) : std::vector<std::string>{};
+  kernels_->setVisible(!lines.empty());
+  if (!lines.empty()) {
+    QStringList parts;
+    for (const std::string& line : lines) {
+      const QString text = q(line).toHtmlEscaped();
+      parts << (text.contains(QStringLiteral(" differs: ")) ? QStringLiteral("<b>%1</b>").arg(text)
+                                                            : text);
+    }
+    kernels_->setText(tr("Kernels: %1 &nbsp;<a href='kernels:view'>all ops…</a>")
+                          .arg(parts.join(QStringLiteral("<br>"))));
   }
   fillGrowth();
 }

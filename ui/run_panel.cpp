@@ -135,6 +135,7 @@ experiment::ExperimentSpec defaultDemoSpec() {
   s.overrides.max_denoising_steps = kDemoSteps;
   s.overrides.max_new_tokens = 32;  // the demo's canvas: one canvas
   s.policy = ops::OpPolicy::emulation_profile("emulated_h200");
+  s.kernels = true;
   return s;
 }
 
@@ -507,6 +508,7 @@ base::Result<experiment::ExperimentSpec> RunPanel::spec() const {
     s.batch_sizes.push_back(b);
   }
   s.repeats = repeats_->value();
+  s.kernels = true;  // the Kernels tab: one extra decoder pass per engine
   s.overrides.max_denoising_steps = steps_->value();
   s.overrides.max_new_tokens = max_new_tokens_->value();
   s.seed = static_cast<std::uint64_t>(seed_->value());

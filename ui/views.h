@@ -16,6 +16,7 @@ class QComboBox;
 class QLabel;
 class QSlider;
 class QTableView;
+class QTableWidget;
 class QTextBrowser;
 class QCustomPlot;
 class QCPGraph;
@@ -62,6 +63,9 @@ class OverviewView : public CoalescedView {
   /// "Culprit: {...} row_wise — with it B=... are bitwise identical to B=1; cost +x % at B=4"
   /// with a "use as workaround" link; hidden unless the experiment came from the finder.
   QLabel* culprit() const { return culprit_; }
+  /// The kernels of the op behind the selected comparison's first divergence, at B=1 and at
+  /// its batch size (experiment::first_divergence_kernels); hidden without provenance.
+  QLabel* kernels() const { return kernels_; }
   QCustomPlot* growthPlot() const { return growth_; }
   /// The story the headline shows, as last drawn (an object of storyCache()).
   const experiment::Story& story() const;
@@ -88,6 +92,7 @@ class OverviewView : public CoalescedView {
   QLabel* headline_ = nullptr;
   QLabel* why_ = nullptr;
   QLabel* culprit_ = nullptr;
+  QLabel* kernels_ = nullptr;
   QCustomPlot* growth_ = nullptr;
   StoryCache stories_;
   const experiment::Story* story_ = nullptr;  ///< in stories_; null before the first draw
@@ -200,6 +205,38 @@ class TextDiffView : public CoalescedView {
   QTextBrowser* before_ = nullptr;
   QTextBrowser* after_ = nullptr;
   bool syncing_ = false;  ///< one pane's scroll is being copied to the other
+};
+
+/// Kernels: which kernels each op family launched per layer in one engine's decoder pass (the
+/// experiment's kernel provenance), against the B=1 reference's, differing rows marked; above
+/// it the kernels at the selected comparison's first divergence, what differs in bold.
+class KernelsView : public CoalescedView {
+  Q_OBJECT
+
+ public:
+  explicit KernelsView(ExplorerState* state, QWidget* parent = nullptr);
+  QPixmap renderReport(const QSize& size) override;
+  QTableWidget* table() const { return table_; }
+  QComboBox* engine() const { return engine_; }
+  QCheckBox* selfConditioning() const { return sc_; }
+  /// "B=1: …; B=4: …; differs: …" at the first divergence (HTML), "" when unknown.
+  QLabel* firstDivergence() const { return first_; }
+  /// Rows of the table marked as differing from the reference.
+  int differingRows() const { return differing_; }
+
+ protected:
+  void refresh() override;
+
+ private:
+  void fillTable();
+  QLabel* caption_ = nullptr;
+  QLabel* first_ = nullptr;
+  QComboBox* engine_ = nullptr;
+  QCheckBox* sc_ = nullptr;
+  QTableWidget* table_ = nullptr;
+  int differing_ = 0;
+  bool filling_ = false;
+  QString last_comparison_;  ///< the comparison whose run the engine list last followed
 };
 
 /// Routing: expert-set flips per layer × step, and per position for the selected cell with the

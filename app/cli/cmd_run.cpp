@@ -104,6 +104,7 @@ struct SpecOptions {
   std::string prefill = "copied";
   std::string mode = "free";
   bool raw = false;
+  bool no_kernels = false;
 };
 
 void add_spec_options(CLI::App* cmd, SpecOptions& o, bool workaround) {
@@ -141,6 +142,9 @@ void add_spec_options(CLI::App* cmd, SpecOptions& o, bool workaround) {
   }
   cmd->add_option("--taps", o.taps,
                   "Comma-separated tap names to compare, or none (tokens and sampler only) [all]");
+  cmd->add_flag("--no-kernels", o.no_kernels,
+                "Do not record which kernels each op family launched per engine (one extra "
+                "decoder pass per engine, with and without self-conditioning)");
   cmd->add_option("--out", o.out, "Experiment file to write (.h5)")->required();
 }
 
@@ -182,6 +186,7 @@ bool resolve_spec(SpecOptions& o, const char* command, int& exit_code) {
   spec.model = mo.source;
   spec.load = mo.load;
   spec.chat_template = !o.raw;
+  spec.kernels = !o.no_kernels;
   // Everything the write needs is checked before the run, which may take hours.
   return preflight(spec, o.out, exit_code);
 }
@@ -221,7 +226,7 @@ void compute_and_write(
             << std::fixed << std::setprecision(2) << "time: load " << t.load_s << " s, engines "
             << t.engines_s << " s, per-tick copies and comparisons " << t.comparisons_s
             << " s (read back per canvas " << t.readback_s << " s), results " << t.results_s
-            << " s, file " << write_s << " s\n";
+            << " s, kernel provenance " << t.kernels_s << " s, file " << write_s << " s\n";
   // A rescued result is kept, but the command did not do what it was asked.
   exit_code = written == out ? kExitOk : kExitFailure;
 }
@@ -303,11 +308,15 @@ void register_summary(CLI::App& app, int& exit_code) {
   struct Options {
     std::string file;
     bool json = false;
+    bool kernels = false;
   };
   auto opts = std::make_shared<Options>();
   auto* cmd = app.add_subcommand("summary", "Summarise an experiment file");
   cmd->add_option("file", opts->file, "Experiment file (.h5)")->required();
   cmd->add_flag("--json", opts->json, "Print JSON");
+  cmd->add_flag("--kernels", opts->kernels,
+                "Also list, per engine, every op whose kernels differ from the B=1 "
+                "reference's (the file's kernel provenance)");
   cmd->callback([opts, &exit_code] {
     const auto r = io::read_experiment(opts->file);
     if (!r.ok()) {
@@ -316,6 +325,9 @@ void register_summary(CLI::App& app, int& exit_code) {
     }
     std::cout << (opts->json ? experiment::summary_json(r.value()).dump(2) + "\n"
                              : experiment::summary_text(r.value()));
+    if (opts->kernels && !opts->json) {
+      std::cout << "\n" << experiment::kernels_text(r.value());
+    }
     exit_code = kExitOk;
   });
 }

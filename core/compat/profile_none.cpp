@@ -14,4 +14,9 @@ void profile_to_file(const std::string& /*path*/, const std::function<void()>& /
   TORCH_CHECK(false, "--profile needs a LibTorch build with CUDA");
 }
 
+std::vector<DeviceKernel> profile_kernels(const std::function<void()>& /*work*/,
+                                          const std::string& /*scope_prefix*/) {
+  TORCH_CHECK(false, "device kernel provenance needs a LibTorch build with CUDA");
+}
+
 }  // namespace batchlens::compat

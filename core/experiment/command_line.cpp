@@ -78,6 +78,8 @@ std::string cli_run_command(const ExperimentSpec& spec, const std::vector<std::i
   if (!spec.taps.empty()) {
     arg("--taps", joined(spec.taps));
   }
+  // Kernel provenance (--no-kernels) is left at the default: recording it never changes the
+  // runs, and a file made before it existed would otherwise ask for it to be skipped.
   arg("--out", out);
   // What the command line cannot say is named, so a reader knows the command is not the whole
   // story: generation overrides without an option, switches set in the environment.

@@ -122,6 +122,8 @@ void visit_spec(S& s, V& v) {
   v.field("workaround", s.workaround);
   v.field("taps", s.taps);
   v.field("switches", s.load.switches);
+  // Not `kernels`: whether kernel provenance is recorded never changes the runs (the file's
+  // /kernels group says whether it was).
 }
 
 template <class O, class V>
@@ -475,6 +477,9 @@ nlohmann::json summary_json(const ExperimentResult& r) {
     if (!c.first.found()) {
       j["first_divergence"] = nullptr;
     }
+    if (const auto lines = first_divergence_kernels(r, c); !lines.empty()) {
+      j["first_divergence_kernels"] = lines;
+    }
     const auto [positions, scores, readable] = last_step_logit_diff(r, c);
     j["last_step_positions_differing"] = readable ? nlohmann::json(positions) : nlohmann::json();
     j["last_step_logits_differing"] = readable ? nlohmann::json(scores) : nlohmann::json();
@@ -578,6 +583,9 @@ std::string summary_text(const ExperimentResult& r) {
   for (const auto& c : r.comparisons) {
     o << "  " << c.id << (c.kind == "rows" ? " (rows 1.. vs row 0)" : "") << ":\n";
     o << "    first divergence: " << describe(c.first) << "\n";
+    for (const std::string& line : first_divergence_kernels(r, c)) {
+      o << "      kernels: " << line << "\n";
+    }
     if (c.kind == "row0") {
       const auto [positions, scores, readable] = last_step_logit_diff(r, c);
       const RunResult* ref = r.run(c.reference);

@@ -15,6 +15,7 @@
 #include "core/base/error.h"
 #include "core/base/progress.h"
 #include "core/base/system_info.h"
+#include "core/experiment/kernels.h"
 #include "core/generation/generation_config.h"
 #include "core/generation/modes.h"
 #include "core/model/loader.h"
@@ -106,6 +107,10 @@ struct ExperimentSpec {
   /// When set, every run again with ops::combine(policy, workaround).
   std::optional<ops::OpPolicy> workaround;
   std::vector<std::string> taps;  ///< tap names; empty = all
+  /// Record each engine's kernels per op family and layer (experiment/kernels.h): one extra
+  /// decoder pass per engine, with and without self-conditioning, apart from the runs. How,
+  /// not what: not in the spec JSON (a file's /kernels group says whether it was recorded).
+  bool kernels = false;
 };
 
 /// InvalidArgument naming the first bad field (sizes, names, emulation off the CPU, ...).
@@ -254,6 +259,9 @@ struct ExperimentResult {
   std::vector<ComparisonResult> comparisons;
   /// The culprit finder's report (experiment/culprit.h), when this experiment came from it.
   std::optional<CulpritReport> culprit;
+  /// Which kernels each op family launched per engine (experiment/kernels.h), when the spec
+  /// asked for it (ExperimentSpec::kernels).
+  std::optional<KernelProvenance> kernels;
 
   /// Where run_experiment spent its wall time, in seconds. Measured in this process and never
   /// written to files (a file read back has zeros).
@@ -266,6 +274,7 @@ struct ExperimentResult {
     double comparisons_s = 0.0;
     double readback_s = 0.0;  ///< of comparisons_s: reading the results back per canvas
     double results_s = 0.0;   ///< assembling runs and comparisons after each group
+    double kernels_s = 0.0;   ///< recording kernel provenance (ExperimentSpec::kernels)
   } timings;
 
   const RunResult* run(const std::string& id) const;

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <set>
 
 #include <ATen/ATen.h>
 
@@ -217,6 +218,32 @@ void run_groups(const setup::Session& session, const ExperimentSpec& spec, const
   for (const PlannedGroup& group : groups) {
     run_group(ctx, group, out);
   }
+  if (spec.kernels) {
+    // Apart from the engines above (fresh passes), so it cannot change what they computed.
+    if (control.progress) {
+      control.progress(ctx.clock.at(ctx.clock.total(), "recording each engine's kernels"));
+    }
+    KernelProvenance k =
+        capture_kernels(session, spec, p.header.prompt_ids, groups, control.cancel);
+    if (!out.kernels) {
+      out.kernels = KernelProvenance{k.source, {}, 0.0};
+    }
+    std::set<std::string> ids;
+    for (const PlannedGroup& g : groups) {
+      for (const PlannedRun& r : g.runs) {
+        ids.insert(r.id);
+      }
+    }
+    auto& engines = out.kernels->engines;
+    engines.erase(std::remove_if(engines.begin(), engines.end(),
+                                 [&](const EngineKernels& e) { return ids.count(e.run) > 0; }),
+                  engines.end());
+    for (EngineKernels& e : k.engines) {
+      engines.push_back(std::move(e));
+    }
+    out.kernels->wall_s += k.wall_s;
+    out.timings.kernels_s += k.wall_s;
+  }
 }
 
 // JSON texts equal as documents (key order and spacing aside); false when either is malformed.
@@ -325,6 +352,7 @@ base::Result<ExperimentResult> run_workaround_group(const setup::Session& sessio
   return base::guarded([&]() -> ExperimentResult {
     ExperimentSpec spec = shown.spec;
     spec.workaround = workaround;
+    spec.kernels = shown.kernels.has_value();  // the added runs recorded as the shown ones were
     const Prepared p = prepare_experiment(session, spec, shown.prompt_ids);
     check_extends(shown, p.header);
     if (const auto differences = extension_mismatches(shown, session_provenance(session, false));
@@ -381,6 +409,7 @@ base::Result<ExperimentResult> run_workaround_group(const ExperimentResult& show
   return base::guarded([&]() -> ExperimentResult {
     ExperimentSpec spec = shown.spec;
     spec.workaround = workaround;
+    spec.kernels = shown.kernels.has_value();  // the added runs recorded as the shown ones were
     const setup::Session session =
         open_for(spec, shown.prompt_ids.empty() ? spec.prompt_ids : shown.prompt_ids, control);
     ExperimentResult out = take(run_workaround_group(session, shown, workaround, control));

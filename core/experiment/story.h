@@ -18,7 +18,7 @@
 namespace batchlens::experiment {
 
 /// The explorer view a clause of the story points at.
-enum class StoryView { Overview, LayerStep, Spread, Routing, TextDiff };
+enum class StoryView { Overview, LayerStep, Spread, Routing, TextDiff, Kernels };
 
 /// One clause and where it points: the view, and the cell to select there (-1 where none).
 struct StoryClause {

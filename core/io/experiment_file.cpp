@@ -356,10 +356,17 @@ void write_groups(hid_t fid, const ExperimentResult& r, bool serial) {
   write_list(arrays, runs, r.runs);
   GroupWriter comps = group("comparisons");
   write_list(arrays, comps, r.comparisons);
+  // Records kept as one JSON document each, in a group of their own.
+  const auto json_group = [&](const char* name, const char* key, const nlohmann::json& doc) {
+    GroupWriter g = group(name);
+    g.str(key, base::dump_json_lossy(doc));
+    g.seal();
+  };
   if (r.culprit) {  // schema 1.4: the culprit finder's report, as JSON (experiment/culprit.h)
-    GroupWriter culprit = group("culprit");
-    culprit.str("report_json", base::dump_json_lossy(experiment::to_json(*r.culprit)));
-    culprit.seal();
+    json_group("culprit", "report_json", experiment::to_json(*r.culprit));
+  }
+  if (r.kernels) {  // schema 1.5: kernel provenance, as JSON (experiment/kernels.h)
+    json_group("kernels", "provenance_json", experiment::to_json(*r.kernels));
   }
 }
 
@@ -1195,20 +1202,32 @@ ExperimentResult read_file(const std::string& file, std::uint64_t file_bytes) {
             [&](const GroupReader& comps, const std::string& id) {
               return read_comparison(rd, comps, id, r);
             });
-  if (rd.at_least({1, 4}) && exists(root.id(), "culprit")) {
-    GroupReader culprit = rd.group(root, "culprit");
-    const std::string text = culprit.str("report_json");
-    culprit.check_digest();
-    const std::string at = culprit.at("report_json");
+  // A record kept as one JSON document in a group of its own: parsed as untrusted JSON, then
+  // checked field by field by `parse`.
+  const auto json_group = [&](const char* name, const char* key, auto parse) {
+    GroupReader g = rd.group(root, name);
+    const std::string text = g.str(key);
+    g.check_digest();
+    const std::string at = g.at(key);
     const auto doc = base::parse_json(text, file + ": " + at, ErrorCode::FileCorrupted);
     if (!doc.ok()) {
       corrupt(doc.error().message);
     }
-    auto report = experiment::culprit_from_json(doc.value());
-    if (!report.ok()) {
-      corrupt(file + ": " + at + ": " + report.error().message);
+    auto record = parse(doc.value());
+    if (!record.ok()) {
+      corrupt(file + ": " + at + ": " + record.error().message);
     }
-    r.culprit = std::move(report).value();
+    return std::move(record).value();
+  };
+  if (rd.at_least({1, 4}) && exists(root.id(), "culprit")) {
+    r.culprit = json_group("culprit", "report_json", [](const nlohmann::json& d) {
+      return experiment::culprit_from_json(d);
+    });
+  }
+  if (rd.at_least({1, 5}) && exists(root.id(), "kernels")) {
+    r.kernels = json_group("kernels", "provenance_json", [](const nlohmann::json& d) {
+      return experiment::kernels_from_json(d);
+    });
   }
   validate(Fail{file + ": ", ErrorCode::FileCorrupted}, r);
   return r;

@@ -164,7 +164,8 @@ class Pass {
         policy_(ctx.policy != nullptr ? *ctx.policy : default_policy()),
         runner_(policy_, rows,
                 ops::CpuGemm{ctx.fused_kernels && model.fused_kernels().cpu_gemm,
-                             model.fused_kernels().cpu_gemm_fma}),
+                             model.fused_kernels().cpu_gemm_fma},
+                ctx.observer),
         taps_(record_taps ? ctx.taps : nullptr),
         rows_(rows) {
     if (ctx.fused_kernels) {

@@ -12,6 +12,7 @@
 #include "core/model/config.h"
 #include "core/model/fused_layer.h"
 #include "core/model/weights.h"
+#include "core/ops/op_observer.h"
 #include "core/ops/policy.h"
 #include "core/probe/taps.h"
 
@@ -58,6 +59,8 @@ struct ForwardContext {
   /// Use the fused elementwise kernels the model checked at load (fused_kernels()); false runs
   /// every op as transformers does, one ATen call each. Both give the same bits.
   bool fused_kernels = true;
+  /// Hears of every op call of the pass (ops::OpObserver): kernel provenance. Null: none.
+  ops::OpObserver* observer = nullptr;
 };
 
 /// DiffusionGemma text inference in LibTorch: the encoder (prefill / commit, writes the KV

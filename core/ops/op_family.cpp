@@ -1,6 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/ops/op_family.h"
 
+#include <string>
+
+#include "core/ops/op_observer.h"
+
 namespace batchlens::ops {
 
 namespace {
@@ -60,6 +64,10 @@ std::array<OpFamily, kOpFamilyCount> all_families() {
     out[i] = kFamilies[i].family;
   }
   return out;
+}
+
+std::string op_scope_name(OpFamily family, int layer) {
+  return "bl/" + std::string(family_name(family)) + "/" + std::to_string(layer);
 }
 
 }  // namespace batchlens::ops

@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include "core/base/error.h"
+#include "core/compat/profile.h"
 #include "core/compat/torch_compat.h"
 #include "core/kernels/cpu_gemm.h"
 #include "core/kernels/fused_ops.h"
@@ -148,12 +149,68 @@ at::Tensor OpRunner::invariant_gemm(const at::Tensor& x, const at::Tensor& w, Op
   return split_k_linear(x, w, emulated_split_count(1, x.size(-1)), part);
 }
 
+std::string OpRunner::gemm_path(const at::Tensor& x, std::int64_t m, OpSite site) const {
+  const std::int64_t k = x.size(-1);
+  if (strategy(site) == Strategy::BatchInvariant) {
+    if (x.device().is_cuda()) {
+      return "cuBLASLt pinned algorithm, " + std::to_string(kernels::invariant_splits(k)) +
+             " K-split(s)";
+    }
+    return policy_.emulates(site.family)
+               ? "BatchLens invariant CPU GEMM, emulated split fixed at " +
+                     std::to_string(emulated_split_count(1, k)) + " K-chunks"
+               : std::string("BatchLens invariant CPU GEMM");
+  }
+  if (policy_.emulates(site.family)) {
+    return "emulated split-K: " + std::to_string(emulated_split_count(m, k)) + " K-chunks";
+  }
+  if (x.device().is_cpu() && cpu_gemm_.on && x.scalar_type() == at::kBFloat16) {
+    return "BatchLens CPU GEMM (ATen's bits)";
+  }
+  return "at::linear";
+}
+
+void OpRunner::note(OpSite site, const char* op, std::int64_t m, std::int64_t n, std::int64_t k,
+                    std::int64_t calls, const at::Tensor& x, std::string path) const {
+  if (observer_ == nullptr) {
+    return;
+  }
+  OpCall c;
+  c.family = site.family;
+  c.layer = site.layer;
+  c.op = op;
+  c.strategy = strategy(site);
+  c.m = m;
+  c.n = n;
+  c.k = k;
+  c.calls = calls;
+  c.dtype = std::string(c10::toString(x.scalar_type()));
+  c.path = std::move(path);
+  observer_->on_op(c);
+}
+
+const std::string* OpRunner::mark(OpSite site) const {
+  if (observer_ == nullptr || !observer_->marks()) {
+    return nullptr;
+  }
+  mark_ = op_scope_name(site.family, site.layer);
+  return &mark_;
+}
+
 at::Tensor OpRunner::gemm(const at::Tensor& x, const at::Tensor& w, OpSite site) const {
   return policy_.emulates(site.family) ? emulated_split_k_linear(x, w, cpu_gemm_)
                                        : linear_call(x, w, cpu_gemm_);
 }
 
 at::Tensor OpRunner::linear(const at::Tensor& x, const at::Tensor& w, OpSite site) const {
+  const compat::ProfilerScope scope(mark(site));
+  if (observer_ != nullptr) {
+    const std::int64_t k = x.size(-1);
+    const std::int64_t m = k > 0 ? x.numel() / k : 0;
+    const bool split = strategy(site) == Strategy::RowWise && rows_ > 1;
+    const std::int64_t each = split ? m / rows_ : m;
+    note(site, "linear", each, w.size(0), k, split ? rows_ : 1, x, gemm_path(x, each, site));
+  }
   if (strategy(site) == Strategy::BatchInvariant) {
     return invariant_gemm(x, w, site);
   }
@@ -165,6 +222,14 @@ at::Tensor OpRunner::linear(const at::Tensor& x, const at::Tensor& w, OpSite sit
 
 at::Tensor OpRunner::linear_rows(const at::Tensor& x, const at::Tensor& w, const at::Tensor& row_of,
                                  OpSite site) const {
+  const compat::ProfilerScope scope(mark(site));
+  if (observer_ != nullptr) {
+    // Row-wise: the rows of each logical row vary; the mean per call is reported.
+    const bool split = strategy(site) == Strategy::RowWise && rows_ > 1;
+    const std::int64_t each = split ? x.size(0) / rows_ : x.size(0);
+    note(site, "linear", each, w.size(0), x.size(-1), split ? rows_ : 1, x,
+         gemm_path(x, each, site));
+  }
   if (strategy(site) == Strategy::BatchInvariant) {
     return invariant_gemm(x, w, site);
   }
@@ -177,6 +242,18 @@ at::Tensor OpRunner::linear_rows(const at::Tensor& x, const at::Tensor& w, const
 }
 
 at::Tensor OpRunner::matmul(const at::Tensor& a, const at::Tensor& b, OpSite site) const {
+  const compat::ProfilerScope scope(mark(site));
+  if (observer_ != nullptr) {
+    const std::int64_t k = a.size(-1);
+    const std::int64_t m = k > 0 ? a.numel() / k : 0;
+    const bool split = strategy(site) == Strategy::RowWise && rows_ > 1;
+    const std::int64_t each = split ? m / rows_ : m;
+    std::string path = gemm_path(a, each, site);
+    if (path == "at::linear") {
+      path = "at::matmul";
+    }
+    note(site, "matmul", each, b.size(-1), k, split ? rows_ : 1, a, std::move(path));
+  }
   const auto call = [&](const at::Tensor& part) {
     // at::matmul(part, b) is F.linear(part, b.t()) bit for bit (both are one mm on ATen's side).
     return policy_.emulates(site.family)
@@ -195,6 +272,13 @@ at::Tensor OpRunner::matmul(const at::Tensor& a, const at::Tensor& b, OpSite sit
 at::Tensor OpRunner::attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                const at::Tensor& mask, double scale, bool is_causal,
                                bool enable_gqa, int layer) const {
+  const OpSite site{OpFamily::Attention, layer};
+  const compat::ProfilerScope scope(mark(site));
+  if (observer_ != nullptr) {
+    const bool split = strategy(site) == Strategy::RowWise && rows_ > 1;
+    note(site, "sdpa", q.size(-2), k.size(-2), q.size(-1), split ? rows_ : 1, q,
+         "at::scaled_dot_product_attention");
+  }
   const auto call = [&](const at::Tensor& qq, const at::Tensor& kk, const at::Tensor& vv,
                         const at::Tensor& mm) {
     return compat::sdpa(qq, kk, vv, mm, scale, is_causal, enable_gqa);
@@ -226,6 +310,12 @@ bool grouped_mm_available(const at::Device& device) {
 
 at::Tensor OpRunner::grouped_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offs,
                                 const at::Tensor& row_of, OpSite site) const {
+  const compat::ProfilerScope scope(mark(site));
+  if (observer_ != nullptr) {
+    const bool split = strategy(site) == Strategy::RowWise && rows_ > 1;
+    note(site, "grouped_mm", split ? x.size(0) / rows_ : x.size(0), w.size(-1), x.size(-1),
+         split ? rows_ : 1, x, "at::_grouped_mm");
+  }
 #if BL_TORCH_HAS_GROUPED_MM
   const auto call = [&w](const at::Tensor& xx, const at::Tensor& oo) {
     return compat::grouped_mm(xx, w, oo);

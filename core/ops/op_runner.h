@@ -2,10 +2,12 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include <ATen/core/Tensor.h>
 
 #include "core/ops/op_family.h"
+#include "core/ops/op_observer.h"
 #include "core/ops/policy.h"
 
 namespace batchlens::ops {
@@ -33,8 +35,11 @@ at::Tensor linear_call(const at::Tensor& x, const at::Tensor& w, CpuGemm cpu);
 class OpRunner {
  public:
   /// `rows` is the logical batch size B of the forward pass.
-  OpRunner(const OpPolicy& policy, std::int64_t rows, CpuGemm cpu_gemm = {})
-      : policy_(policy), rows_(rows), cpu_gemm_(cpu_gemm) {}
+  /// `observer`, when set, hears of every call (what ran, at which shape) and may ask for
+  /// profiler marks around each.
+  OpRunner(const OpPolicy& policy, std::int64_t rows, CpuGemm cpu_gemm = {},
+           OpObserver* observer = nullptr)
+      : policy_(policy), rows_(rows), cpu_gemm_(cpu_gemm), observer_(observer) {}
 
   std::int64_t rows() const { return rows_; }
   Strategy strategy(OpSite site) const { return policy_.resolve(site.family, site.layer); }
@@ -71,9 +76,19 @@ class OpRunner {
   // row's count). InvalidArgument on devices without such a kernel.
   at::Tensor invariant_gemm(const at::Tensor& x, const at::Tensor& w, OpSite site) const;
 
+  // What computes F.linear(x, w) for one call of `m` rows under gemm() / invariant_gemm().
+  std::string gemm_path(const at::Tensor& x, std::int64_t m, OpSite site) const;
+  // Tells the observer of a call: `m` rows per call, `calls` calls.
+  void note(OpSite site, const char* op, std::int64_t m, std::int64_t n, std::int64_t k,
+            std::int64_t calls, const at::Tensor& x, std::string path) const;
+  // The profiler scope name for `site` when the observer marks calls, else null.
+  const std::string* mark(OpSite site) const;
+
   const OpPolicy& policy_;
   std::int64_t rows_;
   CpuGemm cpu_gemm_;
+  OpObserver* observer_ = nullptr;
+  mutable std::string mark_;
 };
 
 /// The number of K chunks the emulated split-K kernel uses for a GEMM with M rows and

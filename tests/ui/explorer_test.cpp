@@ -27,6 +27,7 @@
 #include <QStandardPaths>
 #include <QTabWidget>
 #include <QTableView>
+#include <QTableWidget>
 #include <QTemporaryDir>
 #include <QTest>
 #include <QTextBrowser>
@@ -452,6 +453,40 @@ TEST_F(ExplorerTest, FindCulpritShowsTheCulpritAndFillsTheOpList) {
   ASSERT_EQ(filled.rules.size(), 1U);
   EXPECT_EQ(filled.rules[0].strategy, ops::Strategy::BatchInvariant);
   EXPECT_EQ(filled.rules[0].families, r->culprit->fix.rules[0].families);
+}
+
+// The Kernels tab and the Overview's kernel line on an experiment with kernel provenance: the
+// emulated split differs between B=1 and B=2, so the ops it covers are marked; a file without
+// provenance says so.
+TEST_F(ExplorerTest, KernelsTabShowsWhatRanAndMarksTheOpsThatDiffer) {
+  experiment::ExperimentSpec s = demoSpec("");
+  s.kernels = true;
+  open(test_support::experimentFile("ui_kernels", s));
+  flushViews();
+  KernelsView* view = window_->kernels();
+  view->flush();
+  EXPECT_GT(view->table()->rowCount(), 10);
+  EXPECT_GE(view->differingRows(), 1);
+  EXPECT_EQ(view->engine()->currentData().toString(), window_->state()->comparison()->run.c_str());
+  EXPECT_TRUE(view->firstDivergence()->isVisibleTo(view));
+  EXPECT_TRUE(view->firstDivergence()->text().contains(QStringLiteral("differs: path: emulated")))
+      << view->firstDivergence()->text().toStdString();
+  QLabel* line = window_->overview()->kernels();
+  EXPECT_TRUE(line->isVisibleTo(window_->overview()));
+  EXPECT_TRUE(line->text().contains(QStringLiteral("B=1: emulated split-K")))
+      << line->text().toStdString();
+  // The reference's own pass is the reference: nothing marked.
+  view->engine()->setCurrentIndex(view->engine()->findData(QStringLiteral("ref")));
+  EXPECT_EQ(view->differingRows(), 0);
+  // Its link opens the tab.
+  Q_EMIT line->linkActivated(QStringLiteral("kernels:view"));
+  EXPECT_EQ(window_->findChild<QTabWidget*>(QStringLiteral("ExplorerTabs"))->currentWidget(), view);
+
+  open(fixtureFile(""));
+  flushViews();
+  view->flush();
+  EXPECT_EQ(view->table()->rowCount(), 0);
+  EXPECT_FALSE(window_->overview()->kernels()->isVisibleTo(window_->overview()));
 }
 
 TEST_F(ExplorerTest, CancelStopsARunningDemoAndKeepsTheOldResult) {
