@@ -15,12 +15,12 @@
 
 #include "core/base/cancel.h"
 #include "core/base/system_info.h"
-#include "core/compat/profile.h"
 #include "core/experiment/culprit.h"
 #include "core/experiment/experiment.h"
 #include "core/experiment/plan.h"
 #include "core/model/diffusion_gemma.h"
 #include "core/ops/op_observer.h"
+#include "core/ops/op_profile.h"
 #include "core/setup/front_door.h"
 
 namespace batchlens::experiment {
@@ -150,13 +150,13 @@ EngineKernels capture_one(const model::DiffusionGemma& model, const ExperimentSp
   e.policy = ops::policy_text(run.policy);
   e.self_conditioning = sc;
   e.device = device.str();
-  if (device.is_cuda() && compat::profiler_available()) {
+  if (device.is_cuda() && ops::kernel_profiler_available()) {
     // A warm-up first: library handles and heuristics caches are made outside the trace.
     (void)model.decode(canvas, cache, sc_logits,
                        model::ForwardContext{&run.policy, nullptr, false});
-    const std::vector<compat::DeviceKernel> launched = compat::profile_kernels(
-        [&] { (void)model.decode(canvas, cache, sc_logits, observed); }, "bl/");
-    for (const compat::DeviceKernel& k : launched) {
+    const std::vector<ops::KernelSeen> launched = ops::profile_marked_kernels(
+        [&] { (void)model.decode(canvas, cache, sc_logits, observed); });
+    for (const ops::KernelSeen& k : launched) {
       std::string family;
       int layer = -1;
       if (!parse_scope(k.scope, family, layer)) {
@@ -542,7 +542,7 @@ KernelProvenance capture_kernels(const setup::Session& session, const Experiment
   const auto start = Clock::now();
   const model::DiffusionGemma& model = *session.model;
   KernelProvenance k;
-  k.source = model.device().is_cuda() && compat::profiler_available()
+  k.source = model.device().is_cuda() && ops::kernel_profiler_available()
                  ? "profiler (Kineto): one uncaptured decoder pass per engine"
                  : "op layer paths: one decoder pass per engine";
   const at::Tensor prompt = at::tensor(prompt_ids, at::TensorOptions().dtype(at::kLong))
