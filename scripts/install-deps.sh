@@ -15,6 +15,8 @@ packages=(
   qt6-base-dev libqcustomplot-dev
   # tests, benchmarks, style checks, reading experiment files from Python
   libgtest-dev libbenchmark-dev clang-format clang-tidy python3 python3-h5py
+  # running exported minimal repros (repro.py: plain PyTorch) in the tests
+  python3-torch
   # a readable word list for the generated demo tokenizer
   wamerican
 )

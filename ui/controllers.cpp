@@ -55,6 +55,39 @@ ExperimentDocument makeDocument(experiment::ExperimentResult result, QString pat
 
 }  // namespace
 
+namespace {
+
+// A worker's RunControl: cancelled by `token`, progress posted to `self`'s progressChanged on
+// its thread at most 20 times a second (the final report of a run always gets through).
+experiment::RunControl workerControl(RunController* self, const base::CancelToken* token) {
+  using Clock = std::chrono::steady_clock;
+  auto last = std::make_shared<Clock::time_point>(Clock::now() - std::chrono::seconds(1));
+  const auto post = [last, self](const base::Progress& p, bool final_report) {
+    const auto now = Clock::now();
+    if (now - *last < std::chrono::milliseconds(50) && !final_report) {
+      return;
+    }
+    *last = now;
+    QMetaObject::invokeMethod(
+        self, [self, p] { Q_EMIT self->progressChanged(p); }, Qt::QueuedConnection);
+  };
+  experiment::RunControl control;
+  control.cancel = token;
+  control.progress = [post](const base::Progress& p) {
+    post(p, p.done >= p.total);
+  };
+  // Loading has no step count: total 0 shows a busy bar with the tensor being loaded.
+  control.load_progress = [post](const base::Progress& p) {
+    base::Progress loading;
+    loading.stage = "loading weights: " + p.stage;
+    loading.elapsed_s = p.elapsed_s;
+    post(loading, false);
+  };
+  return control;
+}
+
+}  // namespace
+
 std::shared_ptr<const text::Tokenizer> tokenizerFor(const experiment::ExperimentSpec& spec) {
   auto tokenizer = setup::tokenizer_for(spec.model);
   return tokenizer.ok() ? tokenizer.value() : nullptr;
@@ -166,43 +199,28 @@ bool RunController::startWorkaround(const ExperimentDocument& shown,
   return true;
 }
 
-void RunController::launch(
-    std::function<base::Result<experiment::ExperimentResult>(const experiment::RunControl&)> work,
-    std::function<ExperimentDocument(experiment::ExperimentResult)> finish) {
+template <class Work, class Done>
+void RunController::launchWork(Work work, Done done) {
   cancel_ = std::make_shared<base::CancelToken>();
   running_ = true;
   Q_EMIT started();
-
   auto token = cancel_;
   // The worker never outlives `this`: the destructor cancels and joins it first.
   RunController* self = this;
   runInBackground(
       threads_, this,
-      [work = std::move(work), finish = std::move(finish), token, self] {
-        using Clock = std::chrono::steady_clock;
-        auto last = Clock::now() - std::chrono::seconds(1);
-        experiment::RunControl control;
-        control.cancel = token.get();
-        // Coalesce to <= 20 Hz; the final report of a run always gets through.
-        const auto post = [&last, self](const base::Progress& p, bool final_report) {
-          const auto now = Clock::now();
-          if (now - last < std::chrono::milliseconds(50) && !final_report) {
-            return;
-          }
-          last = now;
-          QMetaObject::invokeMethod(
-              self, [self, p] { Q_EMIT self->progressChanged(p); }, Qt::QueuedConnection);
-        };
-        control.progress = [post](const base::Progress& p) {
-          post(p, p.done >= p.total);
-        };
-        // Loading has no step count: total 0 shows a busy bar with the tensor being loaded.
-        control.load_progress = [post](const base::Progress& p) {
-          base::Progress loading;
-          loading.stage = "loading weights: " + p.stage;
-          loading.elapsed_s = p.elapsed_s;
-          post(loading, false);
-        };
+      [work = std::move(work), token, self] { return work(workerControl(self, token.get())); },
+      [this, done = std::move(done)](auto outcome) {
+        running_ = false;
+        done(std::move(outcome));
+      });
+}
+
+void RunController::launch(
+    std::function<base::Result<experiment::ExperimentResult>(const experiment::RunControl&)> work,
+    std::function<ExperimentDocument(experiment::ExperimentResult)> finish) {
+  launchWork(
+      [work = std::move(work), finish = std::move(finish)](const experiment::RunControl& control) {
         auto result = work(control);
         // The document (and its tokenizer) is built here, off the GUI thread.
         std::optional<ExperimentDocument> doc;
@@ -215,7 +233,6 @@ void RunController::launch(
         return std::make_pair(std::move(doc), std::move(error));
       },
       [this](auto outcome) {
-        running_ = false;
         auto& [doc, error] = outcome;
         if (!doc) {
           if (error.code == base::ErrorCode::Cancelled) {
@@ -228,6 +245,28 @@ void RunController::launch(
         }
         Q_EMIT finished(*doc);
       });
+}
+
+bool RunController::startRepro(std::shared_ptr<const experiment::ExperimentResult> shown,
+                               const experiment::ReproRequest& request) {
+  if (running_ || shown == nullptr) {
+    return false;
+  }
+  launchWork(
+      [shown = std::move(shown), request](const experiment::RunControl& control) {
+        return experiment::export_repro(*shown, request, control);
+      },
+      [this](base::Result<experiment::ReproExport> outcome) {
+        if (outcome.ok()) {
+          Q_EMIT reproExported(q(experiment::repro_text(outcome.value())),
+                               q(outcome.value().dir.string()));
+        } else if (outcome.error().code == base::ErrorCode::Cancelled) {
+          Q_EMIT cancelled();
+        } else {
+          Q_EMIT reproFailed(q(outcome.error().message));
+        }
+      });
+  return true;
 }
 
 void RunController::cancel() {

@@ -16,6 +16,7 @@
 #include "core/base/progress.h"
 #include "core/base/switches.h"
 #include "core/experiment/experiment.h"
+#include "core/experiment/repro.h"
 #include "core/experiment/runner.h"
 #include "core/ops/policy.h"
 #include "ui/explorer_state.h"
@@ -69,6 +70,12 @@ class RunController : public QObject {
   /// runs replaced, the document's path and tokenizer kept, marked modified. False (nothing
   /// started) while a run is in progress or without a result.
   bool startWorkaround(const ExperimentDocument& shown, const ops::OpPolicy& workaround);
+  /// Exports a minimal repro of `shown` (experiment::export_repro: the model loaded again, its
+  /// B=1 reference run to the step, the folder written); `reproExported` or `reproFailed`
+  /// follows, or `cancelled`; progress through progressChanged. False (nothing started) while
+  /// a run is in progress or without a result.
+  bool startRepro(std::shared_ptr<const experiment::ExperimentResult> shown,
+                  const experiment::ReproRequest& request);
   /// Asks the running experiment to stop at its next step; `cancelled` follows. No-op when idle.
   void cancel();
   /// True when the current or last run is a workaround group (startWorkaround).
@@ -87,6 +94,9 @@ class RunController : public QObject {
   void finished(const batchlens::ui::ExperimentDocument& document);
   void failed(const QString& message);
   void cancelled();
+  /// A repro folder was written: what it holds (experiment::repro_text) and where.
+  void reproExported(const QString& summary, const QString& dir);
+  void reproFailed(const QString& message);
 
  private:
   /// Validates `spec` and launches work(spec) as a new experiment (start, startCulprit).
@@ -98,6 +108,12 @@ class RunController : public QObject {
   void launch(
       std::function<base::Result<experiment::ExperimentResult>(const experiment::RunControl&)> work,
       std::function<ExperimentDocument(experiment::ExperimentResult)> finish);
+
+  /// Starts work(control) on a worker thread (a fresh cancel token, progress through
+  /// progressChanged) and hands its result to done(result) on the GUI thread, isRunning() false
+  /// again by then.
+  template <class Work, class Done>
+  void launchWork(Work work, Done done);
 
   experiment::ExperimentSpec spec_;
   bool workaround_run_ = false;

@@ -23,11 +23,6 @@ QString qs(const std::string& s) {
 
 constexpr QRgb kDiffers = 0xfcd5ce;
 
-// The B=1 run of the group `run` belongs to: "ref" or "wa.ref".
-std::string referenceOf(const std::string& run) {
-  return run.rfind("wa.", 0) == 0 ? "wa.ref" : "ref";
-}
-
 }  // namespace
 
 KernelsView::KernelsView(ExplorerState* state, QWidget* parent) : CoalescedView(state, parent) {
@@ -141,7 +136,7 @@ void KernelsView::fillTable() {
   const std::string run = engine_->currentData().toString().toStdString();
   const bool sc = sc_->isChecked();
   const experiment::EngineKernels* e = r->kernels->engine(run, sc);
-  const experiment::EngineKernels* ref = r->kernels->engine(referenceOf(run), sc);
+  const experiment::EngineKernels* ref = r->kernels->engine(experiment::reference_run_of(run), sc);
   if (e == nullptr) {
     return;
   }

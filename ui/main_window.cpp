@@ -271,6 +271,14 @@ void MainWindow::buildMenus() {
   save->setShortcut(QKeySequence::SaveAs);
   QAction* report = file->addAction(tr("&Export report…"), this, &MainWindow::chooseExport);
   report->setShortcut(QKeySequence(QStringLiteral("Ctrl+E")));
+  QAction* repro =
+      file->addAction(tr("Export minimal &repro…"), this, &MainWindow::chooseExportRepro);
+  repro->setObjectName(QStringLiteral("ExportRepro"));
+  repro->setToolTip(
+      tr("A folder a maintainer runs with plain PyTorch: the first divergent op of the selected "
+         "comparison at batch 1 and with the row repeated to B (repro.py), its captured row-0 "
+         "inputs (inputs.safetensors), and a README with the kernels seen and the commands. "
+         "Loads the model again and runs the B=1 reference to that step."));
   file->addSeparator();
   QAction* quit = file->addAction(tr("&Quit"));
   quit->setShortcut(QKeySequence::Quit);
@@ -332,6 +340,26 @@ void MainWindow::connectControllers() {
                                   doc.result->timings.comparisons_s + doc.result->timings.results_s;
     run_panel_->showMessage(tr("Finished in %1: %2").arg(formatDuration(took), doc.origin));
     showDocument(doc);
+  });
+  connect(runs_, &RunController::reproExported, this,
+          [this](const QString& summary, const QString& dir) {
+            run_panel_->setRunning(false);
+            run_panel_->showMessage(tr("Minimal repro written to %1").arg(dir));
+            // Non-modal, as showError: the window (and tests) keep working.
+            auto* box = new QMessageBox(QMessageBox::Information, tr("Minimal repro exported"),
+                                        tr("Wrote %1").arg(dir), QMessageBox::Ok, this);
+            box->setObjectName(QStringLiteral("ReproDialog"));
+            box->setDetailedText(summary);
+            box->setInformativeText(summary.section(QLatin1Char('\n'), 0, 1));
+            box->setAttribute(Qt::WA_DeleteOnClose);
+            box->setModal(false);
+            box->show();
+            Q_EMIT reproExported(dir);
+          });
+  connect(runs_, &RunController::reproFailed, this, [this](const QString& message) {
+    run_panel_->setRunning(false);
+    run_panel_->showMessage(tr("Repro export failed: %1").arg(message));
+    showError(tr("Could not export the repro"), message);
   });
   connect(runs_, &RunController::cancelled, this, [this] {
     run_panel_->setRunning(false);
@@ -766,6 +794,53 @@ bool MainWindow::chooseSaveAs() {
   settings.setValue(QStringLiteral("lastDir"), QFileInfo(path).absolutePath());
   saveTo(path);
   return true;
+}
+
+bool MainWindow::exportReproTo(const QString& dir) {
+  const auto* r = state_->result();
+  if (r == nullptr) {
+    showError(tr("Nothing to export"), tr("Open or run an experiment first."));
+    return false;
+  }
+  if (runs_->isRunning()) {
+    run_panel_->showMessage(tr("A run is in progress: cancel it first."));
+    return false;
+  }
+  experiment::ReproRequest request;
+  const experiment::ComparisonResult* c = r->comparison(state_->comparisonId().toStdString());
+  if (c != nullptr && c->kind == "row0") {
+    if (!c->first.found()) {
+      showError(tr("Nothing to reproduce"),
+                tr("Row 0 of %1 is bitwise equal to B=1 at every step: pick a comparison that "
+                   "diverges.")
+                    .arg(q(c->id)));
+      return false;
+    }
+    request.comparison = c->id;
+  }
+  request.out = dir.toStdString();
+  request.source_file = state_->document().path.toStdString();
+  run_panel_->showMessage(tr("Exporting a minimal repro: loading %1 and running its B=1 "
+                             "reference to the divergence…")
+                              .arg(q(r->spec.model.describe())));
+  return runs_->startRepro(state_->document().result, request);
+}
+
+void MainWindow::chooseExportRepro() {
+  if (state_->result() == nullptr) {
+    showError(tr("Nothing to export"), tr("Open or run an experiment first."));
+    return;
+  }
+  QSettings settings;
+  const QString parent = QFileDialog::getExistingDirectory(
+      this, tr("Export minimal repro into folder"),
+      saveDialogDir(settings.value(QStringLiteral("lastDir")).toString(), QString()));
+  if (parent.isEmpty()) {
+    return;
+  }
+  const QString comparison =
+      state_->comparisonId().isEmpty() ? QStringLiteral("first") : state_->comparisonId();
+  exportReproTo(QDir(parent).filePath(documentStem() + QStringLiteral("-repro-") + comparison));
 }
 
 void MainWindow::chooseExport() {

@@ -62,6 +62,11 @@ class MainWindow : public QMainWindow {
   bool savingShown() const;
   /// Writes the report of the current comparison into `dir` (GUI thread, synchronous).
   base::Result<QStringList> exportReportTo(const QString& dir);
+  /// File > Export minimal repro into `dir` (made; a previous repro there is replaced): the
+  /// first divergence of the selected comparison (or of the first that diverges), in the
+  /// background with progress and Cancel in the run panel (experiment::export_repro). False,
+  /// with the reason shown, when it cannot start.
+  bool exportReproTo(const QString& dir);
   /// Starts a run of the run panel's spec (a message in the panel if it is not valid).
   void runFromPanel();
   /// Run > Find culprit: the finder on the run panel's spec with the op list's strategy.
@@ -91,6 +96,8 @@ class MainWindow : public QMainWindow {
   /// Switching the workaround on could not run here; a dialog offers the CPU demo or this
   /// command for the GPU server.
   void workaroundElsewhereOffered(const QString& command);
+  /// A minimal repro folder was written (exportReproTo).
+  void reproExported(const QString& dir);
 
  protected:
   void dragEnterEvent(QDragEnterEvent* event) override;
@@ -131,6 +138,7 @@ class MainWindow : public QMainWindow {
   QMessageBox* showSaveError(const QString& path, const QString& message, bool unsaved);
   std::shared_ptr<const experiment::ExperimentResult> takeSave(const QString& path);
   void chooseExport();
+  void chooseExportRepro();
   void showAbout();
 
   base::SystemInfo system_;

@@ -68,6 +68,9 @@ void register_run(CLI::App& app, int& exit_code);
 
 /// `summary FILE`: an experiment file in words or JSON.
 void register_summary(CLI::App& app, int& exit_code);
+
+/// `repro`: a minimal repro folder for one op of an experiment (core/experiment/repro.h).
+void register_repro(CLI::App& app, int& exit_code);
 /// `culprit`: the culprit finder (core/experiment/culprit.h) on run's spec options.
 void register_culprit(CLI::App& app, int& exit_code);
 

@@ -34,6 +34,7 @@ int run(int argc, char** argv) {
   cli::register_tokenize(app, exit_code);
   cli::register_run(app, exit_code);
   cli::register_summary(app, exit_code);
+  cli::register_repro(app, exit_code);
   cli::register_culprit(app, exit_code);
 
   try {

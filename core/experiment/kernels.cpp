@@ -37,9 +37,14 @@ constexpr std::size_t kMaxText = 4096;
 // Collects the op layer's calls of one pass, one entry per (family, layer) in first-call order.
 class Collector final : public ops::OpObserver {
  public:
-  explicit Collector(bool marks) : marks_(marks) {}
+  // `library` names who computes ATen's own GEMM calls here ("cuBLAS", "oneDNN", ...).
+  Collector(bool marks, std::string library) : marks_(marks), library_(std::move(library)) {}
 
-  void on_op(const ops::OpCall& c) override {
+  void on_op(const ops::OpCall& call) override {
+    ops::OpCall c = call;
+    if (c.path == "at::linear" || c.path == "at::matmul") {
+      c.path += " → " + library_;  // the library behind ATen's own call
+    }
     const std::string family(ops::family_name(c.family));
     const auto key = std::make_pair(family, c.layer);
     auto it = index_.find(key);
@@ -73,6 +78,7 @@ class Collector final : public ops::OpObserver {
 
  private:
   bool marks_;
+  std::string library_;
   std::vector<OpKernels> ops_;
   std::vector<std::set<std::string>> paths_;
   std::map<std::pair<std::string, int>, std::size_t> index_;
@@ -141,7 +147,7 @@ EngineKernels capture_one(const model::DiffusionGemma& model, const ExperimentSp
                     .expand({b, -1, -1})
                     .contiguous();  // [B, C, V] in the embedding's dtype, as the engine passes
   }
-  Collector collector(device.is_cuda());
+  Collector collector(device.is_cuda(), library_of(device, model.dtype()));
   const model::ForwardContext observed{&run.policy, nullptr, /*check_id_range=*/false,
                                        /*fused_kernels=*/true, &collector};
   EngineKernels e;
@@ -180,21 +186,6 @@ EngineKernels capture_one(const model::DiffusionGemma& model, const ExperimentSp
     (void)model.decode(canvas, cache, sc_logits, observed);
   }
   e.ops = std::move(collector.ops());
-  const std::string lib = library_of(device, model.dtype());
-  for (OpKernels& op : e.ops) {
-    // Name the library behind ATen's own calls.
-    for (const char* call : {"at::linear", "at::matmul"}) {
-      std::size_t at = 0;
-      const std::string word(call);
-      while ((at = op.path.find(word, at)) != std::string::npos) {
-        const std::size_t end = at + word.size();
-        if (end == op.path.size() || op.path[end] == ' ') {
-          op.path.insert(end, " → " + lib);
-        }
-        at = end;
-      }
-    }
-  }
   e.seconds = std::chrono::duration<double>(Clock::now() - start).count();
   return e;
 }
@@ -456,6 +447,10 @@ std::vector<std::string> kernel_differences(const OpKernels& a, const OpKernels&
   return out;
 }
 
+std::string reference_run_of(const std::string& run) {
+  return run.rfind("wa.", 0) == 0 ? "wa.ref" : "ref";
+}
+
 std::vector<std::string> first_divergence_kernels(const ExperimentResult& r,
                                                   const ComparisonResult& c) {
   std::vector<std::string> out;
@@ -503,7 +498,7 @@ std::string kernels_text(const ExperimentResult& r) {
   std::ostringstream o;
   o << "kernels (" << r.kernels->source << ", " << r.kernels->wall_s << " s):\n";
   for (const EngineKernels& e : r.kernels->engines) {
-    const std::string ref_id = e.run.rfind("wa.", 0) == 0 ? "wa.ref" : "ref";
+    const std::string ref_id = reference_run_of(e.run);
     const EngineKernels* ref = r.kernels->engine(ref_id, e.self_conditioning);
     if (ref == nullptr || ref == &e) {
       continue;

@@ -90,6 +90,9 @@ std::string describe(const OpKernels& op);
 /// same kernels ran with the same launch shapes.
 std::vector<std::string> kernel_differences(const OpKernels& a, const OpKernels& b);
 
+/// The B=1 reference run of the group `run` belongs to: "ref", or "wa.ref" for "wa." runs.
+std::string reference_run_of(const std::string& run);
+
 /// The kernel lines a summary prints under a row-0 comparison's first divergence: for each op
 /// family behind its tap at its layer, "B=1: …", "B=4: …" and what differs. Empty when the
 /// experiment has no kernel provenance or the divergence has no op behind it.

@@ -12,8 +12,10 @@
 #include "core/experiment/plan.h"
 #include "core/experiment/provenance.h"
 #include "core/experiment/stepper.h"
+#include "core/generation/engine.h"
 #include "core/model/config.h"
 #include "core/model/diffusion_gemma.h"
+#include "core/ops/op_observer.h"
 
 namespace batchlens::experiment {
 
@@ -385,6 +387,93 @@ base::Result<ExperimentResult> run_workaround_group(const setup::Session& sessio
     out.provenance.emulated = std::any_of(out.runs.begin(), out.runs.end(),
                                           [](const RunResult& r) { return r.emulated; });
     return out;
+  });
+}
+
+namespace {
+
+// Passes calls on to `inner` only while on (one decoder pass of a run).
+class GatedObserver final : public ops::OpObserver {
+ public:
+  explicit GatedObserver(ops::OpObserver& inner) : inner_(inner) {}
+  bool on = false;
+  void on_op(const ops::OpCall& call) override {
+    if (on) {
+      inner_.on_op(call);
+    }
+  }
+  bool wants_inputs(ops::OpFamily family, int layer) const override {
+    return on && inner_.wants_inputs(family, layer);
+  }
+  void on_inputs(const ops::OpCall& call, std::initializer_list<at::Tensor> inputs) override {
+    inner_.on_inputs(call, inputs);
+  }
+
+ private:
+  ops::OpObserver& inner_;
+};
+
+}  // namespace
+
+base::Result<void> observe_reference_step(const setup::Session& session,
+                                          const ExperimentResult& shown, const std::string& group,
+                                          int canvas, int step, ops::OpObserver& observer,
+                                          const RunControl& control) {
+  return base::guarded([&] {
+    const ExperimentSpec& spec = shown.spec;
+    const Prepared p = prepare_experiment(session, spec, shown.prompt_ids);
+    const std::vector<PlannedGroup> groups = plan_groups(spec);
+    const auto g = std::find_if(groups.begin(), groups.end(),
+                                [&](const PlannedGroup& x) { return x.name == group; });
+    if (g == groups.end() || g->runs.empty()) {
+      base::raise(ErrorCode::InvalidArgument, "the experiment has no " + group + " group");
+    }
+    const PlannedRun& ref = g->runs.front();
+    GatedObserver gate(observer);
+    generation::GenerateOptions o;
+    o.seed = spec.seed;
+    o.rng = spec.rng;
+    o.prefill = spec.prefill;
+    o.config = p.inputs.generation;
+    o.cancel = control.cancel;
+    o.cuda_graph = false;
+    o.batch_size = ref.batch_size;
+    o.policy = &ref.policy;
+    o.observer = &gate;
+    const at::Tensor prompt =
+        at::tensor(p.header.prompt_ids, at::TensorOptions().dtype(at::kLong)).view({1, -1});
+    generation::GenerationEngine engine(*session.model, prompt, o);
+    const std::int64_t total =
+        std::max(1, (canvas * p.inputs.generation.sampler.max_denoising_steps) + step);
+    base::ProgressClock clock(total);
+    std::int64_t done = 0;
+    while (!engine.done()) {
+      engine.begin_canvas();
+      while (!engine.canvas_done()) {
+        if (control.cancel != nullptr && control.cancel->cancelled()) {
+          base::raise(ErrorCode::Cancelled, "cancelled");
+        }
+        gate.on = engine.canvas() == canvas && engine.step_index() + 1 == step;
+        (void)engine.step();
+        ++done;
+        if (control.progress) {
+          control.progress(
+              clock.at(std::min(done, total), "run " + ref.id + ": canvas " +
+                                                  std::to_string(engine.canvas() + 1) + " step " +
+                                                  std::to_string(engine.step_index())));
+        }
+        if (gate.on) {
+          return;
+        }
+      }
+      if (engine.canvas() >= canvas) {
+        break;
+      }
+      engine.end_canvas();
+    }
+    base::raise(ErrorCode::InvalidArgument, "run " + ref.id + " never reaches canvas " +
+                                                std::to_string(canvas + 1) + " step " +
+                                                std::to_string(step));
   });
 }
 

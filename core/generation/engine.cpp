@@ -34,7 +34,8 @@ GenerationEngine::GenerationEngine(const DiffusionGemma& model, const at::Tensor
                                    const GenerateOptions& options)
     : model_(model),
       options_(checked(prompt, options)),
-      ctx_{options_.policy, nullptr, /*check_id_range=*/false},
+      ctx_{options_.policy, nullptr, /*check_id_range=*/false, /*fused_kernels=*/true,
+           options_.observer},
       streams_(options_.rng, options_.seed, options_.batch_size, model.device()),
       stopping_(options_.config.sampler.stability_threshold,
                 options_.config.sampler.confidence_threshold) {
@@ -56,7 +57,8 @@ GenerationEngine::GenerationEngine(const DiffusionGemma& model, const at::Tensor
   max_length_ = prompt.size(1) + gc.max_new_tokens;
   max_canvases_ = static_cast<int>((gc.max_new_tokens + c - 1) / c);
   finished_sequences_ = at::zeros({b}, at::TensorOptions().dtype(at::kBool).device(device));
-  use_graph_ = options_.cuda_graph && compat::DeviceGraph::supported(device);
+  use_graph_ =
+      options_.cuda_graph && options_.observer == nullptr && compat::DeviceGraph::supported(device);
 }
 
 namespace {
@@ -113,7 +115,8 @@ at::Tensor GenerationEngine::graph_decode(const at::Tensor& canvas_in, probe::Ta
   // First step with self-conditioning of this canvas (or new taps): the eager pass is this
   // step's result and taps (and the warm-up); then the same pass is captured on static copies
   // of its inputs.
-  const model::ForwardContext eager_ctx{options_.policy, taps, /*check_id_range=*/false};
+  const model::ForwardContext eager_ctx{options_.policy, taps, /*check_id_range=*/false,
+                                        /*fused_kernels=*/true, options_.observer};
   at::Tensor eager = model_.decode(canvas_in, cache_, sc_logits_, eager_ctx);
   graph_.reset();
   graph_taps_.clear();
@@ -188,7 +191,8 @@ const StepTensors& GenerationEngine::step(probe::TapSink* taps) {
     steps_[static_cast<std::size_t>(r)] += active_cpu[r].item<bool>() ? 1 : 0;
   }
   // ref: _denoising_step
-  const model::ForwardContext ctx{options_.policy, taps, /*check_id_range=*/false};
+  const model::ForwardContext ctx{options_.policy, taps, /*check_id_range=*/false,
+                                  /*fused_kernels=*/true, options_.observer};
   const at::Tensor canvas_in = current_;
   const at::Tensor raw = use_graph_ && sc_logits_.defined()
                              ? graph_decode(canvas_in, taps)

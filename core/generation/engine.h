@@ -52,6 +52,10 @@ struct GenerateOptions {
   /// if it differs or capture fails).
   /// Callers set it from base::Switches::cuda_graphs (BATCHLENS_CUDA_GRAPHS=0 at the edge).
   bool cuda_graph = true;
+  /// Hears of every op call of the engine's passes (prefill, commits, steps): the minimal
+  /// repro's capture (experiment/repro.h). Set, the engine runs every step eager (cuda_graph
+  /// is ignored), so the observer sees each call as it runs.
+  ops::OpObserver* observer = nullptr;
 };
 
 /// What one row produced.

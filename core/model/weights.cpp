@@ -250,6 +250,26 @@ at::Tensor& slot(ModelWeights& w, const TextConfig& t, const std::string& key) {
   base::raise(base::ErrorCode::Internal, "no slot for weight key " + key);
 }
 
+}  // namespace
+
+std::string checkpoint_key_of(const ModelWeights& w, const TextConfig& text,
+                              const at::Tensor& tensor) {
+  if (!tensor.defined() || !tensor.has_storage()) {
+    return "";
+  }
+  const void* data = tensor.storage().data();
+  for (const WeightSpec& s : weight_specs(text)) {
+    // slot() only finds the member; nothing is written through it here.
+    const at::Tensor& t = slot(const_cast<ModelWeights&>(w), text, s.key);
+    if (t.defined() && t.has_storage() && t.storage().data() == data) {
+      return s.key;
+    }
+  }
+  return "";
+}
+
+namespace {
+
 Init init_of(const std::string& key) {
   for (const auto& f : global_fields()) {
     if (key == f.key) {

@@ -73,6 +73,11 @@ struct WeightSpec {
 /// model.encoder.language_model.layers.N.layer_scalar copies. ref: spec section 7.
 std::vector<WeightSpec> weight_specs(const TextConfig& text);
 
+/// The checkpoint key of the parameter whose storage `tensor` views (a transpose or slice of
+/// it included), or "" when it is none of them (a weight the model derives at load).
+std::string checkpoint_key_of(const ModelWeights& w, const TextConfig& text,
+                              const at::Tensor& tensor);
+
 /// Key prefixes that a checkpoint may hold and BatchLens ignores (vision tower and its
 /// embedder: BatchLens is text-only).
 bool is_ignored_key(const std::string& key);

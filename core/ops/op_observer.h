@@ -4,7 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
+
+#include <ATen/core/Tensor.h>
 
 #include "core/ops/op_family.h"
 #include "core/ops/policy.h"
@@ -40,6 +43,17 @@ class OpObserver {
   /// True: the op layer also marks each call for the device profiler (a named scope per
   /// family and layer, "bl/<family>/<layer>"), so that kernels map back to ops.
   virtual bool marks() const { return false; }
+  /// True: on_inputs hears the tensors of calls at (family, layer) (the minimal repro's
+  /// capture, experiment/repro.h). Asked once per call.
+  virtual bool wants_inputs(OpFamily family, int layer) const {
+    (void)family, (void)layer;
+    return false;
+  }
+  /// A call's operands as the op layer got them (device tensors, views as passed): linear and
+  /// matmul {x, w}; grouped_mm {x, w, offs}. Called after on_op, before the op runs.
+  virtual void on_inputs(const OpCall& call, std::initializer_list<at::Tensor> inputs) {
+    (void)call, (void)inputs;
+  }
 };
 
 /// The profiler scope name of an op call: "bl/<family>/<layer>" (layer -1 for per-step ops).

@@ -171,7 +171,8 @@ std::string OpRunner::gemm_path(const at::Tensor& x, std::int64_t m, OpSite site
 }
 
 void OpRunner::note(OpSite site, const char* op, std::int64_t m, std::int64_t n, std::int64_t k,
-                    std::int64_t calls, const at::Tensor& x, std::string path) const {
+                    std::int64_t calls, const at::Tensor& x, std::string path,
+                    std::initializer_list<at::Tensor> inputs) const {
   if (observer_ == nullptr) {
     return;
   }
@@ -187,6 +188,9 @@ void OpRunner::note(OpSite site, const char* op, std::int64_t m, std::int64_t n,
   c.dtype = std::string(c10::toString(x.scalar_type()));
   c.path = std::move(path);
   observer_->on_op(c);
+  if (inputs.size() > 0 && observer_->wants_inputs(site.family, site.layer)) {
+    observer_->on_inputs(c, inputs);
+  }
 }
 
 const std::string* OpRunner::mark(OpSite site) const {
@@ -209,7 +213,8 @@ at::Tensor OpRunner::linear(const at::Tensor& x, const at::Tensor& w, OpSite sit
     const std::int64_t m = k > 0 ? x.numel() / k : 0;
     const bool split = strategy(site) == Strategy::RowWise && rows_ > 1;
     const std::int64_t each = split ? m / rows_ : m;
-    note(site, "linear", each, w.size(0), k, split ? rows_ : 1, x, gemm_path(x, each, site));
+    note(site, "linear", each, w.size(0), k, split ? rows_ : 1, x, gemm_path(x, each, site),
+         {x, w});
   }
   if (strategy(site) == Strategy::BatchInvariant) {
     return invariant_gemm(x, w, site);
@@ -228,7 +233,7 @@ at::Tensor OpRunner::linear_rows(const at::Tensor& x, const at::Tensor& w, const
     const bool split = strategy(site) == Strategy::RowWise && rows_ > 1;
     const std::int64_t each = split ? x.size(0) / rows_ : x.size(0);
     note(site, "linear", each, w.size(0), x.size(-1), split ? rows_ : 1, x,
-         gemm_path(x, each, site));
+         gemm_path(x, each, site), {x, w});
   }
   if (strategy(site) == Strategy::BatchInvariant) {
     return invariant_gemm(x, w, site);
@@ -252,7 +257,7 @@ at::Tensor OpRunner::matmul(const at::Tensor& a, const at::Tensor& b, OpSite sit
     if (path == "at::linear") {
       path = "at::matmul";
     }
-    note(site, "matmul", each, b.size(-1), k, split ? rows_ : 1, a, std::move(path));
+    note(site, "matmul", each, b.size(-1), k, split ? rows_ : 1, a, std::move(path), {a, b});
   }
   const auto call = [&](const at::Tensor& part) {
     // at::matmul(part, b) is F.linear(part, b.t()) bit for bit (both are one mm on ATen's side).
@@ -314,7 +319,7 @@ at::Tensor OpRunner::grouped_mm(const at::Tensor& x, const at::Tensor& w, const 
   if (observer_ != nullptr) {
     const bool split = strategy(site) == Strategy::RowWise && rows_ > 1;
     note(site, "grouped_mm", split ? x.size(0) / rows_ : x.size(0), w.size(-1), x.size(-1),
-         split ? rows_ : 1, x, "at::_grouped_mm");
+         split ? rows_ : 1, x, "at::_grouped_mm", {x, w, offs});
   }
 #if BL_TORCH_HAS_GROUPED_MM
   const auto call = [&w](const at::Tensor& xx, const at::Tensor& oo) {

@@ -78,9 +78,11 @@ class OpRunner {
 
   // What computes F.linear(x, w) for one call of `m` rows under gemm() / invariant_gemm().
   std::string gemm_path(const at::Tensor& x, std::int64_t m, OpSite site) const;
-  // Tells the observer of a call: `m` rows per call, `calls` calls.
+  // Tells the observer of a call: `m` rows per call, `calls` calls; `inputs` are its operands
+  // (OpObserver::on_inputs).
   void note(OpSite site, const char* op, std::int64_t m, std::int64_t n, std::int64_t k,
-            std::int64_t calls, const at::Tensor& x, std::string path) const;
+            std::int64_t calls, const at::Tensor& x, std::string path,
+            std::initializer_list<at::Tensor> inputs = {}) const;
   // The profiler scope name for `site` when the observer marks calls, else null.
   const std::string* mark(OpSite site) const;
 

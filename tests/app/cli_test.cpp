@@ -81,5 +81,43 @@ TEST(Cli, ReproduceCommandOfASpecRunsThatSpec) {
   std::remove(out.c_str());
 }
 
+// issue #18: `repro` on an experiment file writes the folder; bad sizes and files are refused.
+TEST(Cli, ReproExportsTheFirstDivergentOpOfAFile) {
+  experiment::ExperimentSpec spec;
+  spec.model.preset = "demo";
+  spec.seed = 5;
+  spec.batch_sizes = {2};
+  spec.repeats = 0;
+  spec.overrides.max_denoising_steps = 4;
+  spec.overrides.max_new_tokens = 32;
+  spec.policy = ops::OpPolicy::emulation_profile("emulated_h200");
+  const std::string base = ::testing::TempDir() + "/bl_cli_repro_" + std::to_string(::getpid());
+  const std::string file = base + ".h5";
+  std::string command = experiment::cli_run_command(spec, {}, file);
+  command.replace(0, std::string("batchlens-cli").size(), BL_CLI_PATH);
+  ASSERT_EQ(run_process({"/bin/sh", "-c", command}).exit_code, 0) << command;
+
+  const auto r = run_process({BL_CLI_PATH, "repro", file, "--out", base + "-repro"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("repro: selfcond_matmul (matmul"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("row 0 DIFFERS"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("python3 repro.py --emulate"), std::string::npos) << r.out;
+  const auto bad_size =
+      run_process({BL_CLI_PATH, "repro", file, "--out", base + "-x", "--max-bytes", "12XB"});
+  EXPECT_EQ(bad_size.exit_code, 2) << bad_size.err;
+  EXPECT_NE(bad_size.err.find("is not a size"), std::string::npos) << bad_size.err;
+  const auto missing = run_process({BL_CLI_PATH, "repro", base + "-none.h5", "--out", base + "-y"});
+  EXPECT_EQ(missing.exit_code, 1) << missing.err;
+  const auto no_op = run_process(
+      {BL_CLI_PATH, "repro", file, "--out", base + "-z", "--op", "nope", "--step", "2"});
+  EXPECT_EQ(no_op.exit_code, 1);
+  EXPECT_NE(no_op.err.find("unknown op family"), std::string::npos) << no_op.err;
+  const auto help = run_process({BL_CLI_PATH, "repro", "--help"});
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_NE(help.out.find("--max-bytes"), std::string::npos);
+  std::remove(file.c_str());
+  run_process({"/bin/rm", "-rf", base + "-repro"});
+}
+
 }  // namespace
 }  // namespace batchlens

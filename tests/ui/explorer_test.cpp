@@ -12,6 +12,7 @@
 #include <QDragEnterEvent>
 #include <QDropEvent>
 #include <QFile>
+#include <QFileInfo>
 #include <QImage>
 #include <QJsonDocument>
 #include <QJsonObject>
@@ -45,6 +46,8 @@
 #include "ui/report_render.h"
 #include "ui/run_panel.h"
 #include "ui/views.h"
+
+#include <unistd.h>
 
 namespace batchlens::ui {
 namespace {
@@ -487,6 +490,40 @@ TEST_F(ExplorerTest, KernelsTabShowsWhatRanAndMarksTheOpsThatDiffer) {
   view->flush();
   EXPECT_EQ(view->table()->rowCount(), 0);
   EXPECT_FALSE(window_->overview()->kernels()->isVisibleTo(window_->overview()));
+}
+
+// File > Export minimal repro: in the background, with the run panel's progress, the selected
+// comparison's first divergent op into a folder.
+TEST_F(ExplorerTest, ExportMinimalReproWritesTheFolderOfTheSelectedComparison) {
+  experiment::ExperimentSpec s = demoSpec("");
+  s.kernels = true;
+  open(test_support::experimentFile("ui_kernels", s));
+  flushViews();
+  const QString dir = QDir(QString::fromStdString(::testing::TempDir()))
+                          .filePath(QStringLiteral("bl_ui_repro_%1").arg(::getpid()));
+  QDir(dir).removeRecursively();
+  QSignalSpy exported(window_.get(), &MainWindow::reproExported);
+  ASSERT_TRUE(window_->exportReproTo(dir)) << window_->lastError().toStdString();
+  EXPECT_TRUE(window_->runController()->isRunning());
+  ASSERT_TRUE(exported.wait(kWaitMs)) << window_->lastError().toStdString();
+  EXPECT_EQ(exported.front().front().toString(), dir);
+  EXPECT_FALSE(window_->runController()->isRunning());
+  for (const char* f : {"repro.py", "inputs.safetensors", "op.json", "README.md"}) {
+    EXPECT_TRUE(QFileInfo::exists(QDir(dir).filePath(QString::fromLatin1(f)))) << f;
+  }
+  QFile op(QDir(dir).filePath(QStringLiteral("op.json")));
+  ASSERT_TRUE(op.open(QIODevice::ReadOnly));
+  const QByteArray json = op.readAll();
+  // Every GEMM is emulated here: the first divergence is layer 0's first projection.
+  EXPECT_TRUE(json.contains("\"family\": \"q_proj\"")) << json.toStdString();
+  EXPECT_TRUE(json.contains("\"reproduces\": true")) << json.toStdString();
+  EXPECT_TRUE(json.contains(
+      ("\"comparison\": \"" + window_->state()->comparisonId().toStdString() + "\"").c_str()));
+  auto* box = window_->findChild<QMessageBox*>(QStringLiteral("ReproDialog"));
+  ASSERT_NE(box, nullptr);
+  EXPECT_TRUE(box->detailedText().contains(QStringLiteral("python3 repro.py --emulate")))
+      << box->detailedText().toStdString();
+  QDir(dir).removeRecursively();
 }
 
 TEST_F(ExplorerTest, CancelStopsARunningDemoAndKeepsTheOldResult) {

@@ -1,0 +1,321 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""BatchLens minimal repro: one op of DiffusionGemma, at batch 1 and with the row repeated.
+
+Plain PyTorch: no BatchLens, no transformers, no checkpoint. Reads op.json (what the op is, as
+BatchLens exported it) and inputs.safetensors (its captured row-0 operands, where they fit under
+the export's size cap; otherwise seeded random stand-ins of the same shapes and dtypes). Computes
+the op once at batch 1 and once with the row repeated to batch B, exactly as the model computes
+it (dtype, the weight's stored layout and transposes, the same ATen call), and prints whether
+row 0 is bitwise equal, the share of differing elements, max |delta|, max ULP and the CUDA
+kernels each call launched.
+
+Exit status: 1 row 0 differs; 0 bitwise equal; 2 it cannot run here (a missing file, an op this
+PyTorch or device lacks, a strategy only BatchLens has).
+"""
+
+import argparse
+import json
+import os
+import struct
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+FORMAT = "batchlens-repro/1"
+DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64",
+          "I32": "int32", "I64": "int64"}
+
+
+def fail(message):
+    print("repro.py: " + message, file=sys.stderr)
+    sys.exit(2)
+
+
+def load_op():
+    path = os.path.join(HERE, "op.json")
+    try:
+        with open(path, encoding="utf-8") as f:
+            op = json.load(f)
+    except (OSError, ValueError) as e:
+        fail("cannot read %s: %s" % (path, e))
+    if not isinstance(op, dict) or op.get("format") != FORMAT:
+        fail("%s is not a BatchLens repro description (%s)" % (path, FORMAT))
+    if op.get("op") not in ("linear", "matmul", "grouped_mm"):
+        fail("unknown op %r in op.json" % op.get("op"))
+    return op
+
+
+def read_safetensors(torch, path):
+    """The tensors of a .safetensors file (its own small reader: 8-byte header length, JSON
+    header, raw little-endian data), each checked against the file's size."""
+    out = {}
+    if not os.path.exists(path):
+        return out
+    with open(path, "rb") as f:
+        data = f.read()
+    if len(data) < 8:
+        fail("%s is truncated" % path)
+    (n,) = struct.unpack("<Q", data[:8])
+    if n > len(data) - 8:
+        fail("%s: header of %d bytes in a file of %d" % (path, n, len(data)))
+    try:
+        header = json.loads(data[8:8 + n].decode("utf-8"))
+    except ValueError as e:
+        fail("%s: header is not JSON: %s" % (path, e))
+    body = data[8 + n:]
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dtype = DTYPES.get(info.get("dtype"))
+        if dtype is None:
+            fail("%s: %s has dtype %s" % (path, name, info.get("dtype")))
+        dtype = getattr(torch, dtype)
+        begin, end = info["data_offsets"]
+        shape = [int(d) for d in info["shape"]]
+        count = 1
+        for d in shape:
+            count *= d
+        size = torch.tensor([], dtype=dtype).element_size()
+        if not 0 <= begin <= end <= len(body) or end - begin != count * size:
+            fail("%s: %s's bytes [%d, %d) do not hold %s %s" % (path, name, begin, end, shape,
+                                                               info["dtype"]))
+        raw = bytearray(body[begin:end])
+        t = torch.frombuffer(raw, dtype=dtype) if count > 0 else torch.empty(0, dtype=dtype)
+        out[name] = t.reshape(shape)
+    return out
+
+
+def stand_in(torch, spec, seed):
+    """A seeded random tensor of the operand's shape and dtype, drawn like its values."""
+    g = torch.Generator().manual_seed(seed)
+    dtype = getattr(torch, DTYPES[spec["dtype"]])
+    shape = spec["shape"]
+    if spec["random"] == "softmax":
+        return torch.softmax(torch.randn(shape, generator=g) * 4.0, -1).to(dtype)
+    std = spec["std"] if spec["std"] > 0 else 1.0
+    return (torch.randn(shape, generator=g) * std + spec["mean"]).to(dtype)
+
+
+def emulated_split_count(m, k):
+    """BatchLens's emulated split-K (a labelled CPU stand-in for a GPU library's heuristic):
+    more K chunks when M is small, as split-K GEMMs do."""
+    tiles = max(1, (m + 15) // 16)
+    return max(1, min(max(1, 8 // tiles), k // 32))
+
+
+def linear(torch, x, w, emulate):
+    """F.linear(x, w), or with --emulate BatchLens's emulated split-K: K cut in
+    emulated_split_count(M, K) contiguous chunks, each chunk's product in x's dtype, summed in
+    fp32 in chunk order and rounded once."""
+    F = torch.nn.functional
+    k = x.shape[-1]
+    m = x.numel() // k if k > 0 else 0
+    splits = emulated_split_count(m, k) if emulate else 1
+    if splits == 1 or m == 0:
+        return F.linear(x, w)
+    x2 = x.reshape(m, k)
+    chunk = (k + splits - 1) // splits
+    acc = None
+    for lo in range(0, k, chunk):
+        n = min(chunk, k - lo)
+        p = F.linear(x2.narrow(1, lo, n), w.narrow(1, lo, n)).to(torch.float32)
+        acc = p if acc is None else acc.add_(p)
+    return acc.to(x.dtype).view(*x.shape[:-1], w.shape[0])
+
+
+def grouped_operands(torch, x, offs, batch):
+    """The grouped GEMM's operands for `batch` identical rows: each expert's rows `batch` times
+    in a row (how a stable sort by expert orders `batch` rows' pairs), offsets times `batch`;
+    and the positions of row 0's outputs."""
+    ends = offs.to("cpu").tolist()
+    take, row0, start = [], [], 0
+    for end in ends:
+        for r in range(batch):
+            for i in range(start, end):
+                if r == 0:
+                    row0.append(len(take))
+                take.append(i)
+        start = end
+    index = torch.tensor(take, dtype=torch.int64, device=x.device)
+    return (x.index_select(0, index), (offs.to(torch.int64) * batch).to(torch.int32),
+            torch.tensor(row0, dtype=torch.int64, device=x.device))
+
+
+def make_call(torch, op, t, emulate):
+    """The op on a batch of operands, as the model calls it."""
+    if op["op"] == "linear":
+        return lambda x: linear(torch, x, t["w"], emulate)
+    if op["op"] == "matmul":
+        # torch.matmul(probs, embed) is F.linear(probs, embed.t()) bit for bit (one mm).
+        if emulate:
+            return lambda x: linear(torch, x, t["w"].t(), True)
+        return lambda x: torch.matmul(x, t["w"])
+    if not hasattr(torch, "_grouped_mm"):
+        fail("this op is torch._grouped_mm, which PyTorch %s lacks (2.8+ with CUDA sm90)"
+             % torch.__version__)
+    return lambda x, offs: torch._grouped_mm(x, t["w"], offs=offs)
+
+
+def batched(torch, op, t, call, batch, strategy):
+    """The op at `batch` identical rows, its operands prepared beforehand: (compute, row0), where
+    compute() is the op's own call(s) and row0(out) picks row 0's outputs."""
+    x = t["x"]
+    rows = x.shape[0]
+    if op["op"] == "grouped_mm":
+        if strategy == "row_wise" or batch == 1:
+            return (lambda: call(x, t["offs"])), (lambda out: out)
+        xb, offs_b, index = grouped_operands(torch, x, t["offs"], batch)
+        return (lambda: call(xb, offs_b)), (lambda out: out.index_select(0, index))
+    if strategy == "row_wise" and batch > 1:
+        # One call per logical row: row 0's call is the batch-1 call.
+        parts = [x.clone() for _ in range(batch)]
+        return (lambda: torch.cat([call(part) for part in parts], 0)), (
+            lambda out: out.narrow(0, 0, rows))
+    xb = x.repeat(*([batch] + [1] * (x.dim() - 1))) if batch > 1 else x
+    return (lambda: call(xb)), (lambda out: out.narrow(0, 0, rows))
+
+
+def short_name(name):
+    """A kernel's name without its template arguments and parameter list."""
+    name = name[5:] if name.startswith("void ") else name
+    name = name.replace("(anonymous namespace)::", "")
+    for stop in "<(":
+        at = name.find(stop)
+        if at > 0:
+            name = name[:at]
+    name = name.strip()
+    return name if len(name) <= 96 else name[:95] + "..."
+
+
+def run_profiled(torch, compute, device):
+    """compute() once to warm up (library handles, heuristics), then again; on CUDA under
+    torch.profiler: the kernels that second call launched, in launch order (repeats once)."""
+    compute()
+    if device.type != "cuda":
+        return None, compute()
+    torch.cuda.synchronize()
+    try:
+        import warnings
+        from torch.profiler import profile, ProfilerActivity
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                out = compute()
+                torch.cuda.synchronize()
+        names = []
+        for e in prof.events():
+            if str(getattr(e, "device_type", "")).endswith("CUDA"):
+                name = short_name(e.name)
+                if name not in names:
+                    names.append(name)
+        return names, out
+    except Exception as e:  # the profiler is optional: say why it is missing
+        return ["(profiler unavailable: %s)" % e], compute()
+
+
+def ordered(torch, t):
+    """Bits as integers ordered like the values: adjacent floats are 1 apart (ULPs)."""
+    wide = t.element_size() == 4
+    bits = t.contiguous().view(torch.int32 if wide else torch.int16).to(torch.int64)
+    lowest = -(1 << 31) if wide else -(1 << 15)
+    return torch.where(bits < 0, lowest - bits, bits)
+
+
+def main():
+    op = load_op()
+    where = op["family"] + (" layer %d" % op["layer"] if op["layer"] >= 0 else "")
+    parser = argparse.ArgumentParser(
+        description="BatchLens minimal repro of %s (%s, %s): row 0 at batch 1 and at batch B."
+        % (where, op["op"], op["dtype"]),
+        epilog="Exit status: 1 row 0 differs, 0 bitwise equal, 2 cannot run here.")
+    parser.add_argument("--device", default="cuda" if op["device"].startswith("cuda") else "cpu",
+                        help="where to compute (default: where BatchLens recorded it, %(default)s)")
+    parser.add_argument("--batch", type=int, default=op["batch"],
+                        help="rows of the batched call (default: the experiment's, %(default)s)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the random stand-ins (default %(default)s)")
+    parser.add_argument("--random", action="store_true",
+                        help="seeded random operands even where captured ones are included")
+    parser.add_argument("--emulate", action="store_true",
+                        help="BatchLens's emulated split-K (a CPU stand-in for a GPU library's "
+                        "split-K heuristic; the experiment %s)"
+                        % ("used it for this op" if op["emulated"] else "did not use it"))
+    parser.add_argument("--strategy", default="batched",
+                        choices=["batched", "row_wise", "batch_invariant"],
+                        help="batched: one call, as transformers computes (default); row_wise: "
+                        "one call per row; batch_invariant: BatchLens-only")
+    args = parser.parse_args()
+    if args.batch < 1 or args.batch > 4096:
+        fail("--batch must be 1..4096")
+    if args.strategy == "batch_invariant":
+        print("--strategy batch_invariant: BatchLens's batch-invariant kernels (cuBLASLt with one "
+              "pinned algorithm and a fixed K split on CUDA, its own GEMM on CPUs) are not part "
+              "of PyTorch; this script cannot call them. Check the fix with BatchLens: "
+              "batchlens-cli run ... --workaround batch_invariant:%s, or run this script with "
+              "--strategy row_wise." % op["family"])
+        sys.exit(2)
+
+    try:
+        import torch
+    except ImportError:
+        fail("PyTorch is not installed (Debian: apt install python3-torch; or pip install torch)")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        fail("--device %s: CUDA is not available to this PyTorch" % args.device)
+
+    captured = read_safetensors(torch, os.path.join(HERE, "inputs.safetensors"))
+    t, sources = {}, []
+    for i, spec in enumerate(op["inputs"]):
+        name = spec["name"]
+        # --random draws stand-ins for values; routing (the offsets) is kept as captured.
+        wanted = not args.random or spec["random"] == "copy"
+        if wanted and name in captured and list(captured[name].shape) == spec["shape"]:
+            value = captured[name]
+            sources.append("%s captured" % name)
+        elif spec["random"] == "copy":
+            fail("%s (%s) is missing from inputs.safetensors" % (name, spec["role"]))
+        else:
+            value = stand_in(torch, spec, args.seed * 1000 + i)
+            sources.append("%s seeded random (seed %d)" % (name, args.seed))
+        value = value.to(device)
+        t[name] = value.transpose(-2, -1) if spec["transposed"] else value
+
+    call = make_call(torch, op, t, args.emulate)
+    compute, row0 = batched(torch, op, t, call, 1, "batched")
+    kernels_one, out = run_profiled(torch, compute, device)
+    one = row0(out).to("cpu")
+    compute, row0 = batched(torch, op, t, call, args.batch, args.strategy)
+    kernels_b, out = run_profiled(torch, compute, device)
+    many = row0(out).to("cpu")
+
+    print("BatchLens minimal repro: %s (%s) at canvas %d step %d, comparison %s"
+          % (where, op["op"], op["canvas"] + 1, op["step"], op["comparison"]))
+    print("  torch %s on %s%s, %s; %s" % (
+        torch.__version__, device,
+        " (%s)" % torch.cuda.get_device_name(device) if device.type == "cuda" else "",
+        op["dtype"], ", ".join(sources)))
+    print("  computed as: %s%s" % (
+        "emulated split-K (BatchLens's labelled CPU stand-in for a GPU's split-K)"
+        if args.emulate and op["op"] != "grouped_mm" else "this device's own kernels",
+        "; row-wise (one call per row)" if args.strategy == "row_wise" else ""))
+    if op["emulated"] and not args.emulate:
+        print("  note: the experiment ran this op with emulated split-K; without --emulate this "
+              "computes the real kernels of this device, which may be batch invariant")
+    for label, names in (("B=1", kernels_one), ("B=%d" % args.batch, kernels_b)):
+        if names is not None:
+            print("  %s kernels: %s" % (label, "; ".join(names) if names else "(none)"))
+    n = one.numel()
+    oa, ob = ordered(torch, one), ordered(torch, many)
+    differ = int((oa != ob).sum())
+    if differ == 0:
+        print("  row 0 at B=%d vs B=1: bitwise EQUAL (%d elements)" % (args.batch, n))
+        return 0
+    delta = (one.float() - many.float()).abs().nan_to_num(0.0).max().item()
+    ulp = int((oa - ob).abs().max())
+    print("  row 0 at B=%d vs B=1: DIFFERS in %d of %d elements (%.4f%%), max |delta| %.6g, "
+          "max ULP %d" % (args.batch, differ, n, 100.0 * differ / max(1, n), delta, ulp))
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
