@@ -17,6 +17,7 @@
 #include "core/experiment/culprit.h"
 #include "core/experiment/experiment.h"
 #include "core/experiment/runner.h"
+#include "core/experiment/sweep.h"
 #include "core/io/experiment_file.h"
 
 namespace batchlens::cli {
@@ -107,7 +108,8 @@ struct SpecOptions {
   bool no_kernels = false;
 };
 
-void add_spec_options(CLI::App* cmd, SpecOptions& o, bool workaround) {
+void add_spec_options(CLI::App* cmd, SpecOptions& o, bool workaround,
+                      const char* out_help = "Experiment file to write (.h5)") {
   add_model_options(cmd, o.model);
   auto& sp = o.spec;
   auto& ov = sp.overrides;
@@ -145,12 +147,12 @@ void add_spec_options(CLI::App* cmd, SpecOptions& o, bool workaround) {
   cmd->add_flag("--no-kernels", o.no_kernels,
                 "Do not record which kernels each op family launched per engine (one extra "
                 "decoder pass per engine, with and without self-conditioning)");
-  cmd->add_option("--out", o.out, "Experiment file to write (.h5)")->required();
+  cmd->add_option("--out", o.out, out_help)->required();
 }
 
 // Fills o.spec from the typed options and runs the checks before any work. False (with the
 // exit code set and the reason printed) when the command must not start.
-bool resolve_spec(SpecOptions& o, const char* command, int& exit_code) {
+bool resolve_spec(SpecOptions& o, const char* command, int& exit_code, bool file_out = true) {
   auto& mo = o.model;
   auto& spec = o.spec;
   if (mo.source.preset.empty() && mo.checkpoint.empty()) {
@@ -187,6 +189,13 @@ bool resolve_spec(SpecOptions& o, const char* command, int& exit_code) {
   spec.load = mo.load;
   spec.chat_template = !o.raw;
   spec.kernels = !o.no_kernels;
+  if (!file_out) {
+    if (auto text = check_spec_text(spec); !text.ok()) {
+      exit_code = report_error(text.error());
+      return false;
+    }
+    return true;
+  }
   // Everything the write needs is checked before the run, which may take hours.
   return preflight(spec, o.out, exit_code);
 }
@@ -304,6 +313,120 @@ void register_culprit(CLI::App& app, int& exit_code) {
   });
 }
 
+void register_sweep(CLI::App& app, int& exit_code) {
+  struct Options {
+    SpecOptions spec;
+    std::string prompts;
+    std::string seeds;
+    std::string shard;
+    bool keep = false;
+  };
+  auto opts = std::make_shared<Options>();
+  auto* cmd = app.add_subcommand(
+      "sweep",
+      "Run the experiment over many prompts x seeds on one loaded model: per item and batch size, "
+      "whether row 0's text changed, how many tokens, the stop and steps, and where it first "
+      "diverged (every tap is compared to find it; only these rows are kept, the per-step arrays "
+      "only with --keep-experiments). Each finished item is committed to the sweep folder on its "
+      "own: the same command after a crash or Ctrl-C skips what is done. `summary DIR` prints "
+      "the statistics");
+  add_spec_options(cmd, opts->spec, /*workaround=*/true,
+                   "Sweep folder (sweep.json and one record per item; made when missing)");
+  cmd->add_option("--prompts", opts->prompts,
+                  "Prompt file: one prompt per line, or JSON Lines with \"prompt\" or "
+                  "\"prompt_ids\" and optional \"chat_template\" (default: --prompt alone)");
+  cmd->add_option("--seeds", opts->seeds, "Sampling seeds, e.g. 0-23 or 0,5,9-11 [--gen-seed]");
+  cmd->add_option("--shard", opts->shard,
+                  "I/N: run only the items whose index modulo N is I (one Slurm array task)");
+  cmd->add_flag("--keep-experiments", opts->keep,
+                "Also write each item's full experiment file (experiments/item-NNNNNN.h5)");
+  cmd->footer(kExitCodesHelp);
+  cmd->callback([opts, &exit_code] {
+    if (!resolve_spec(opts->spec, "sweep", exit_code, /*file_out=*/false)) {
+      return;
+    }
+    experiment::SweepSpec sweep;
+    sweep.base = opts->spec.spec;
+    const auto& b = sweep.base;
+    if (!opts->prompts.empty()) {
+      auto prompts = experiment::read_prompts(opts->prompts);
+      if (!prompts.ok()) {
+        exit_code = report_error(prompts.error());
+        return;
+      }
+      sweep.prompts = std::move(prompts).value();
+    } else {
+      sweep.prompts = {{b.prompt, b.chat_template, b.prompt_ids}};
+    }
+    if (!opts->seeds.empty()) {
+      auto seeds = experiment::parse_seeds(opts->seeds);
+      if (!seeds.ok()) {
+        std::cerr << "batchlens-cli sweep: " << seeds.error().message << "\n";
+        exit_code = kExitUsage;
+        return;
+      }
+      sweep.seeds = std::move(seeds).value();
+    } else {
+      sweep.seeds = {b.seed};
+    }
+    experiment::SweepRunOptions run;
+    run.dir = opts->spec.out;
+    if (!opts->shard.empty()) {
+      char slash = 0;
+      std::istringstream in(opts->shard);
+      if (!(in >> run.shard.index >> slash >> run.shard.count) || slash != '/' || !in.eof() ||
+          run.shard.count < 1 || run.shard.index < 0 || run.shard.index >= run.shard.count) {
+        std::cerr << "batchlens-cli sweep: --shard must be I/N with 0 <= I < N\n";
+        exit_code = kExitUsage;
+        return;
+      }
+    }
+    if (auto v = experiment::validate(sweep); !v.ok()) {
+      exit_code = report_error(v.error());
+      return;
+    }
+    if (opts->keep) {
+      run.keep = [dir = run.dir](const experiment::SweepItem& item,
+                                 const experiment::ExperimentResult& r) {
+        std::ostringstream name;
+        name << "item-" << std::setw(6) << std::setfill('0') << item.index << ".h5";
+        std::error_code ec;
+        fs::create_directories(dir / "experiments", ec);
+        return io::write_experiment(dir / "experiments" / name.str(), r);
+      };
+    }
+    base::Result<experiment::SweepOutcome> outcome = base::Error{};
+    {
+      const SigintCancel sigint;
+      experiment::RunControl control;
+      control.cancel = sigint.token();
+      control.progress = draw_progress;
+      control.load_progress = draw_progress;
+      outcome = base::guarded([&] {
+        const auto items = experiment::sweep_items(sweep);
+        const setup::Session session = base::take(
+            experiment::open_session_for(experiment::item_spec(sweep, items.front()), control));
+        return base::take(experiment::run_sweep(session, sweep, run, control));
+      });
+    }
+    std::fprintf(stderr, "\n");
+    if (!outcome.ok()) {
+      exit_code = report_error(outcome.error());
+      return;
+    }
+    std::cout << "sweep " << outcome.value().id << ": " << outcome.value().items_run
+              << " item(s) run, " << outcome.value().items_skipped
+              << " finished before and skipped\n";
+    const auto all = experiment::read_sweep_dir(run.dir);
+    if (!all.ok()) {
+      exit_code = report_error(all.error());
+      return;
+    }
+    std::cout << experiment::sweep_text(all.value());
+    exit_code = kExitOk;
+  });
+}
+
 void register_summary(CLI::App& app, int& exit_code) {
   struct Options {
     std::string file;
@@ -311,13 +434,26 @@ void register_summary(CLI::App& app, int& exit_code) {
     bool kernels = false;
   };
   auto opts = std::make_shared<Options>();
-  auto* cmd = app.add_subcommand("summary", "Summarise an experiment file");
-  cmd->add_option("file", opts->file, "Experiment file (.h5)")->required();
+  auto* cmd = app.add_subcommand(
+      "summary", "Summarise an experiment file, or a sweep folder (batchlens-cli sweep)");
+  cmd->add_option("file", opts->file, "Experiment file (.h5) or sweep folder")->required();
   cmd->add_flag("--json", opts->json, "Print JSON");
   cmd->add_flag("--kernels", opts->kernels,
                 "Also list, per engine, every op whose kernels differ from the B=1 "
                 "reference's (the file's kernel provenance)");
   cmd->callback([opts, &exit_code] {
+    std::error_code ec;
+    if (fs::is_directory(opts->file, ec)) {
+      // A sweep's folder.
+      const auto s = experiment::read_sweep_dir(opts->file);
+      if (!s.ok()) {
+        exit_code = report_error(s.error());
+        return;
+      }
+      std::cout << (opts->json ? experiment::sweep_json(s.value()).dump(2) + "\n"
+                               : experiment::sweep_text(s.value()));
+      return;
+    }
     const auto r = io::read_experiment(opts->file);
     if (!r.ok()) {
       exit_code = report_error(r.error());

@@ -69,6 +69,9 @@ void register_run(CLI::App& app, int& exit_code);
 /// `summary FILE`: an experiment file in words or JSON.
 void register_summary(CLI::App& app, int& exit_code);
 
+/// `sweep`: an experiment over prompts x seeds, resumable (core/experiment/sweep.h).
+void register_sweep(CLI::App& app, int& exit_code);
+
 /// `repro`: a minimal repro folder for one op of an experiment (core/experiment/repro.h).
 void register_repro(CLI::App& app, int& exit_code);
 /// `culprit`: the culprit finder (core/experiment/culprit.h) on run's spec options.

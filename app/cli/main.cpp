@@ -35,6 +35,7 @@ int run(int argc, char** argv) {
   cli::register_run(app, exit_code);
   cli::register_summary(app, exit_code);
   cli::register_repro(app, exit_code);
+  cli::register_sweep(app, exit_code);
   cli::register_culprit(app, exit_code);
 
   try {
