@@ -17,6 +17,8 @@ packages=(
   libgtest-dev libbenchmark-dev clang-format clang-tidy python3 python3-h5py
   # running exported minimal repros (repro.py: plain PyTorch) in the tests
   python3-torch
+  # a real single-node Slurm cluster for the sweep fan-out test (tests/app/slurm_cluster.sh)
+  slurm-wlm munge
   # a readable word list for the generated demo tokenizer
   wamerican
 )

@@ -16,6 +16,7 @@
 #include "core/experiment/culprit.h"
 #include "core/experiment/runner.h"
 #include "core/io/experiment_file.h"
+#include "core/io/sweep_file.h"
 #include "core/setup/front_door.h"
 
 // Q_INIT_RESOURCE must be called at global scope: the sample lives in batchlens_ui, a static
@@ -51,6 +52,44 @@ ExperimentDocument makeDocument(experiment::ExperimentResult result, QString pat
   doc.path = std::move(path);
   doc.origin = std::move(origin);
   return doc;
+}
+
+// What a file held: an experiment or a sweep.
+struct Opened {
+  std::optional<ExperimentDocument> experiment;
+  std::optional<SweepDocument> sweep;
+};
+
+// Reads `file` as a sweep file when it says it is one, else as an experiment file. `path`
+// is what the document records (empty for an embedded sample), `label` its origin.
+base::Result<Opened> readDocument(const std::string& file, const QString& path,
+                                  const QString& label) {
+  if (io::is_sweep_file(file)) {
+    auto sweep = io::read_sweep_file(file);
+    if (!sweep.ok()) {
+      return sweep.error();
+    }
+    return Opened{
+        std::nullopt,
+        SweepDocument{std::make_shared<const experiment::SweepRecords>(std::move(sweep).value()),
+                      path}};
+  }
+  auto result = io::read_experiment(file);
+  if (!result.ok()) {
+    return result.error();
+  }
+  return Opened{makeDocument(std::move(result).value(), path, label), std::nullopt};
+}
+
+// Emits what `outcome` holds from `files`.
+void emitOpened(FileController* files, const base::Result<Opened>& outcome, const QString& path) {
+  if (!outcome.ok()) {
+    Q_EMIT files->openFailed(path, q(outcome.error().message));
+  } else if (outcome.value().sweep) {
+    Q_EMIT files->sweepOpened(*outcome.value().sweep);
+  } else {
+    Q_EMIT files->opened(*outcome.value().experiment);
+  }
 }
 
 }  // namespace
@@ -292,34 +331,29 @@ void FileController::open(const QString& path, const QString& origin) {
   const QString label = origin.isEmpty() ? QFileInfo(path).fileName() : origin;
   runInBackground(
       threads_, this,
-      [path, label]() -> base::Result<ExperimentDocument> {
-        auto result = io::read_experiment(QFile::encodeName(path).toStdString());
-        if (!result.ok()) {
-          return result.error();
-        }
-        return makeDocument(std::move(result).value(), QFileInfo(path).absoluteFilePath(), label);
+      [path, label]() -> base::Result<Opened> {
+        return readDocument(QFile::encodeName(path).toStdString(),
+                            QFileInfo(path).absoluteFilePath(), label);
       },
-      [this, path](const base::Result<ExperimentDocument>& outcome) {
+      [this, path](const base::Result<Opened>& outcome) {
         --busy_;
-        if (outcome.ok()) {
-          Q_EMIT opened(outcome.value());
-        } else {
-          Q_EMIT openFailed(path, q(outcome.error().message));
-        }
+        emitOpened(this, outcome, path);
       });
 }
 
 QList<QPair<QString, QString>> FileController::embeddedSamples() {
   return {{embeddedSamplePath(), QObject::tr("mid, H200, free mode (the default)")},
           {QStringLiteral(":/samples/26ba4b-h200-lockstep.h5"),
-           QObject::tr("26B-A4B architecture, H200, lockstep")}};
+           QObject::tr("26B-A4B architecture, H200, lockstep")},
+          {QStringLiteral(":/samples/h200-26b-a4b-sweep.h5"),
+           QObject::tr("26B-A4B architecture, H200, sweep of 24 prompts (B = 2, 3, 4)")}};
 }
 
 void FileController::openEmbeddedSample(const QString& resource_path) {
   ++busy_;
   runInBackground(
       threads_, this,
-      [resource_path]() -> base::Result<ExperimentDocument> {
+      [resource_path]() -> base::Result<Opened> {
         // HDF5 reads files, not memory: copy the resource to a private temporary file.
         QFile resource(resource_path);
         if (!resource.open(QIODevice::ReadOnly)) {
@@ -338,22 +372,15 @@ void FileController::openEmbeddedSample(const QString& resource_path) {
                                "could not copy the embedded sample to " + temp.toStdString()};
           }
         }
-        auto result = io::read_experiment(temp.toStdString());
-        QFile::remove(temp);
-        if (!result.ok()) {
-          return result.error();
-        }
-        return makeDocument(
-            std::move(result).value(), QString(),
+        auto result = readDocument(
+            temp.toStdString(), QString(),
             QObject::tr("embedded sample (%1)").arg(QFileInfo(resource_path).fileName()));
+        QFile::remove(temp);
+        return result;
       },
-      [this](const base::Result<ExperimentDocument>& outcome) {
+      [this](const base::Result<Opened>& outcome) {
         --busy_;
-        if (outcome.ok()) {
-          Q_EMIT opened(outcome.value());
-        } else {
-          Q_EMIT openFailed(embeddedSamplePath(), q(outcome.error().message));
-        }
+        emitOpened(this, outcome, embeddedSamplePath());
       });
 }
 

@@ -20,6 +20,7 @@
 #include "core/experiment/runner.h"
 #include "core/ops/policy.h"
 #include "ui/explorer_state.h"
+#include "ui/sweep_view.h"
 
 class QThread;
 
@@ -132,8 +133,9 @@ class FileController : public QObject {
   explicit FileController(QObject* parent = nullptr);
   ~FileController() override;
 
-  /// Reads `path` (and the experiment's tokenizer) in the background; `opened` or
-  /// `openFailed` follows. `origin` labels the document (default: the file name).
+  /// Reads `path` (and the experiment's tokenizer) in the background; `opened` (an experiment
+  /// file), `sweepOpened` (a sweep file) or `openFailed` follows. `origin` labels the document
+  /// (default: the file name).
   void open(const QString& path, const QString& origin = {});
   /// Reads a sample bundled in the binary (":/samples/...", default the `mid` free one), copied
   /// to a temporary file first.
@@ -150,6 +152,8 @@ class FileController : public QObject {
 
  Q_SIGNALS:
   void opened(const batchlens::ui::ExperimentDocument& document);
+  /// The file was a sweep file (batchlens-cli sweep / sweep-merge).
+  void sweepOpened(const batchlens::ui::SweepDocument& document);
   void openFailed(const QString& path, const QString& message);
   void saved(const QString& path);
   void saveFailed(const QString& path, const QString& message);

@@ -38,6 +38,7 @@
 #include "ui/controllers.h"
 #include "ui/report_export.h"
 #include "ui/run_panel.h"
+#include "ui/sweep_view.h"
 #include "ui/views.h"
 #include "ui/workaround_flow.h"
 
@@ -201,6 +202,8 @@ void MainWindow::buildCentre() {
   text_diff_ = new TextDiffView(state_, this);
   routing_ = new RoutingView(state_, this);
   kernels_ = new KernelsView(state_, this);
+  sweep_ = new SweepView(this);
+  connect(sweep_, &SweepView::itemActivated, this, &MainWindow::openSweepItem);
   // The culprit line's "use as workaround": the finder's fix into the op list, one click.
   connect(overview_, &OverviewView::culpritFixRequested, this, [this] {
     const auto* r = state_->result();
@@ -227,6 +230,11 @@ void MainWindow::buildCentre() {
     tabs_->addTab(tab.view, tab.title);
     story_tabs.emplace(tab.story, tab.view);
   }
+  // Sweeps (issue #19) are documents of their own: a tab that an experiment does not change.
+  tabs_->addTab(sweep_, tr("Sweep"));
+  tabs_->setTabToolTip(tabs_->indexOf(sweep_),
+                       tr("How often the batch size changes the text across prompts and seeds: "
+                          "open a sweep file (batchlens-cli sweep)"));
   connect(overview_, &OverviewView::viewRequested, this, [this, story_tabs](int view) {
     const auto it = story_tabs.find(static_cast<experiment::StoryView>(view));
     tabs_->setCurrentWidget(it != story_tabs.end() ? it->second : overview_);
@@ -378,6 +386,19 @@ void MainWindow::connectControllers() {
     }
     showDocument(doc);
   });
+  connect(files_, &FileController::sweepOpened, this, [this](const SweepDocument& doc) {
+    if (!doc.path.isEmpty()) {
+      addRecentFile(doc.path);
+    }
+    sweep_->setSweep(doc);
+    tabs_->setCurrentWidget(sweep_);
+    statusBar()->showMessage(tr("Sweep %1: %2 of %3 items")
+                                 .arg(q(doc.sweep->id))
+                                 .arg(doc.sweep->items_done)
+                                 .arg(doc.sweep->items_total),
+                             8000);
+    Q_EMIT sweepShown();
+  });
   connect(files_, &FileController::openFailed, this,
           [this](const QString& path, const QString& message) {
             showError(tr("Could not open %1").arg(QFileInfo(path).fileName()),
@@ -492,6 +513,45 @@ void MainWindow::startRun(const experiment::ExperimentSpec& spec) {
   if (!runs_->start(spec)) {
     run_panel_->showMessage(tr("A run is in progress: cancel it first."));
   }
+}
+
+void MainWindow::openSweepItem(int item) {
+  const QString kept = sweep_->keptExperiment(item);
+  if (!kept.isEmpty()) {
+    openFile(kept);
+    return;
+  }
+  auto* box = new QMessageBox(QMessageBox::Question, tr("Re-run sweep item %1").arg(item),
+                              tr("Item %1's experiment was not kept (batchlens-cli sweep "
+                                 "--keep-experiments keeps them). Run it now as a full "
+                                 "experiment, with every tap and kernel provenance? It runs "
+                                 "here, on %2, with the sweep's model and settings.")
+                                  .arg(item)
+                                  .arg(q(sweep_->document().sweep->spec.base.load.device)),
+                              QMessageBox::NoButton, this);
+  box->setObjectName(QStringLiteral("SweepItemOffer"));
+  box->setAttribute(Qt::WA_DeleteOnClose);
+  box->addButton(tr("Run"), QMessageBox::AcceptRole);
+  box->addButton(QMessageBox::Cancel);
+  connect(box, &QMessageBox::accepted, this, [this, item] { rerunSweepItem(item); });
+  box->open();
+}
+
+void MainWindow::rerunSweepItem(int item) {
+  const auto& doc = sweep_->document();
+  if (!doc.sweep) {
+    return;
+  }
+  const auto items = experiment::sweep_items(doc.sweep->spec);
+  if (item < 0 || item >= static_cast<int>(items.size())) {
+    showError(tr("No such item"), tr("The sweep has %1 items.").arg(items.size()));
+    return;
+  }
+  experiment::ExperimentSpec spec =
+      experiment::item_spec(doc.sweep->spec, items[static_cast<std::size_t>(item)]);
+  spec.kernels = true;  // a full experiment, as `batchlens-cli run` records it
+  tabs_->setCurrentWidget(overview_);
+  startRun(spec);
 }
 
 void MainWindow::onWorkaroundToggled(bool on) {

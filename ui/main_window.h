@@ -32,6 +32,7 @@ class SpreadView;
 class TextDiffView;
 class RoutingView;
 class KernelsView;
+class SweepView;
 
 /// The BatchLens main window. Lives on the GUI thread and only composes: the run panel (dock),
 /// the comparison picker, the explorer tabs, the menus and the status bar. Long work goes to
@@ -84,6 +85,12 @@ class MainWindow : public QMainWindow {
   TextDiffView* textDiff() const { return text_diff_; }
   RoutingView* routing() const { return routing_; }
   KernelsView* kernels() const { return kernels_; }
+  SweepView* sweep() const { return sweep_; }
+  /// A sweep item asked for (SweepView::itemActivated): opens its kept experiment, else offers
+  /// (a non-modal dialog, "SweepItemOffer") to re-run it as a full experiment.
+  void openSweepItem(int item);
+  /// Runs a sweep item as a full experiment (every tap, kernel provenance) in the background.
+  void rerunSweepItem(int item);
   /// The text of the last error shown (tests, logs).
   QString lastError() const { return last_error_; }
   static QStringList recentFiles();
@@ -98,6 +105,8 @@ class MainWindow : public QMainWindow {
   void workaroundElsewhereOffered(const QString& command);
   /// A minimal repro folder was written (exportReproTo).
   void reproExported(const QString& dir);
+  /// A sweep file is now shown in the Sweep tab.
+  void sweepShown();
 
  protected:
   void dragEnterEvent(QDragEnterEvent* event) override;
@@ -154,6 +163,7 @@ class MainWindow : public QMainWindow {
   TextDiffView* text_diff_ = nullptr;
   RoutingView* routing_ = nullptr;
   KernelsView* kernels_ = nullptr;
+  SweepView* sweep_ = nullptr;
   QMenu* recent_menu_ = nullptr;
   QLabel* environment_label_ = nullptr;
   QLabel* document_label_ = nullptr;

@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -7,7 +8,9 @@
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
+#include <vector>
 
 #include "app/cli/cli_progress.h"
 #include "app/cli/command.h"
@@ -18,7 +21,9 @@
 #include "core/experiment/experiment.h"
 #include "core/experiment/runner.h"
 #include "core/experiment/sweep.h"
+#include "core/experiment/sweep_slurm.h"
 #include "core/io/experiment_file.h"
+#include "core/io/sweep_file.h"
 
 namespace batchlens::cli {
 
@@ -313,25 +318,177 @@ void register_culprit(CLI::App& app, int& exit_code) {
   });
 }
 
+struct SweepOptions {
+  SpecOptions spec;
+  std::string prompts;
+  std::string seeds;
+  std::string shard;
+  bool keep = false;
+  bool resume = false;
+  // --slurm: write a job array instead of running.
+  std::string slurm;
+  int shards = 0;
+  int array_parallel = 0;
+  int gpus_per_task = 1;
+  std::vector<std::string> sbatch_options;
+};
+
+// The sweep `o` describes: from the spec options, or with --resume the one in --out's
+// sweep.json. Empty (exit code set, reason printed) when it must not start.
+std::optional<experiment::SweepSpec> sweep_of(SweepOptions& o, int& exit_code) {
+  if (o.resume) {
+    if (!o.spec.model.source.preset.empty() || !o.spec.model.checkpoint.empty() ||
+        !o.prompts.empty() || !o.seeds.empty()) {
+      std::cerr << "batchlens-cli sweep: --resume takes the spec from the folder's sweep.json; "
+                   "give no model, prompt or seed options beside it\n";
+      exit_code = kExitUsage;
+      return std::nullopt;
+    }
+    auto dir = experiment::read_sweep_dir(o.spec.out);
+    if (!dir.ok()) {
+      exit_code = report_error(dir.error());
+      return std::nullopt;
+    }
+    return std::move(dir).value().spec;
+  }
+  if (!resolve_spec(o.spec, "sweep", exit_code, /*file_out=*/false)) {
+    return std::nullopt;
+  }
+  experiment::SweepSpec sweep;
+  sweep.base = o.spec.spec;
+  const auto& b = sweep.base;
+  if (!o.prompts.empty()) {
+    auto prompts = experiment::read_prompts(o.prompts);
+    if (!prompts.ok()) {
+      exit_code = report_error(prompts.error());
+      return std::nullopt;
+    }
+    sweep.prompts = std::move(prompts).value();
+  } else {
+    sweep.prompts = {{b.prompt, b.chat_template, b.prompt_ids}};
+  }
+  sweep.seeds = {b.seed};
+  if (!o.seeds.empty()) {
+    auto seeds = experiment::parse_seeds(o.seeds);
+    if (!seeds.ok()) {
+      std::cerr << "batchlens-cli sweep: " << seeds.error().message << "\n";
+      exit_code = kExitUsage;
+      return std::nullopt;
+    }
+    sweep.seeds = std::move(seeds).value();
+  }
+  if (auto v = experiment::validate(sweep); !v.ok()) {
+    exit_code = report_error(v.error());
+    return std::nullopt;
+  }
+  return sweep;
+}
+
+// --slurm: the sweep folder prepared and the job array's scripts written; nothing runs here.
+int write_slurm(const SweepOptions& o, const experiment::SweepSpec& sweep) {
+  std::error_code ec;
+  experiment::SlurmOptions so;
+  so.cli = fs::read_symlink("/proc/self/exe", ec);
+  so.sweep_dir = fs::absolute(o.spec.out, ec);
+  so.script_dir = fs::absolute(o.slurm, ec);
+  const int items = static_cast<int>(experiment::sweep_items(sweep).size());
+  so.shards = o.shards > 0 ? o.shards : std::min(items, 100);
+  so.array_parallel = o.array_parallel;
+  so.gpus_per_task = o.gpus_per_task;
+  so.sbatch_options = o.sbatch_options;
+  so.keep_experiments = o.keep;
+  auto id = experiment::prepare_sweep_dir(so.sweep_dir, sweep);
+  if (!id.ok()) {
+    return report_error(id.error());
+  }
+  so.sweep_id = id.value();
+  if (auto w = experiment::write_slurm_scripts(so); !w.ok()) {
+    return report_error(w.error());
+  }
+  std::cout << "sweep " << so.sweep_id << ": " << items << " item(s) in " << so.shards
+            << " shard(s); folder " << so.sweep_dir.string() << "\n"
+            << "scripts in " << so.script_dir.string()
+            << ": sweep-array.sbatch (the job array), sweep-merge.sbatch (afterok), submit.sh\n"
+            << "submit with: " << (so.script_dir / "submit.sh").string() << "\n"
+            << "the merged sweep file will be " << (so.sweep_dir / "sweep.h5").string() << "\n";
+  return kExitOk;
+}
+
+// Runs the sweep (or its --shard) here, then writes its sweep file: DIR/sweep.h5, or the shard's
+// file DIR/shards/shard-I-of-N.h5.
+int run_sweep_here(const SweepOptions& o, const experiment::SweepSpec& sweep) {
+  experiment::SweepRunOptions run;
+  run.dir = o.spec.out;
+  if (!o.shard.empty()) {
+    char slash = 0;
+    std::istringstream in(o.shard);
+    if (!(in >> run.shard.index >> slash >> run.shard.count) || slash != '/' || !in.eof() ||
+        run.shard.count < 1 || run.shard.index < 0 || run.shard.index >= run.shard.count) {
+      std::cerr << "batchlens-cli sweep: --shard must be I/N with 0 <= I < N\n";
+      return kExitUsage;
+    }
+  }
+  if (o.keep) {
+    run.keep = [dir = run.dir](const experiment::SweepItem& item,
+                               const experiment::ExperimentResult& r) {
+      std::error_code ec;
+      fs::create_directories(dir / "experiments", ec);
+      return io::write_experiment(experiment::kept_experiment(dir, item.index), r);
+    };
+  }
+  base::Result<experiment::SweepOutcome> outcome = base::Error{};
+  {
+    const SigintCancel sigint;
+    experiment::RunControl control;
+    control.cancel = sigint.token();
+    control.progress = draw_progress;
+    control.load_progress = draw_progress;
+    outcome = base::guarded([&] {
+      const auto items = experiment::sweep_items(sweep);
+      const setup::Session session = base::take(
+          experiment::open_session_for(experiment::item_spec(sweep, items.front()), control));
+      return base::take(experiment::run_sweep(session, sweep, run, control));
+    });
+  }
+  std::fprintf(stderr, "\n");
+  if (!outcome.ok()) {
+    return report_error(outcome.error());
+  }
+  std::cout << "sweep " << outcome.value().id << ": " << outcome.value().items_run
+            << " item(s) run, " << outcome.value().items_skipped
+            << " finished before and skipped\n";
+  const auto all = experiment::read_sweep_dir(run.dir);
+  if (!all.ok()) {
+    return report_error(all.error());
+  }
+  const experiment::SweepRecords part =
+      experiment::shard_records(all.value(), run.shard, outcome.value().provenance);
+  const fs::path file = run.shard.count == 1
+                            ? run.dir / "sweep.h5"
+                            : experiment::shard_file(run.dir, run.shard.index, run.shard.count);
+  std::error_code ec;
+  fs::create_directories(file.parent_path(), ec);
+  if (auto w = io::write_sweep_file(file, part); !w.ok()) {
+    return report_error(w.error());
+  }
+  std::cout << experiment::sweep_text(part) << "\nsweep file: " << file.string() << "\n";
+  return kExitOk;
+}
+
 void register_sweep(CLI::App& app, int& exit_code) {
-  struct Options {
-    SpecOptions spec;
-    std::string prompts;
-    std::string seeds;
-    std::string shard;
-    bool keep = false;
-  };
-  auto opts = std::make_shared<Options>();
+  auto opts = std::make_shared<SweepOptions>();
   auto* cmd = app.add_subcommand(
       "sweep",
       "Run the experiment over many prompts x seeds on one loaded model: per item and batch size, "
       "whether row 0's text changed, how many tokens, the stop and steps, and where it first "
       "diverged (every tap is compared to find it; only these rows are kept, the per-step arrays "
       "only with --keep-experiments). Each finished item is committed to the sweep folder on its "
-      "own: the same command after a crash or Ctrl-C skips what is done. `summary DIR` prints "
-      "the statistics");
+      "own: the same command (or --resume) after a crash or Ctrl-C skips what is done. The rows "
+      "end in DIR/sweep.h5 (a shard: DIR/shards/shard-I-of-N.h5; sweep-merge joins them). "
+      "--slurm writes a Slurm job array instead of running. `summary` prints the statistics");
   add_spec_options(cmd, opts->spec, /*workaround=*/true,
-                   "Sweep folder (sweep.json and one record per item; made when missing)");
+                   "Sweep folder (sweep.json, one record per item, the sweep file; made when "
+                   "missing)");
   cmd->add_option("--prompts", opts->prompts,
                   "Prompt file: one prompt per line, or JSON Lines with \"prompt\" or "
                   "\"prompt_ids\" and optional \"chat_template\" (default: --prompt alone)");
@@ -340,90 +497,27 @@ void register_sweep(CLI::App& app, int& exit_code) {
                   "I/N: run only the items whose index modulo N is I (one Slurm array task)");
   cmd->add_flag("--keep-experiments", opts->keep,
                 "Also write each item's full experiment file (experiments/item-NNNNNN.h5)");
+  cmd->add_flag("--resume", opts->resume,
+                "Run the sweep described in --out's sweep.json (written by an earlier sweep or "
+                "--slurm); no spec options");
+  cmd->add_option("--slurm", opts->slurm,
+                  "Write a Slurm job array (one task per shard, one GPU each) and a merge job "
+                  "that depends on it into this folder, with submit.sh; run nothing here");
+  cmd->add_option("--shards", opts->shards, "With --slurm: array tasks [items, at most 100]");
+  cmd->add_option("--array-parallel", opts->array_parallel,
+                  "With --slurm: at most K tasks at once (#SBATCH --array=0-(N-1)%K)");
+  cmd->add_option("--gpus-per-task", opts->gpus_per_task,
+                  "With --slurm: --gres=gpu:N per task; 0 for CPU nodes")
+      ->capture_default_str();
+  cmd->add_option("--sbatch-option", opts->sbatch_options,
+                  "With --slurm: an extra #SBATCH line, e.g. --partition=gpu (repeatable)");
   cmd->footer(kExitCodesHelp);
   cmd->callback([opts, &exit_code] {
-    if (!resolve_spec(opts->spec, "sweep", exit_code, /*file_out=*/false)) {
+    const auto sweep = sweep_of(*opts, exit_code);
+    if (!sweep) {
       return;
     }
-    experiment::SweepSpec sweep;
-    sweep.base = opts->spec.spec;
-    const auto& b = sweep.base;
-    if (!opts->prompts.empty()) {
-      auto prompts = experiment::read_prompts(opts->prompts);
-      if (!prompts.ok()) {
-        exit_code = report_error(prompts.error());
-        return;
-      }
-      sweep.prompts = std::move(prompts).value();
-    } else {
-      sweep.prompts = {{b.prompt, b.chat_template, b.prompt_ids}};
-    }
-    if (!opts->seeds.empty()) {
-      auto seeds = experiment::parse_seeds(opts->seeds);
-      if (!seeds.ok()) {
-        std::cerr << "batchlens-cli sweep: " << seeds.error().message << "\n";
-        exit_code = kExitUsage;
-        return;
-      }
-      sweep.seeds = std::move(seeds).value();
-    } else {
-      sweep.seeds = {b.seed};
-    }
-    experiment::SweepRunOptions run;
-    run.dir = opts->spec.out;
-    if (!opts->shard.empty()) {
-      char slash = 0;
-      std::istringstream in(opts->shard);
-      if (!(in >> run.shard.index >> slash >> run.shard.count) || slash != '/' || !in.eof() ||
-          run.shard.count < 1 || run.shard.index < 0 || run.shard.index >= run.shard.count) {
-        std::cerr << "batchlens-cli sweep: --shard must be I/N with 0 <= I < N\n";
-        exit_code = kExitUsage;
-        return;
-      }
-    }
-    if (auto v = experiment::validate(sweep); !v.ok()) {
-      exit_code = report_error(v.error());
-      return;
-    }
-    if (opts->keep) {
-      run.keep = [dir = run.dir](const experiment::SweepItem& item,
-                                 const experiment::ExperimentResult& r) {
-        std::ostringstream name;
-        name << "item-" << std::setw(6) << std::setfill('0') << item.index << ".h5";
-        std::error_code ec;
-        fs::create_directories(dir / "experiments", ec);
-        return io::write_experiment(dir / "experiments" / name.str(), r);
-      };
-    }
-    base::Result<experiment::SweepOutcome> outcome = base::Error{};
-    {
-      const SigintCancel sigint;
-      experiment::RunControl control;
-      control.cancel = sigint.token();
-      control.progress = draw_progress;
-      control.load_progress = draw_progress;
-      outcome = base::guarded([&] {
-        const auto items = experiment::sweep_items(sweep);
-        const setup::Session session = base::take(
-            experiment::open_session_for(experiment::item_spec(sweep, items.front()), control));
-        return base::take(experiment::run_sweep(session, sweep, run, control));
-      });
-    }
-    std::fprintf(stderr, "\n");
-    if (!outcome.ok()) {
-      exit_code = report_error(outcome.error());
-      return;
-    }
-    std::cout << "sweep " << outcome.value().id << ": " << outcome.value().items_run
-              << " item(s) run, " << outcome.value().items_skipped
-              << " finished before and skipped\n";
-    const auto all = experiment::read_sweep_dir(run.dir);
-    if (!all.ok()) {
-      exit_code = report_error(all.error());
-      return;
-    }
-    std::cout << experiment::sweep_text(all.value());
-    exit_code = kExitOk;
+    exit_code = opts->slurm.empty() ? run_sweep_here(*opts, *sweep) : write_slurm(*opts, *sweep);
   });
 }
 
@@ -435,23 +529,26 @@ void register_summary(CLI::App& app, int& exit_code) {
   };
   auto opts = std::make_shared<Options>();
   auto* cmd = app.add_subcommand(
-      "summary", "Summarise an experiment file, or a sweep folder (batchlens-cli sweep)");
-  cmd->add_option("file", opts->file, "Experiment file (.h5) or sweep folder")->required();
+      "summary",
+      "Summarise an experiment file, a sweep file or a sweep folder (batchlens-cli sweep)");
+  cmd->add_option("file", opts->file, "Experiment file (.h5), sweep file (.h5) or sweep folder")
+      ->required();
   cmd->add_flag("--json", opts->json, "Print JSON");
   cmd->add_flag("--kernels", opts->kernels,
                 "Also list, per engine, every op whose kernels differ from the B=1 "
                 "reference's (the file's kernel provenance)");
   cmd->callback([opts, &exit_code] {
+    // A sweep's folder or file.
     std::error_code ec;
-    if (fs::is_directory(opts->file, ec)) {
-      // A sweep's folder.
-      const auto s = experiment::read_sweep_dir(opts->file);
+    if (fs::is_directory(opts->file, ec) || io::is_sweep_file(opts->file)) {
+      const auto s = io::read_sweep(opts->file);
       if (!s.ok()) {
         exit_code = report_error(s.error());
         return;
       }
       std::cout << (opts->json ? experiment::sweep_json(s.value()).dump(2) + "\n"
                                : experiment::sweep_text(s.value()));
+      exit_code = kExitOk;
       return;
     }
     const auto r = io::read_experiment(opts->file);

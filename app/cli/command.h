@@ -72,6 +72,9 @@ void register_summary(CLI::App& app, int& exit_code);
 /// `sweep`: an experiment over prompts x seeds, resumable (core/experiment/sweep.h).
 void register_sweep(CLI::App& app, int& exit_code);
 
+/// `sweep-merge`: shard files of one sweep into one sweep file (core/io/sweep_file.h).
+void register_sweep_merge(CLI::App& app, int& exit_code);
+
 /// `repro`: a minimal repro folder for one op of an experiment (core/experiment/repro.h).
 void register_repro(CLI::App& app, int& exit_code);
 /// `culprit`: the culprit finder (core/experiment/culprit.h) on run's spec options.

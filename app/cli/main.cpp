@@ -36,6 +36,7 @@ int run(int argc, char** argv) {
   cli::register_summary(app, exit_code);
   cli::register_repro(app, exit_code);
   cli::register_sweep(app, exit_code);
+  cli::register_sweep_merge(app, exit_code);
   cli::register_culprit(app, exit_code);
 
   try {

@@ -156,6 +156,11 @@ int main(int argc, char** argv) {
       window.tabs()->setCurrentIndex(parser.value(tab).toInt());
     }
   });
+  QObject::connect(&window, &ui::MainWindow::sweepShown, &window, [&] {
+    if (parser.isSet(tab)) {
+      window.tabs()->setCurrentIndex(parser.value(tab).toInt());
+    }
+  });
   const bool run = parser.isSet(options.run);
   if (run) {
     // The one-click demo: Run once the first document is shown, as a user would.
@@ -187,6 +192,8 @@ int main(int argc, char** argv) {
     } else {
       // After the document is shown and the views have redrawn; an error dialog counts too.
       QObject::connect(&window, &ui::MainWindow::documentShown, &window,
+                       [&window, shoot] { QTimer::singleShot(800, &window, shoot); });
+      QObject::connect(&window, &ui::MainWindow::sweepShown, &window,
                        [&window, shoot] { QTimer::singleShot(800, &window, shoot); });
       QObject::connect(&window, &ui::MainWindow::errorShown, &window,
                        [&window, shoot] { QTimer::singleShot(300, &window, shoot); });

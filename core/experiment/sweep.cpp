@@ -19,6 +19,7 @@
 #include "core/base/input.h"
 #include "core/base/sha256.h"
 #include "core/experiment/culprit.h"
+#include "core/experiment/provenance.h"
 #include "core/ops/op_family.h"
 
 namespace batchlens::experiment {
@@ -128,12 +129,6 @@ std::string families_text(const std::string& tap) {
   return out;
 }
 
-json provenance_json(const Provenance& p) {
-  return {{"host", p.host},         {"device", p.device},     {"device_name", p.device_name},
-          {"driver", p.driver},     {"cuda", p.cuda},         {"cublas", p.cublas},
-          {"libtorch", p.libtorch}, {"tool", p.tool_version}, {"dtype", p.dtype}};
-}
-
 // The rows of a record, checked against its sweep and item.
 std::vector<SweepRow> record_rows(const json& doc, const std::string& id, int index,
                                   const std::string& where) {
@@ -160,7 +155,57 @@ std::vector<SweepRow> record_rows(const json& doc, const std::string& id, int in
   return out;
 }
 
+// The index of `p` in `list`, appended when it is not there yet.
+int provenance_index(std::vector<Provenance>& list, const Provenance& p) {
+  const json j = provenance_to_json(p);
+  for (std::size_t i = 0; i < list.size(); ++i) {
+    if (provenance_to_json(list[i]) == j) {
+      return static_cast<int>(i);
+    }
+  }
+  list.push_back(p);
+  return static_cast<int>(list.size()) - 1;
+}
+
+// A row's outcome, without where and how long it ran: what two computations of an item must
+// agree on.
+json outcome_json(const SweepRow& r) {
+  json j = to_json(r);
+  j.erase("wall_s");
+  return j;
+}
+
+bool row_order(const SweepRow& a, const SweepRow& b) {
+  return std::tie(a.item, a.group, a.batch_size) < std::tie(b.item, b.group, b.batch_size);
+}
+
 }  // namespace
+
+json provenance_to_json(const Provenance& p) {
+  return {{"host", p.host},         {"device", p.device},     {"device_name", p.device_name},
+          {"driver", p.driver},     {"cuda", p.cuda},         {"cublas", p.cublas},
+          {"libtorch", p.libtorch}, {"tool", p.tool_version}, {"dtype", p.dtype}};
+}
+
+base::Result<Provenance> provenance_from_json(const json& doc) {
+  return base::guarded([&] {
+    const std::string where = "provenance";
+    if (!doc.is_object()) {
+      corrupt(where + " is not an object");
+    }
+    Provenance p;
+    p.host = field<std::string>(doc, "host", where);
+    p.device = field<std::string>(doc, "device", where);
+    p.device_name = field<std::string>(doc, "device_name", where);
+    p.driver = field<std::string>(doc, "driver", where);
+    p.cuda = field<std::string>(doc, "cuda", where);
+    p.cublas = field<std::string>(doc, "cublas", where);
+    p.libtorch = field<std::string>(doc, "libtorch", where);
+    p.tool_version = field<std::string>(doc, "tool", where);
+    p.dtype = field<std::string>(doc, "dtype", where);
+    return p;
+  });
+}
 
 base::Result<void> validate(const SweepSpec& spec) {
   if (auto v = validate(spec.base); !v.ok()) {
@@ -464,10 +509,47 @@ base::Result<SweepRow> sweep_row_from_json(const json& doc) {
     r.first_families = field<std::string>(doc, "first_families", where);
     r.wall_s = field<double>(doc, "wall_s", where);
     if (r.item < 0 || r.prompt < 0 || r.batch_size < 1 || r.tokens_changed < 0 ||
-        r.tokens_total < 0 || r.tokens_changed > r.tokens_total) {
+        r.tokens_total < 0) {
       corrupt(where + ": counts out of range");
     }
     return r;
+  });
+}
+
+fs::path kept_experiment(const fs::path& dir, int item) {
+  std::ostringstream name;
+  name << "item-" << std::setw(6) << std::setfill('0') << item << ".h5";
+  return dir / "experiments" / name.str();
+}
+
+base::Result<std::string> prepare_sweep_dir(const fs::path& dir, const SweepSpec& spec) {
+  return base::guarded([&] {
+    check(validate(spec));
+    std::string id = sweep_id(spec);
+    std::error_code ec;
+    fs::create_directories(dir / "items", ec);
+    if (ec) {
+      base::raise(ErrorCode::IoFailed,
+                  dir.string() + ": cannot make the folder (" + ec.message() + ")");
+    }
+    const fs::path head = dir / "sweep.json";
+    if (fs::exists(head, ec)) {
+      const json doc = parse_file(head);
+      if (!doc.is_object() || doc.value("format", std::string()) != kSweepFormat) {
+        corrupt(head.string() + " is not a sweep description (" + kSweepFormat + ")");
+      }
+      if (doc.value("id", std::string()) != id) {
+        base::raise(ErrorCode::InvalidArgument,
+                    dir.string() + " holds sweep " + doc.value("id", std::string("?")) +
+                        ", not this one (" + id +
+                        "): another spec, prompts or seeds; choose another folder");
+      }
+    } else {
+      check(base::write_file_atomic(
+          head,
+          json{{"format", kSweepFormat}, {"id", id}, {"spec", to_json(spec)}}.dump(1) + "\n"));
+    }
+    return id;
   });
 }
 
@@ -485,30 +567,10 @@ base::Result<SweepOutcome> run_sweep(const setup::Session& session, const SweepS
     }
     SweepOutcome out;
     out.id = sweep_id(spec);
+    out.provenance = provenance_now(spec.base.load, /*emulated=*/false);
     const fs::path& dir = options.dir;
+    out.id = base::take(prepare_sweep_dir(dir, spec));
     std::error_code ec;
-    fs::create_directories(dir / "items", ec);
-    if (ec) {
-      base::raise(ErrorCode::IoFailed,
-                  dir.string() + ": cannot make the folder (" + ec.message() + ")");
-    }
-    const fs::path head = dir / "sweep.json";
-    if (fs::exists(head, ec)) {
-      const json doc = parse_file(head);
-      if (!doc.is_object() || doc.value("format", std::string()) != kSweepFormat) {
-        corrupt(head.string() + " is not a sweep description (" + kSweepFormat + ")");
-      }
-      if (doc.value("id", std::string()) != out.id) {
-        base::raise(ErrorCode::InvalidArgument,
-                    dir.string() + " holds sweep " + doc.value("id", std::string("?")) +
-                        ", not this one (" + out.id +
-                        "): another spec, prompts or seeds; choose another folder");
-      }
-    } else {
-      check(base::write_file_atomic(
-          head,
-          json{{"format", kSweepFormat}, {"id", out.id}, {"spec", to_json(spec)}}.dump(1) + "\n"));
-    }
     std::vector<SweepItem> todo;
     for (const SweepItem& item : sweep_items(spec)) {
       if (!in_shard(item, options.shard)) {
@@ -553,7 +615,7 @@ base::Result<SweepOutcome> run_sweep(const setup::Session& session, const SweepS
       json rec = {{"format", kItemFormat},
                   {"sweep_id", out.id},
                   {"item", item.index},
-                  {"provenance", provenance_json(r.provenance)},
+                  {"provenance", provenance_to_json(r.provenance)},
                   {"rows", json::array()}};
       for (const SweepRow& row : rows) {
         rec["rows"].push_back(to_json(row));
@@ -563,9 +625,7 @@ base::Result<SweepOutcome> run_sweep(const setup::Session& session, const SweepS
       out.rows.insert(out.rows.end(), rows.begin(), rows.end());
       ++out.items_run;
     }
-    std::sort(out.rows.begin(), out.rows.end(), [](const SweepRow& a, const SweepRow& b) {
-      return std::tie(a.item, a.group, a.batch_size) < std::tie(b.item, b.group, b.batch_size);
-    });
+    std::sort(out.rows.begin(), out.rows.end(), row_order);
     return out;
   });
 }
@@ -596,13 +656,178 @@ base::Result<SweepRecords> read_sweep_dir(const fs::path& dir) {
       if (!fs::exists(rec, ec)) {
         continue;
       }
-      const std::vector<SweepRow> rows =
-          record_rows(parse_file(rec), s.id, item.index, rec.string());
+      const json doc = parse_file(rec);
+      std::vector<SweepRow> rows = record_rows(doc, s.id, item.index, rec.string());
+      const auto prov = doc.find("provenance");
+      if (prov == doc.end()) {
+        corrupt(rec.string() + ": no field 'provenance'");
+      }
+      auto p = provenance_from_json(*prov);
+      if (!p.ok()) {
+        corrupt(rec.string() + ": " + p.error().message);
+      }
+      const int at = provenance_index(s.provenances, p.value());
+      for (SweepRow& r : rows) {
+        r.provenance = at;
+      }
       s.rows.insert(s.rows.end(), rows.begin(), rows.end());
       ++s.items_done;
     }
+    std::sort(s.rows.begin(), s.rows.end(), row_order);
     return s;
   });
+}
+
+base::Result<void> validate(const SweepRecords& s) {
+  return base::guarded([&] {
+    check(validate(s.spec));
+    if (sweep_id(s.spec) != s.id) {
+      corrupt("the sweep id " + s.id.substr(0, 32) + " is not its spec's");
+    }
+    const std::vector<SweepItem> items = sweep_items(s.spec);
+    if (s.items_total != static_cast<int>(items.size())) {
+      corrupt("items_total " + std::to_string(s.items_total) + " is not the spec's " +
+              std::to_string(items.size()));
+    }
+    std::set<int> done;
+    std::set<std::tuple<int, std::string, int>> seen;
+    const auto n_prov = static_cast<int>(s.provenances.size());
+    for (const SweepRow& r : s.rows) {
+      const std::string at = "row of item " + std::to_string(r.item);
+      if (r.item < 0 || r.item >= s.items_total) {
+        corrupt(at + ": no such item");
+      }
+      const SweepItem& item = items[static_cast<std::size_t>(r.item)];
+      if (r.prompt != item.prompt || r.seed != item.seed) {
+        corrupt(at + ": its prompt or seed is not the item's");
+      }
+      if (!seen.insert({r.item, r.group, r.batch_size}).second) {
+        corrupt(at + ": batch size " + std::to_string(r.batch_size) + " (" + r.group +
+                ") comes twice");
+      }
+      if (r.provenance < 0 || r.provenance >= n_prov) {
+        corrupt(at + ": provenance " + std::to_string(r.provenance) + " out of range");
+      }
+      done.insert(r.item);
+    }
+    if (static_cast<int>(done.size()) != s.items_done) {
+      corrupt("items_done " + std::to_string(s.items_done) + " but rows of " +
+              std::to_string(done.size()) + " items");
+    }
+    for (const SweepShard& sh : s.shards) {
+      if (sh.count < 1 || sh.index < 0 || sh.index >= sh.count || sh.provenance < 0 ||
+          sh.provenance >= n_prov || sh.items < 0 || sh.items > s.items_total) {
+        corrupt("shard " + std::to_string(sh.index) + "/" + std::to_string(sh.count) +
+                ": out of range");
+      }
+    }
+  });
+}
+
+SweepRecords shard_records(const SweepRecords& all, const Shard& shard, const Provenance& process) {
+  SweepRecords out;
+  out.spec = all.spec;
+  out.id = all.id;
+  out.items_total = all.items_total;
+  std::map<int, int> remap;  // provenance index in `all` -> in `out`
+  std::set<int> items;
+  for (const SweepRow& r : all.rows) {
+    if (r.item % shard.count != shard.index) {
+      continue;
+    }
+    SweepRow row = r;
+    const auto it = remap.find(r.provenance);
+    row.provenance = it != remap.end() ? it->second
+                                       : (remap[r.provenance] = provenance_index(
+                                              out.provenances, all.provenances.at(r.provenance)));
+    items.insert(r.item);
+    out.rows.push_back(std::move(row));
+  }
+  out.items_done = static_cast<int>(items.size());
+  out.shards.push_back(
+      {shard.index, shard.count, provenance_index(out.provenances, process), out.items_done});
+  return out;
+}
+
+base::Result<SweepRecords> merge_sweeps(const std::vector<SweepRecords>& parts,
+                                        const std::vector<std::string>& names) {
+  return base::guarded([&] {
+    if (parts.empty() || names.size() != parts.size()) {
+      base::raise(ErrorCode::InvalidArgument, "nothing to merge");
+    }
+    SweepRecords out;
+    out.spec = parts.front().spec;
+    out.id = parts.front().id;
+    out.items_total = parts.front().items_total;
+    const json spec = to_json(out.spec);
+    std::map<int, std::pair<std::size_t, std::vector<const SweepRow*>>> by_item;  // part, rows
+    for (std::size_t p = 0; p < parts.size(); ++p) {
+      const SweepRecords& part = parts[p];
+      if (part.id != out.id || to_json(part.spec) != spec) {
+        base::raise(ErrorCode::InvalidArgument,
+                    names[p] + " holds sweep " + part.id + ", not " + out.id + " of " +
+                        names.front() + " (another spec, prompts or seeds): not merged");
+      }
+      for (const SweepShard& sh : part.shards) {
+        for (const SweepShard& have : out.shards) {
+          if (have.index == sh.index && have.count == sh.count) {
+            base::raise(ErrorCode::InvalidArgument,
+                        names[p] + ": shard " + std::to_string(sh.index) + "/" +
+                            std::to_string(sh.count) + " comes twice among the files");
+          }
+        }
+        SweepShard copy = sh;
+        copy.provenance = provenance_index(out.provenances, part.provenances.at(sh.provenance));
+        out.shards.push_back(copy);
+      }
+      std::map<int, std::vector<const SweepRow*>> rows;
+      for (const SweepRow& r : part.rows) {
+        rows[r.item].push_back(&r);
+      }
+      for (auto& [item, list] : rows) {
+        const auto have = by_item.find(item);
+        if (have == by_item.end()) {
+          by_item[item] = {p, list};
+          continue;
+        }
+        const auto& old = have->second.second;
+        bool same = old.size() == list.size();
+        for (std::size_t k = 0; same && k < list.size(); ++k) {
+          same = outcome_json(*old[k]) == outcome_json(*list[k]);
+        }
+        if (!same) {
+          base::raise(ErrorCode::InvalidArgument,
+                      "item " + std::to_string(item) + " differs between " +
+                          names[have->second.first] + " and " + names[p] + ": not merged");
+        }
+      }
+    }
+    for (const auto& [item, entry] : by_item) {
+      const SweepRecords& part = parts[entry.first];
+      for (const SweepRow* r : entry.second) {
+        SweepRow row = *r;
+        row.provenance = provenance_index(out.provenances, part.provenances.at(r->provenance));
+        out.rows.push_back(std::move(row));
+      }
+    }
+    std::sort(out.rows.begin(), out.rows.end(), row_order);
+    out.items_done = static_cast<int>(by_item.size());
+    return out;
+  });
+}
+
+std::vector<int> missing_items(const SweepRecords& s) {
+  std::set<int> done;
+  for (const SweepRow& r : s.rows) {
+    done.insert(r.item);
+  }
+  std::vector<int> out;
+  for (int i = 0; i < s.items_total; ++i) {
+    if (done.count(i) == 0) {
+      out.push_back(i);
+    }
+  }
+  return out;
 }
 
 Interval wilson_interval(int k, int n) {
@@ -667,6 +892,35 @@ std::string sweep_text(const SweepRecords& s) {
     << " seed(s), " << name(b.mode) << " mode, policy " << ops::policy_text(b.policy)
     << (b.workaround ? ", workaround " + ops::policy_text(*b.workaround) : std::string()) << "\n"
     << "items finished: " << s.items_done << " of " << s.items_total << "\n";
+  // Where the rows were computed: a mixed cluster shows as several lines.
+  std::vector<int> rows_of(s.provenances.size(), 0);
+  for (const SweepRow& r : s.rows) {
+    if (r.provenance >= 0 && r.provenance < static_cast<int>(rows_of.size())) {
+      ++rows_of[static_cast<std::size_t>(r.provenance)];
+    }
+  }
+  for (std::size_t i = 0; i < s.provenances.size(); ++i) {
+    const Provenance& p = s.provenances[i];
+    o << "computed on " << p.host << ": " << p.device_name << " (" << p.device
+      << (p.driver.empty() ? std::string() : ", driver " + p.driver)
+      << (p.cuda.empty() ? std::string() : ", CUDA " + p.cuda) << ", LibTorch " << p.libtorch
+      << ", BatchLens " << p.tool_version << "): " << rows_of[i] << " row(s)\n";
+  }
+  if (!s.shards.empty()) {
+    o << "shards:";
+    for (const SweepShard& sh : s.shards) {
+      o << " " << sh.index << "/" << sh.count << " (" << sh.items << " items, "
+        << s.provenances.at(static_cast<std::size_t>(sh.provenance)).host << ")";
+    }
+    o << "\n";
+  }
+  if (const std::vector<int> missing = missing_items(s); !missing.empty()) {
+    o << "items not finished:";
+    for (std::size_t i = 0; i < missing.size() && i < 20; ++i) {
+      o << " " << missing[i];
+    }
+    o << (missing.size() > 20 ? " ..." : "") << "\n";
+  }
   o << std::fixed;
   for (const SweepStats& st : sweep_stats(s.rows)) {
     o << "\n"
@@ -718,14 +972,29 @@ json sweep_json(const SweepRecords& s) {
   }
   json rows = json::array();
   for (const SweepRow& r : s.rows) {
-    rows.push_back(to_json(r));
+    json j = to_json(r);
+    j["provenance"] = r.provenance;
+    rows.push_back(std::move(j));
+  }
+  json provenances = json::array();
+  for (const Provenance& p : s.provenances) {
+    provenances.push_back(provenance_to_json(p));
+  }
+  json shards = json::array();
+  for (const SweepShard& sh : s.shards) {
+    shards.push_back({{"index", sh.index},
+                      {"count", sh.count},
+                      {"items", sh.items},
+                      {"provenance", sh.provenance}});
   }
   return {{"sweep_id", s.id},
           {"items_done", s.items_done},
           {"items_total", s.items_total},
           {"spec", to_json(s.spec)},
           {"stats", stats},
-          {"rows", rows}};
+          {"rows", rows},
+          {"provenances", provenances},
+          {"shards", shards}};
 }
 
 }  // namespace batchlens::experiment

@@ -78,7 +78,16 @@ struct SweepRow {
   std::string first_tap;
   std::string first_families;  ///< ops::family_name joined by "+", "" when none
   double wall_s = 0.0;         ///< the item's whole experiment
+  /// Where it was computed: an index into SweepRecords::provenances (kept beside the rows, not
+  /// in the row's JSON).
+  int provenance = 0;
 };
+
+/// The host, device and versions of a process that computed rows (host, device, device_name,
+/// driver, cuda, cublas, libtorch, tool, dtype as JSON).
+nlohmann::json provenance_to_json(const Provenance& p);
+/// FileCorrupted naming the field. Never throws.
+base::Result<Provenance> provenance_from_json(const nlohmann::json& doc);
 
 /// InvalidArgument naming the first bad field (the base spec as validate(), no prompts, no seeds,
 /// more than 1,000,000 items). Never throws.
@@ -125,6 +134,9 @@ struct SweepRunOptions {
   std::function<base::Result<void>(const SweepItem&, const ExperimentResult&)> keep;
 };
 
+/// Where --keep-experiments keeps an item's full experiment: DIR/experiments/item-NNNNNN.h5.
+std::filesystem::path kept_experiment(const std::filesystem::path& dir, int item);
+
 /// What run_sweep did.
 struct SweepOutcome {
   std::string id;
@@ -133,6 +145,11 @@ struct SweepOutcome {
   int items_skipped = 0;  ///< finished by an earlier run
   Provenance provenance;  ///< this process's (host, device, versions)
 };
+
+/// Makes `dir` a folder of this sweep: writes dir/sweep.json (the spec and its id) when missing,
+/// refuses a folder of another sweep (InvalidArgument). Returns the sweep's id. Never throws.
+base::Result<std::string> prepare_sweep_dir(const std::filesystem::path& dir,
+                                            const SweepSpec& spec);
 
 /// Runs the shard's items of `spec` on `session`, one experiment each, committing each item's
 /// record atomically as it finishes; items with a record are skipped. Progress: one report per
@@ -143,16 +160,48 @@ base::Result<SweepOutcome> run_sweep(const setup::Session& session, const SweepS
                                      const SweepRunOptions& options,
                                      const RunControl& control = {});
 
-/// The spec and records of a sweep's folder: every record present (any shard). Errors:
-/// InvalidArgument / FileCorrupted naming the file. Never throws.
+/// One shard file's part of a sweep (a Slurm array task's): which slice and where it ran.
+struct SweepShard {
+  int index = 0;
+  int count = 1;
+  int provenance = 0;  ///< the process that wrote the shard file (index into provenances)
+  int items = 0;       ///< finished items of the slice
+};
+
+/// What a sweep holds: its spec, id and the rows of its finished items, with where each was
+/// computed. A sweep folder, a shard file and a merged sweep file all read into one of these.
 struct SweepRecords {
   SweepSpec spec;
   std::string id;
-  std::vector<SweepRow> rows;
+  std::vector<SweepRow> rows;  ///< by item, group, batch size
   int items_done = 0;
   int items_total = 0;
+  std::vector<Provenance> provenances;  ///< distinct, as rows and shards refer to them
+  std::vector<SweepShard> shards;       ///< of a shard or merged file; empty for a folder
 };
+
+/// The spec and records of a sweep's folder: every record present (any shard). Errors:
+/// InvalidArgument / FileCorrupted naming the file. Never throws.
 base::Result<SweepRecords> read_sweep_dir(const std::filesystem::path& dir);
+
+/// The whole of a sweep's records agree with themselves: the id is the spec's, every row's item,
+/// prompt and seed are the spec's, each item's rows are complete and unique, items_done counts
+/// them, provenance indexes are in range. FileCorrupted naming the first disagreement.
+base::Result<void> validate(const SweepRecords& s);
+
+/// The part of `all` that `shard` covers, as the shard file of a process with `process`
+/// provenance records it.
+SweepRecords shard_records(const SweepRecords& all, const Shard& shard, const Provenance& process);
+
+/// Merges shard (or merged) files' records into one: every part must hold the same sweep (id and
+/// spec), an item found in two parts must have the same rows, a shard may come once. `names`
+/// (one per part) name the parts in errors. InvalidArgument naming the part that does not fit.
+/// Never throws.
+base::Result<SweepRecords> merge_sweeps(const std::vector<SweepRecords>& parts,
+                                        const std::vector<std::string>& names);
+
+/// Items of the spec without rows, ascending.
+std::vector<int> missing_items(const SweepRecords& s);
 
 /// A binomial share's 95 % interval (Wilson score, z = 1.96).
 struct Interval {

@@ -6,23 +6,17 @@
 #include "core/io/experiment_file.h"
 
 #include <algorithm>
-#include <array>
-#include <chrono>
 #include <cstdlib>
-#include <cstring>
-#include <fstream>
 #include <functional>
 #include <initializer_list>
 #include <limits>
 #include <mutex>
-#include <thread>
 #include <type_traits>
 #include <utility>
 
 #include <H5Cpp.h>
 #include <nlohmann/json.hpp>
 
-#include "core/base/atomic_file.h"
 #include "core/base/input.h"
 #include "core/experiment/culprit.h"
 #include "core/experiment/schema.h"
@@ -55,91 +49,6 @@ constexpr std::uint64_t kMaxReadBytes = std::uint64_t{16} << 30U;
 
 [[noreturn]] void corrupt(const std::string& what) {
   base::raise(ErrorCode::FileCorrupted, what);
-}
-
-// ---- the superblock's checksum ------------------------------------------------------------
-
-// HDF5's metadata checksum (H5_checksum_lookup3 in H5checksum.c: Bob Jenkins' lookup3
-// hashlittle, byte by byte), for the superblock fix below.
-std::uint32_t rot(std::uint32_t x, unsigned k) {
-  return (x << k) ^ (x >> (32U - k));
-}
-
-std::uint32_t lookup3(const unsigned char* k, std::size_t length, std::uint32_t initval) {
-  std::uint32_t a = 0xdeadbeefU + static_cast<std::uint32_t>(length) + initval;
-  std::uint32_t b = a;
-  std::uint32_t c = a;
-  const auto word = [](const unsigned char* p) {
-    return static_cast<std::uint32_t>(p[0]) | (static_cast<std::uint32_t>(p[1]) << 8U) |
-           (static_cast<std::uint32_t>(p[2]) << 16U) | (static_cast<std::uint32_t>(p[3]) << 24U);
-  };
-  while (length > 12) {
-    a += word(k);
-    b += word(k + 4);
-    c += word(k + 8);
-    a -= c;
-    a ^= rot(c, 4);
-    c += b;  // NOLINT(readability-isolate-declaration)
-    b -= a;
-    b ^= rot(a, 6);
-    a += c;
-    c -= b;
-    c ^= rot(b, 8);
-    b += a;
-    a -= c;
-    a ^= rot(c, 16);
-    c += b;
-    b -= a;
-    b ^= rot(a, 19);
-    a += c;
-    c -= b;
-    c ^= rot(b, 4);
-    b += a;
-    length -= 12;
-    k += 12;
-  }
-  if (length == 0) {
-    return c;
-  }
-  std::array<unsigned char, 12> tail{};
-  std::memcpy(tail.data(), k, length);
-  a += word(tail.data());
-  b += word(tail.data() + 4);
-  c += word(tail.data() + 8);
-  c ^= b;
-  c -= rot(b, 14);
-  a ^= c;
-  a -= rot(c, 11);
-  b ^= a;
-  b -= rot(a, 25);
-  c ^= b;
-  c -= rot(b, 16);
-  a ^= c;
-  a -= rot(c, 4);
-  b ^= a;
-  b -= rot(a, 14);
-  c ^= b;
-  c -= rot(b, 24);
-  return c;
-}
-
-// H5Fget_file_image of HDF5 1.10 clears the superblock's status flags in the image (the file is
-// open for writing when the image is taken) without updating the superblock's checksum, so the
-// image would not open. Superblocks of version 2 and 3 end with a lookup3 checksum of the bytes
-// before it: 12 fixed bytes and four addresses.
-void fix_superblock_checksum(std::vector<char>& image) {
-  auto* b = reinterpret_cast<unsigned char*>(image.data());
-  if (image.size() < 12 || std::memcmp(b, "\x89HDF\r\n\x1a\n", 8) != 0 || b[8] < 2) {
-    return;
-  }
-  const std::size_t n = 12 + 4 * std::size_t{b[9]};
-  if (image.size() < n + 4) {
-    return;
-  }
-  const std::uint32_t sum = lookup3(b, n, 0);
-  for (unsigned k = 0; k < 4; ++k) {
-    b[n + k] = static_cast<unsigned char>(sum >> (8U * k));
-  }
 }
 
 // ---- writing ------------------------------------------------------------------------------
@@ -307,32 +216,6 @@ void write_list(ArrayWriter& arrays, GroupWriter& list, const std::vector<Item>&
   list.seal();
 }
 
-// Checks what an HDF5 C call returned; a failure names `what` and HDF5's (system) reason.
-void h5check(herr_t status, const std::string& what) {
-  if (status < 0) {
-    base::raise(ErrorCode::IoFailed, what + ": " + hdf5_error_text());
-  }
-}
-
-// An empty HDF5 file in memory (HDF5's core driver, no backing store) with the newest
-// file-format objects of HDF5 1.10: superblock v3, v2 object headers, chunk indexes and heaps
-// with checksums, so that damaged metadata is detected instead of followed.
-hid_t create_in_memory(const std::string& name) {
-  const hid_t fapl = H5Pcreate(H5P_FILE_ACCESS);
-  const bool props = fapl >= 0 &&
-                     H5Pset_fapl_core(fapl, std::size_t{16} << 20U, /*backing_store=*/false) >= 0 &&
-                     H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_V110) >= 0 &&
-                     H5Pset_fclose_degree(fapl, H5F_CLOSE_SEMI) >= 0;
-  const hid_t fid = props ? H5Fcreate(name.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl) : -1;
-  if (fapl >= 0) {
-    H5Pclose(fapl);
-  }
-  if (fid < 0) {
-    base::raise(ErrorCode::IoFailed, "cannot create the file in memory: " + hdf5_error_text());
-  }
-  return fid;
-}
-
 // Every group, dataset and attribute of the file; all of them are closed when it returns.
 void write_groups(hid_t fid, const ExperimentResult& r, bool serial) {
   const auto group = [&](const char* name) {
@@ -370,43 +253,6 @@ void write_groups(hid_t fid, const ExperimentResult& r, bool serial) {
   }
 }
 
-// The whole file, built in memory (create_in_memory) and returned as its byte image; the caller
-// writes the image through a base::AtomicFile. HDF5 never touches the disk, so a full disk, a
-// quota or an I/O error shows in one checked write of ours (errno named) and never in an HDF5
-// close: HDF5 1.10.8 keeps a file whose close failed half closed and crashes when it is closed
-// again, at exit at the latest. Every object is closed before the file (H5F_CLOSE_SEMI refuses
-// to close a file with open objects); each call's return is checked.
-std::vector<char> build_image(const std::string& name, const ExperimentResult& r, bool serial) {
-  const hid_t fid = create_in_memory(name);
-  struct Close {  // on an error; in memory a close has nothing that can fail
-    hid_t id;
-    bool done = false;
-    Close(const Close&) = delete;
-    Close& operator=(const Close&) = delete;
-    Close(Close&&) = delete;
-    Close& operator=(Close&&) = delete;
-    ~Close() {
-      if (!done) {
-        H5Fclose(id);
-      }
-    }
-  } guard{fid};
-  write_groups(fid, r, serial);
-  h5check(H5Fflush(fid, H5F_SCOPE_GLOBAL), "cannot flush the file");
-  const ssize_t size = H5Fget_file_image(fid, nullptr, 0);
-  if (size <= 0) {
-    base::raise(ErrorCode::IoFailed, "cannot size the file image: " + hdf5_error_text());
-  }
-  std::vector<char> image(static_cast<std::size_t>(size));
-  if (H5Fget_file_image(fid, image.data(), image.size()) != size) {
-    base::raise(ErrorCode::IoFailed, "cannot copy the file image: " + hdf5_error_text());
-  }
-  guard.done = true;
-  h5check(H5Fclose(fid), "cannot close the file");
-  fix_superblock_checksum(image);
-  return image;
-}
-
 // ---- reading ------------------------------------------------------------------------------
 // Every attribute and dataset is checked for class, rank, shape and element type before it is
 // read, into storage sized from the checked shape, within a byte budget set from the file's size
@@ -415,26 +261,6 @@ std::vector<char> build_image(const std::string& name, const ExperimentResult& r
 bool exists(hid_t g, const std::string& name) {
   return H5Lexists(g, name.c_str(), H5P_DEFAULT) > 0;
 }
-
-// Owns an HDF5 id of any kind.
-class Hid {
- public:
-  explicit Hid(hid_t id) : id_(id) {}
-  Hid(const Hid&) = delete;
-  Hid& operator=(const Hid&) = delete;
-  Hid(Hid&&) = delete;
-  Hid& operator=(Hid&&) = delete;
-  ~Hid() {
-    if (id_ >= 0) {
-      H5Idec_ref(id_);
-    }
-  }
-  hid_t get() const { return id_; }
-  bool ok() const { return id_ >= 0; }
-
- private:
-  hid_t id_;
-};
 
 std::vector<std::string> json_list(const std::string& text, const std::string& what) {
   auto parsed = base::parse_json(text, what, ErrorCode::FileCorrupted);
@@ -1249,58 +1075,26 @@ WriteOptions WriteOptions::from_environment() {
 
 base::Result<void> write_experiment(const fs::path& path, const ExperimentResult& r,
                                     const WriteOptions& options) {
-  auto result = base::guarded([&] {
-    // What the reader would refuse is refused before anything is written.
+  Hdf5Write how;
+  // What the reader would refuse is refused before anything is written.
+  how.check = [&] {
     validate(Fail{"the result is inconsistent: ", ErrorCode::InvalidArgument}, r);
-    base::AtomicFile out(path);
-    std::vector<char> image;
-    {
-      const std::lock_guard<std::mutex> lock(hdf5_mutex());
-      quiet_hdf5();
-      try {
-        image = build_image(out.temp_path().string(), r, options.serial);
-      } catch (const H5::Exception& e) {
-        base::raise(ErrorCode::IoFailed,
-                    "HDF5: " + e.getDetailMsg() + " (" + hdf5_error_text() + ")");
-      }
-    }
-    if (options.test_pause_ms > 0) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(options.test_pause_ms));
-    }
-    out.write(image.data(), image.size());
-    image = {};
-    // Verified before it replaces anything: the file reads back whole, checksums included.
-    auto back = read_experiment(out.temp_path());
-    if (!back.ok()) {
-      base::raise(ErrorCode::IoFailed,
-                  "the written file does not read back: " + back.error().message);
-    }
-    out.commit();
-  });
-  if (!result.ok()) {
-    return base::Error{
-        result.error().code == ErrorCode::Internal ? ErrorCode::IoFailed : result.error().code,
-        "cannot write " + path.string() + ": " + result.error().message};
-  }
-  return result;
+  };
+  how.fill = [&](hid_t fid) {
+    write_groups(fid, r, options.serial);
+  };
+  how.verify = [](const fs::path& temp) -> base::Result<void> {
+    auto back = read_experiment(temp);
+    return back.ok() ? base::ok_result() : base::Result<void>(back.error());
+  };
+  how.test_pause_ms = options.test_pause_ms;
+  return write_hdf5_atomic(path, how);
 }
 
 base::Result<ExperimentResult> read_experiment(const fs::path& path) {
-  auto size = base::check_input_file(path, "experiment file");
+  auto size = check_hdf5_file(path, "experiment file", "BatchLens experiment files");
   if (!size.ok()) {
     return size.error();
-  }
-  {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
-      return base::Error{ErrorCode::FileNotFound, "cannot open " + path.string()};
-    }
-    std::array<char, 8> sig{};
-    in.read(sig.data(), sig.size());
-    if (in.gcount() != 8 || std::memcmp(sig.data(), "\x89HDF\r\n\x1a\n", 8) != 0) {
-      return base::Error{ErrorCode::FileUnrecognised,
-                         path.string() + " is not an HDF5 file (BatchLens experiment files are)"};
-    }
   }
   return base::guarded([&]() -> ExperimentResult {
     const std::lock_guard<std::mutex> lock(hdf5_mutex());

@@ -8,10 +8,12 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <regex>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -352,6 +354,72 @@ TEST_F(CliRunSafety, DiskFullDuringTheWriteRescuesTheResult) {
   EXPECT_EQ(nlohmann::json::parse(back.out)["comparisons"].size(), 2U);
   EXPECT_FALSE(fs::exists(out));
   EXPECT_FALSE(has_temporary(dir_ / "fs"));
+}
+
+// issue #19: a sweep killed with SIGKILL in the middle (no handler runs) loses no finished item;
+// the same command again runs only the rest, rewrites nothing finished, and writes the sweep file.
+TEST_F(CliRunSafety, SweepKilledMidwayResumesWithoutLosingOrRepeatingAnItem) {
+  std::ofstream(dir_ / "prompts.txt") << "Write about Lisbon.\nExplain tides.\nName a colour.\n";
+  const fs::path sweep = dir_ / "sweep";
+  const std::vector<std::string> argv{BL_CLI_PATH,
+                                      "sweep",
+                                      "--preset",
+                                      "tiny",
+                                      "--steps",
+                                      "3",
+                                      "--max-new-tokens",
+                                      "16",
+                                      "--batch-sizes",
+                                      "2",
+                                      "--policy",
+                                      "emulated_h200",
+                                      "--prompts",
+                                      (dir_ / "prompts.txt").string(),
+                                      "--seeds",
+                                      "0-1",
+                                      "--out",
+                                      sweep.string()};
+  std::vector<fs::path> done;
+  {
+    Child child(argv, {}, dir_);
+    const auto end = Clock::now() + std::chrono::seconds(300);
+    // Killed once at least two items are committed and the third runs.
+    while (Clock::now() < end && child.running() &&
+           !fs::exists(sweep / "items" / "item-000001.json")) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ASSERT_TRUE(child.running()) << "the sweep ended before it could be killed: " << child.err();
+    child.signal(SIGKILL);
+    EXPECT_EQ(child.wait(), 128 + SIGKILL);
+  }
+  std::map<fs::path, std::pair<std::string, fs::file_time_type>> before;
+  for (const auto& e : fs::directory_iterator(sweep / "items")) {
+    if (e.path().extension() == ".json") {
+      before[e.path()] = {slurp(e.path()), fs::last_write_time(e.path())};
+    }
+  }
+  ASSERT_GE(before.size(), 2U);
+  ASSERT_LT(before.size(), 6U) << "killed after the last item";
+  EXPECT_FALSE(fs::exists(sweep / "sweep.h5"));
+  const auto again = run_process(argv);
+  ASSERT_EQ(again.exit_code, 0) << again.err;
+  const std::string line = std::to_string(6 - before.size()) + " item(s) run, " +
+                           std::to_string(before.size()) + " finished before and skipped";
+  EXPECT_NE(again.out.find(line), std::string::npos) << again.out;
+  for (const auto& [path, kept] : before) {
+    EXPECT_EQ(slurp(path), kept.first) << path;
+    EXPECT_EQ(fs::last_write_time(path), kept.second) << path << " was rewritten";
+  }
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_TRUE(fs::exists(sweep / "items" / ("item-00000" + std::to_string(i) + ".json"))) << i;
+  }
+  EXPECT_FALSE(has_temporary(sweep));
+  const auto summary =
+      run_process({BL_CLI_PATH, "summary", "--json", (sweep / "sweep.h5").string()});
+  ASSERT_EQ(summary.exit_code, 0) << summary.err;
+  const auto j = nlohmann::json::parse(summary.out);
+  EXPECT_EQ(j.at("items_done").get<int>(), 6);
+  EXPECT_EQ(j.at("rows").size(), 6U);
 }
 
 }  // namespace

@@ -25,6 +25,10 @@ ProcessResult run_process(const std::vector<std::string>& argv) {
     dup2(err_pipe[1], STDERR_FILENO);
     close(out_pipe[0]);
     close(err_pipe[0]);
+    // Only the duplicates stay open: a daemon the child starts (tests/app/slurm_cluster.sh)
+    // must not hold the pipes, or the read below would wait for it to exit.
+    close(out_pipe[1]);
+    close(err_pipe[1]);
     std::vector<char*> args;
     args.reserve(argv.size() + 1);
     for (const auto& a : argv) {

@@ -830,7 +830,8 @@ TEST_F(ExplorerTest, EmbeddedSampleOpensWithGpuProvenance) {
 // the workaround identical).
 TEST_F(ExplorerTest, EmbeddedLockstepSampleOf26bTellsItsStory) {
   const auto samples = FileController::embeddedSamples();
-  ASSERT_EQ(samples.size(), 2);
+  ASSERT_EQ(samples.size(), 3);  // mid, 26B-A4B lockstep, the 26B-A4B sweep (issue #19)
+  EXPECT_TRUE(samples[2].first.endsWith(QStringLiteral("sweep.h5")));
   QSignalSpy shown(window_.get(), &MainWindow::documentShown);
   window_->openFile(samples[1].first);
   ASSERT_TRUE(shown.wait(kWaitMs)) << window_->lastError().toStdString();

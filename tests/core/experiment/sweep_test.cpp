@@ -14,6 +14,8 @@
 
 #include "core/base/cancel.h"
 #include "core/experiment/runner.h"
+#include "core/experiment/sweep_slurm.h"
+#include "core/io/sweep_file.h"
 #include "core/setup/front_door.h"
 
 #include <unistd.h>
@@ -102,8 +104,11 @@ TEST(Sweep, StatisticsOfAKnownSet) {
   ASSERT_TRUE(back.ok());
   EXPECT_EQ(to_json(back.value()), to_json(rows[3]));
   nlohmann::json bad = to_json(rows[3]);
-  bad["tokens_changed"] = 99;
+  bad["tokens_changed"] = -1;
   EXPECT_EQ(sweep_row_from_json(bad).error().code, base::ErrorCode::FileCorrupted);
+  // More tokens changed than the reference has is an outcome (the run wrote a longer text).
+  bad["tokens_changed"] = 99;
+  EXPECT_TRUE(sweep_row_from_json(bad).ok());
   bad = to_json(rows[3]);
   bad["group"] = "other";
   EXPECT_FALSE(sweep_row_from_json(bad).ok());
@@ -251,6 +256,53 @@ TEST(Sweep, ShardsTogetherEqualOneProcess) {
   const auto merged = read_sweep_dir(split);
   ASSERT_TRUE(merged.ok());
   EXPECT_EQ(without_times(merged.value().rows), without_times(whole.value().rows));
+
+  // Each shard's file (as a Slurm task writes it), merged, equals the one-process sweep file.
+  std::vector<SweepRecords> files;
+  std::vector<std::string> names;
+  Provenance elsewhere;
+  elsewhere.host = "node-b";
+  elsewhere.device_name = "another GPU";
+  for (int i = 0; i < 3; ++i) {
+    const fs::path f = shard_file(split, i, 3);
+    fs::create_directories(f.parent_path());
+    Provenance p = whole.value().provenance;
+    ASSERT_TRUE(
+        io::write_sweep_file(f, shard_records(merged.value(), {i, 3}, i == 2 ? elsewhere : p))
+            .ok());
+    auto back = io::read_sweep_file(f);
+    ASSERT_TRUE(back.ok()) << back.error().message;
+    files.push_back(std::move(back).value());
+    names.push_back(f.filename().string());
+  }
+  const auto all = merge_sweeps(files, names);
+  ASSERT_TRUE(all.ok()) << all.error().message;
+  EXPECT_TRUE(missing_items(all.value()).empty());
+  EXPECT_EQ(without_times(all.value().rows), without_times(whole.value().rows));
+  EXPECT_EQ(all.value().shards.size(), 3U);
+  // A mixed cluster shows: two hosts, the shard of node-b named.
+  EXPECT_NE(sweep_text(all.value()).find("computed on"), std::string::npos);
+  EXPECT_NE(sweep_text(all.value()).find("2/3 (1 items, node-b)"), std::string::npos)
+      << sweep_text(all.value());
+  // Shards of another sweep, a shard given twice and an item that differs are refused.
+  SweepRecords foreign = files[1];
+  foreign.spec.seeds = {0, 7};
+  foreign.id = sweep_id(foreign.spec);
+  const auto mixed = merge_sweeps({files[0], foreign}, {"a.h5", "b.h5"});
+  ASSERT_FALSE(mixed.ok());
+  EXPECT_NE(mixed.error().message.find("b.h5 holds sweep"), std::string::npos)
+      << mixed.error().message;
+  EXPECT_FALSE(merge_sweeps({files[0], files[0]}, {"a.h5", "a2.h5"}).ok());
+  SweepRecords changed = files[1];
+  changed.shards.clear();
+  changed.rows.front().tokens_changed += 1;
+  const auto differs = merge_sweeps({files[1], changed}, {"a.h5", "c.h5"});
+  ASSERT_FALSE(differs.ok());
+  EXPECT_NE(differs.error().message.find("differs between a.h5 and c.h5"), std::string::npos);
+  // Two of three shards: the third shard's items are missing.
+  const auto two = merge_sweeps({files[0], files[1]}, {"a.h5", "b.h5"});
+  ASSERT_TRUE(two.ok());
+  EXPECT_EQ(missing_items(two.value()), (std::vector<int>{2}));
   SweepRunOptions bad;
   bad.dir = split;
   bad.shard = {3, 3};
@@ -283,6 +335,49 @@ TEST(Sweep, CancelKeepsFinishedItems) {
   EXPECT_EQ(rest.value().items_skipped, 2);
   EXPECT_EQ(rest.value().items_run, 2);
   fs::remove_all(dir);
+}
+
+// The job array and merge scripts of --slurm.
+TEST(Sweep, SlurmScriptsRunShardsAndMergeAfterThem) {
+  SlurmOptions o;
+  o.cli = "/opt/bl/batchlens-cli";
+  o.sweep_dir = "/shared/my sweep";
+  o.script_dir = "/shared/slurm";
+  o.sweep_id = "0123456789abcdef";
+  o.shards = 24;
+  o.array_parallel = 8;
+  o.sbatch_options = {"--partition=gpu", "--time=02:00:00"};
+  auto s = slurm_scripts(o);
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  const std::string& a = s.value().array;
+  EXPECT_NE(a.find("#SBATCH --array=0-23%8\n"), std::string::npos) << a;
+  EXPECT_NE(a.find("#SBATCH --gres=gpu:1\n"), std::string::npos) << a;
+  EXPECT_NE(a.find("#SBATCH --partition=gpu\n#SBATCH --time=02:00:00\n"), std::string::npos);
+  EXPECT_NE(a.find("#SBATCH --output=/shared/slurm/logs/shard-%a.out"), std::string::npos);
+  EXPECT_NE(a.find("exec /opt/bl/batchlens-cli sweep --resume --out '/shared/my sweep' --shard "
+                   "\"${SLURM_ARRAY_TASK_ID}/24\""),
+            std::string::npos)
+      << a;
+  EXPECT_NE(s.value().merge.find("sweep-merge --out '/shared/my sweep/sweep.h5' '/shared/my "
+                                 "sweep/shards'/shard-*-of-24.h5"),
+            std::string::npos)
+      << s.value().merge;
+  EXPECT_NE(s.value().submit.find("--dependency=afterok:\"$array\""), std::string::npos);
+  o.gpus_per_task = 0;
+  o.array_parallel = 0;
+  const auto cpu = slurm_scripts(o);
+  ASSERT_TRUE(cpu.ok());
+  EXPECT_EQ(cpu.value().array.find("--gres"), std::string::npos);
+  EXPECT_NE(cpu.value().array.find("#SBATCH --array=0-23\n"), std::string::npos);
+  SlurmOptions bad = o;
+  bad.sbatch_options = {"--x\n#SBATCH --y"};
+  EXPECT_FALSE(slurm_scripts(bad).ok());
+  bad = o;
+  bad.shards = 0;
+  EXPECT_FALSE(slurm_scripts(bad).ok());
+  bad = o;
+  bad.sweep_dir = "relative";
+  EXPECT_FALSE(slurm_scripts(bad).ok());
 }
 
 }  // namespace

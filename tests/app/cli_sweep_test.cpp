@@ -1,0 +1,179 @@
+// SPDX-License-Identifier: Apache-2.0
+// issue #19: a sweep fanned out on a real Slurm cluster (Debian's slurm-wlm and munge, started on
+// this machine by tests/app/slurm_cluster.sh and stopped at the end) gives the same sweep file as
+// the sweep run in one process; sweep-merge refuses shards of another sweep.
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/support/process.h"
+
+#include <unistd.h>
+
+namespace batchlens {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::run_process;
+
+const char* const kClusterScript = BL_SOURCE_DIR "/tests/app/slurm_cluster.sh";
+
+class CliSweep : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+    dir_ = fs::temp_directory_path() /
+           ("bl_cli_sweep_" + std::string(info->name()) + "_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    std::ofstream(dir_ / "prompts.txt") << "Write about Lisbon.\nExplain tides.\n";
+  }
+  void TearDown() override {
+    if (cluster_) {
+      run_process({"/bin/bash", kClusterScript, "stop", (dir_ / "cluster").string()});
+    }
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+
+  // The tiny sweep: 2 prompts x 2 seeds, B=2, emulated split-K (texts change), into `out`.
+  std::vector<std::string> tiny_sweep(const fs::path& out, const std::string& seeds = "0-1") const {
+    return {BL_CLI_PATH,
+            "sweep",
+            "--preset",
+            "tiny",
+            "--steps",
+            "3",
+            "--max-new-tokens",
+            "16",
+            "--batch-sizes",
+            "2",
+            "--policy",
+            "emulated_h200",
+            "--prompts",
+            (dir_ / "prompts.txt").string(),
+            "--seeds",
+            seeds,
+            "--out",
+            out.string()};
+  }
+
+  fs::path dir_;
+  bool cluster_ = false;
+};
+
+// What two computations of a sweep agree on: its statistics and rows without wall times, where
+// they ran and how they were split.
+nlohmann::json outcome(const fs::path& sweep_file) {
+  const auto r = run_process({BL_CLI_PATH, "summary", "--json", sweep_file.string()});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j = nlohmann::json::parse(r.out);
+  for (auto& row : j.at("rows")) {
+    row.erase("wall_s");
+    row.erase("provenance");
+  }
+  j.erase("provenances");
+  j.erase("shards");
+  return j;
+}
+
+TEST_F(CliSweep, SlurmJobArrayOnARealClusterEqualsOneProcess) {
+  if (::geteuid() != 0) {
+    GTEST_SKIP() << "slurmd starts jobs as their user and must run as root; this test is not root";
+  }
+  // The same sweep in one process.
+  const fs::path one = dir_ / "one";
+  const auto whole = run_process(tiny_sweep(one));
+  ASSERT_EQ(whole.exit_code, 0) << whole.err;
+  ASSERT_TRUE(fs::exists(one / "sweep.h5"));
+
+  // The job array: 4 shards, at most 2 at once, no GPU on this node.
+  const fs::path split = dir_ / "split";
+  auto argv = tiny_sweep(split);
+  argv.insert(argv.end(),
+              {"--slurm", (dir_ / "slurm").string(), "--shards", "4", "--array-parallel", "2",
+               "--gpus-per-task", "0", "--sbatch-option", "--time=00:20:00"});
+  const auto wrote = run_process(argv);
+  ASSERT_EQ(wrote.exit_code, 0) << wrote.err;
+  std::ifstream in(dir_ / "slurm" / "sweep-array.sbatch");
+  std::stringstream array;
+  array << in.rdbuf();
+  EXPECT_NE(array.str().find("#SBATCH --array=0-3%2"), std::string::npos) << array.str();
+  EXPECT_NE(array.str().find("#SBATCH --time=00:20:00"), std::string::npos) << array.str();
+  EXPECT_NE(array.str().find("--shard \"${SLURM_ARRAY_TASK_ID}/4\""), std::string::npos);
+  EXPECT_FALSE(fs::exists(split / "items" / "item-000000.json")) << "--slurm runs nothing";
+
+  const auto started =
+      run_process({"/bin/bash", kClusterScript, "start", (dir_ / "cluster").string()});
+  ASSERT_EQ(started.exit_code, 0) << started.out << started.err;
+  cluster_ = true;
+  const std::string conf = (dir_ / "cluster" / "slurm.conf").string();
+  ::setenv("SLURM_CONF", conf.c_str(), 1);
+  const auto submitted = run_process({(dir_ / "slurm" / "submit.sh").string()});
+  ASSERT_EQ(submitted.exit_code, 0) << submitted.out << submitted.err;
+  std::istringstream last(
+      submitted.out.substr(submitted.out.rfind('\n', submitted.out.size() - 2) + 1));
+  std::string array_job;
+  std::string merge_job;
+  last >> array_job >> merge_job;
+  ASSERT_FALSE(merge_job.empty()) << submitted.out;
+
+  // Waits for the merge job (it runs after every array task succeeded).
+  std::string state;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::minutes(10);
+  while (std::chrono::steady_clock::now() < end) {
+    const auto q = run_process({"/usr/bin/scontrol", "show", "job", merge_job});
+    const auto at = q.out.find("JobState=");
+    state = at == std::string::npos ? q.out + q.err
+                                    : q.out.substr(at + 9, q.out.find(' ', at) - at - 9);
+    if (state == "COMPLETED" || state == "FAILED" || state == "CANCELLED" || state == "TIMEOUT" ||
+        state.find("DEPENDENCY") != std::string::npos) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  }
+  std::ifstream merge_log(dir_ / "slurm" / "logs" / "merge.out");
+  std::stringstream log;
+  log << merge_log.rdbuf();
+  ASSERT_EQ(state, "COMPLETED") << log.str();
+  ::unsetenv("SLURM_CONF");
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_TRUE(fs::exists(split / "shards" / ("shard-" + std::to_string(i) + "-of-4.h5"))) << i;
+  }
+  ASSERT_TRUE(fs::exists(split / "sweep.h5")) << log.str();
+  EXPECT_EQ(outcome(split / "sweep.h5"), outcome(one / "sweep.h5"));
+  // The merged file holds its four shards.
+  const auto summary = run_process({BL_CLI_PATH, "summary", (split / "sweep.h5").string()});
+  EXPECT_NE(summary.out.find("shards: 0/4"), std::string::npos) << summary.out;
+  EXPECT_NE(summary.out.find("3/4"), std::string::npos) << summary.out;
+
+  // A shard of another sweep (other seeds) is refused; nothing is written.
+  const fs::path other = dir_ / "other";
+  auto foreign = tiny_sweep(other, "5");
+  foreign.insert(foreign.end(), {"--shard", "0/4"});
+  ASSERT_EQ(run_process(foreign).exit_code, 0);
+  const auto refused = run_process(
+      {BL_CLI_PATH, "sweep-merge", (split / "shards" / "shard-1-of-4.h5").string(),
+       (other / "shards" / "shard-0-of-4.h5").string(), "--out", (dir_ / "mixed.h5").string()});
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_NE(refused.err.find("not merged"), std::string::npos) << refused.err;
+  EXPECT_FALSE(fs::exists(dir_ / "mixed.h5"));
+  // Shards with items missing are refused unless asked.
+  const auto partial =
+      run_process({BL_CLI_PATH, "sweep-merge", (split / "shards" / "shard-1-of-4.h5").string(),
+                   "--out", (dir_ / "partial.h5").string()});
+  EXPECT_EQ(partial.exit_code, 1);
+  EXPECT_NE(partial.err.find("3 of 4 items have no rows"), std::string::npos) << partial.err;
+  EXPECT_FALSE(fs::exists(dir_ / "partial.h5"));
+}
+
+}  // namespace
+}  // namespace batchlens

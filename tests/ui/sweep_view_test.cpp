@@ -1,0 +1,178 @@
+// SPDX-License-Identifier: Apache-2.0
+// The Sweep tab (issue #19) on the offscreen platform: the H200 sweep bundled in the binary, and a
+// sweep run here whose items open their kept experiment or are re-run as full experiments.
+#include "ui/sweep_view.h"
+
+#include <QCoreApplication>
+#include <QDir>
+#include <QFileInfo>
+#include <QLabel>
+#include <QMessageBox>
+#include <QPushButton>
+#include <QSignalSpy>
+#include <QTabWidget>
+#include <QTableWidget>
+#include <QTest>
+#include <gtest/gtest.h>
+
+#include "core/experiment/runner.h"
+#include "core/experiment/sweep.h"
+#include "core/io/experiment_file.h"
+#include "core/io/sweep_file.h"
+#include "tests/support/ui_window.h"
+#include "ui/controllers.h"
+#include "ui/main_window.h"
+#include "ui/qcp.h"
+
+#include <unistd.h>
+
+namespace batchlens::ui {
+namespace {
+
+using test_support::kWaitMs;
+
+class SweepViewTest : public test_support::WindowTest {
+ protected:
+  SweepViewTest() : WindowTest("sweep_view_test", QSize(1400, 900)) {}
+
+  // Opens a sweep file and waits for the Sweep tab to show it.
+  void openSweep(const QString& path) {
+    QSignalSpy shown(window_.get(), &MainWindow::sweepShown);
+    window_->openFile(path);
+    ASSERT_TRUE(shown.wait(kWaitMs)) << window_->lastError().toStdString();
+  }
+
+  // The table row of (item, kernels group, batch size).
+  static int rowOf(QTableWidget* t, int item, const QString& group, int b) {
+    for (int r = 0; r < t->rowCount(); ++r) {
+      if (t->item(r, 0)->data(Qt::UserRole).toInt() == item && t->item(r, 3)->text() == group &&
+          t->item(r, 4)->text().toInt() == b) {
+        return r;
+      }
+    }
+    return -1;
+  }
+};
+
+// The bundled H200 sweep: 24/24 texts changed at B = 2, 3, 4 and 0/24 with the workaround, all
+// first diverging at canvas 1 step 2 in the self-conditioning matmul.
+TEST_F(SweepViewTest, TheH200SweepShowsItsCountsIntervalsStepsAndFamilies) {
+  openSweep(QStringLiteral(":/samples/h200-26b-a4b-sweep.h5"));
+  SweepView* view = window_->sweep();
+  EXPECT_EQ(window_->tabs()->currentWidget(), view);
+  EXPECT_TRUE(view->caption()->text().contains(QStringLiteral("24 items finished of 24")))
+      << view->caption()->text().toStdString();
+  EXPECT_TRUE(view->caption()->text().contains(QStringLiteral("NVIDIA H200")));
+  EXPECT_EQ(view->items()->rowCount(), 24 * 6);
+  // Bars: default at 100 %, workaround at 0 %, each with its Wilson interval.
+  QCustomPlot* share = view->sharePlot();
+  std::vector<QCPBars*> bars;
+  for (int i = 0; i < share->plottableCount(); ++i) {
+    if (auto* b = qobject_cast<QCPBars*>(share->plottable(i))) {
+      bars.push_back(b);
+    }
+  }
+  ASSERT_EQ(bars.size(), 2U);
+  ASSERT_EQ(bars[0]->data()->size(), 3);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_DOUBLE_EQ(bars[0]->data()->at(i)->value, 100.0);
+    EXPECT_DOUBLE_EQ(bars[1]->data()->at(i)->value, 0.0);
+  }
+  const QString tip = view->shareTooltip(QStringLiteral("main"), 2);
+  EXPECT_TRUE(tip.contains(QStringLiteral("24 of 24 items"))) << tip.toStdString();
+  EXPECT_TRUE(tip.contains(QStringLiteral("86.2–100.0 %"))) << tip.toStdString();
+  EXPECT_TRUE(view->shareTooltip(QStringLiteral("workaround"), 4)
+                  .contains(QStringLiteral("0 of 24 items (0.0 %; 95 % interval 0.0–13.8 %)")));
+  // Histogram: one step (c1 s2), three series (B = 2, 3, 4) of 24 items each.
+  QCustomPlot* steps = view->stepPlot();
+  ASSERT_EQ(steps->plottableCount(), 3);
+  for (int i = 0; i < 3; ++i) {
+    auto* b = qobject_cast<QCPBars*>(steps->plottable(i));
+    ASSERT_NE(b, nullptr);
+    ASSERT_EQ(b->data()->size(), 1);
+    EXPECT_DOUBLE_EQ(b->data()->at(0)->value, 24.0);
+  }
+  ASSERT_EQ(view->families()->rowCount(), 1);
+  EXPECT_EQ(view->families()->item(0, 0)->text(), QStringLiteral("selfcond_matmul"));
+  EXPECT_EQ(view->families()->item(0, 1)->text(), QStringLiteral("24/24"));
+  // An item of the embedded sample was not kept: the button offers a re-run.
+  view->items()->selectRow(0);
+  EXPECT_TRUE(view->findChild<QPushButton*>(QStringLiteral("SweepOpenItem"))
+                  ->text()
+                  .startsWith(QStringLiteral("Re-run item")));
+}
+
+// A sweep run here with item 0's experiment kept: item 0 opens it; item 1 is offered for a re-run
+// that runs it as a full experiment with the item's prompt and seed.
+TEST_F(SweepViewTest, ItemsOpenTheirKeptExperimentOrRunAgain) {
+  experiment::SweepSpec spec;
+  spec.base.model.preset = "tiny";
+  spec.base.overrides.max_denoising_steps = 3;
+  spec.base.overrides.max_new_tokens = 16;
+  spec.base.batch_sizes = {2};
+  spec.base.policy = ops::OpPolicy::emulation_profile("emulated_h200");
+  spec.prompts = {{"Write about Lisbon.", true, {}}, {"Explain tides.", true, {}}};
+  spec.seeds = {3};
+  const std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / ("bl_ui_sweep_" + std::to_string(::getpid()));
+  std::filesystem::remove_all(dir);
+  experiment::SweepRunOptions run;
+  run.dir = dir;
+  run.keep = [&](const experiment::SweepItem& item, const experiment::ExperimentResult& r) {
+    std::filesystem::create_directories(dir / "experiments");
+    return item.index == 0 ? io::write_experiment(experiment::kept_experiment(dir, 0), r)
+                           : base::ok_result();
+  };
+  const auto session =
+      experiment::open_session_for(experiment::item_spec(spec, experiment::sweep_items(spec)[0]));
+  ASSERT_TRUE(session.ok()) << session.error().message;
+  const auto outcome = experiment::run_sweep(session.value(), spec, run);
+  ASSERT_TRUE(outcome.ok()) << outcome.error().message;
+  const auto records = experiment::read_sweep_dir(dir);
+  ASSERT_TRUE(records.ok());
+  ASSERT_TRUE(io::write_sweep_file(
+                  dir / "sweep.h5",
+                  experiment::shard_records(records.value(), {0, 1}, outcome.value().provenance))
+                  .ok());
+  openSweep(QString::fromStdString((dir / "sweep.h5").string()));
+  SweepView* view = window_->sweep();
+  ASSERT_EQ(view->items()->rowCount(), 2);
+  EXPECT_FALSE(view->keptExperiment(0).isEmpty());
+  EXPECT_TRUE(view->keptExperiment(1).isEmpty());
+
+  // Item 0: its kept experiment opens in the explorer.
+  {
+    QSignalSpy shown(window_.get(), &MainWindow::documentShown);
+    const int row = rowOf(view->items(), 0, QStringLiteral("default"), 2);
+    ASSERT_GE(row, 0);
+    view->items()->selectRow(row);
+    view->findChild<QPushButton*>(QStringLiteral("SweepOpenItem"))->click();
+    ASSERT_TRUE(shown.wait(kWaitMs)) << window_->lastError().toStdString();
+    EXPECT_EQ(window_->state()->document().path, view->keptExperiment(0));
+  }
+  // Item 1: offered, then run as a full experiment (kernel provenance included).
+  {
+    window_->tabs()->setCurrentWidget(view);
+    QSignalSpy finished(window_->runController(), &RunController::finished);
+    Q_EMIT view->itemActivated(1);
+    auto* box = window_->findChild<QMessageBox*>(QStringLiteral("SweepItemOffer"));
+    ASSERT_NE(box, nullptr);
+    EXPECT_TRUE(box->isVisible());
+    for (QAbstractButton* b : box->buttons()) {
+      if (box->buttonRole(b) == QMessageBox::AcceptRole) {
+        b->click();
+      }
+    }
+    ASSERT_TRUE(finished.wait(kWaitMs)) << window_->lastError().toStdString();
+    QCoreApplication::processEvents();
+    const auto* r = window_->state()->result();
+    ASSERT_NE(r, nullptr);
+    EXPECT_EQ(r->spec.prompt, "Explain tides.");
+    EXPECT_EQ(r->spec.seed, 3U);
+    EXPECT_TRUE(r->kernels.has_value());
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace batchlens::ui
