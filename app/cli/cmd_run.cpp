@@ -385,8 +385,13 @@ std::optional<experiment::SweepSpec> sweep_of(SweepOptions& o, int& exit_code) {
 }
 
 // --slurm: the sweep folder prepared and the job array's scripts written; nothing runs here.
-int write_slurm(const SweepOptions& o, const experiment::SweepSpec& sweep) {
+int write_slurm(const SweepOptions& o, experiment::SweepSpec sweep) {
   std::error_code ec;
+  // The tasks run from wherever submit.sh was started: a checkpoint folder is made absolute.
+  auto& checkpoint = sweep.base.model.checkpoint_dir;
+  if (!checkpoint.empty()) {
+    checkpoint = fs::absolute(checkpoint, ec).string();
+  }
   experiment::SlurmOptions so;
   so.cli = fs::read_symlink("/proc/self/exe", ec);
   so.sweep_dir = fs::absolute(o.spec.out, ec);
@@ -463,7 +468,8 @@ int run_sweep_here(const SweepOptions& o, const experiment::SweepSpec& sweep) {
   }
   const experiment::SweepRecords part =
       experiment::shard_records(all.value(), run.shard, outcome.value().provenance);
-  const fs::path file = run.shard.count == 1
+  // A task of a job array (--shard, even 0/1) writes its own shard file for the merge job.
+  const fs::path file = o.shard.empty()
                             ? run.dir / "sweep.h5"
                             : experiment::shard_file(run.dir, run.shard.index, run.shard.count);
   std::error_code ec;

@@ -689,9 +689,17 @@ base::Result<void> validate(const SweepRecords& s) {
       corrupt("items_total " + std::to_string(s.items_total) + " is not the spec's " +
               std::to_string(items.size()));
     }
-    std::set<int> done;
-    std::set<std::tuple<int, std::string, int>> seen;
+    // Every item with rows has one per group and batch size of the spec, no other.
+    std::set<std::pair<std::string, int>> expected;
+    for (const std::int64_t b : s.spec.base.batch_sizes) {
+      expected.insert({"main", static_cast<int>(b)});
+      if (s.spec.base.workaround) {
+        expected.insert({"workaround", static_cast<int>(b)});
+      }
+    }
+    std::map<int, std::set<std::pair<std::string, int>>> seen;
     const auto n_prov = static_cast<int>(s.provenances.size());
+    constexpr int kMaxIndex = 1 << 24;
     for (const SweepRow& r : s.rows) {
       const std::string at = "row of item " + std::to_string(r.item);
       if (r.item < 0 || r.item >= s.items_total) {
@@ -701,14 +709,33 @@ base::Result<void> validate(const SweepRecords& s) {
       if (r.prompt != item.prompt || r.seed != item.seed) {
         corrupt(at + ": its prompt or seed is not the item's");
       }
-      if (!seen.insert({r.item, r.group, r.batch_size}).second) {
+      if (expected.count({r.group, r.batch_size}) == 0) {
+        corrupt(at + ": batch size " + std::to_string(r.batch_size) + " (" + r.group +
+                ") is not one of the spec's");
+      }
+      if (!seen[r.item].insert({r.group, r.batch_size}).second) {
         corrupt(at + ": batch size " + std::to_string(r.batch_size) + " (" + r.group +
                 ") comes twice");
       }
+      const bool none = r.first_step == -1;
       if (r.provenance < 0 || r.provenance >= n_prov) {
         corrupt(at + ": provenance " + std::to_string(r.provenance) + " out of range");
       }
-      done.insert(r.item);
+      if (none ? (r.first_canvas != -1 || r.first_layer != -1)
+               : (r.first_step < 1 || r.first_step > kMaxIndex || r.first_canvas < 0 ||
+                  r.first_canvas > kMaxIndex || r.first_layer < -1 || r.first_layer > kMaxIndex)) {
+        corrupt(at + ": its first divergence is out of range");
+      }
+    }
+    for (const auto& [item, groups] : seen) {
+      if (groups != expected) {
+        corrupt("item " + std::to_string(item) + " has " + std::to_string(groups.size()) +
+                " of its " + std::to_string(expected.size()) + " rows");
+      }
+    }
+    std::set<int> done;
+    for (const auto& entry : seen) {
+      done.insert(entry.first);
     }
     if (static_cast<int>(done.size()) != s.items_done) {
       corrupt("items_done " + std::to_string(s.items_done) + " but rows of " +
@@ -785,6 +812,8 @@ base::Result<SweepRecords> merge_sweeps(const std::vector<SweepRecords>& parts,
         rows[r.item].push_back(&r);
       }
       for (auto& [item, list] : rows) {
+        std::sort(list.begin(), list.end(),
+                  [](const SweepRow* a, const SweepRow* b) { return row_order(*a, *b); });
         const auto have = by_item.find(item);
         if (have == by_item.end()) {
           by_item[item] = {p, list};

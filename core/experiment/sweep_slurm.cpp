@@ -60,6 +60,17 @@ base::Result<SlurmScripts> slurm_scripts(const SlurmOptions& o) {
   if (!o.cli.is_absolute() || !o.sweep_dir.is_absolute() || !o.script_dir.is_absolute()) {
     return bad("the program, sweep and script paths must be absolute");
   }
+  // #SBATCH lines are not a shell: a path there cannot be quoted, and Slurm reads % as a
+  // pattern. Such paths are refused rather than half-handled.
+  for (const fs::path* p : {&o.cli, &o.sweep_dir, &o.script_dir}) {
+    for (const char c : p->string()) {
+      if (static_cast<unsigned char>(c) <= ' ' || c == '%' || c == 0x7f) {
+        return bad(p->string() +
+                   ": a path for Slurm scripts may not hold spaces, control "
+                   "characters or '%'");
+      }
+    }
+  }
   for (const std::string& opt : o.sbatch_options) {
     if (opt.find_first_of("\r\n") != std::string::npos || opt.empty()) {
       return bad("an --sbatch-option is empty or holds a line break");
@@ -109,8 +120,8 @@ base::Result<SlurmScripts> slurm_scripts(const SlurmOptions& o) {
       << "array=${array%%;*}\n"
       << "merge=$(sbatch --parsable --dependency=afterok:\"$array\" \"$here/sweep-merge.sbatch\")\n"
       << "merge=${merge%%;*}\n"
-      << "echo \"submitted: job array $array (" << n << " shards), merge job $merge -> "
-      << (o.sweep_dir / "sweep.h5").string() << "\"\n"
+      << "echo \"submitted: job array $array (" << n << " shards), merge job $merge -> \""
+      << shell_quote((o.sweep_dir / "sweep.h5").string()) << "\n"
       << "echo \"$array $merge\"\n";
     out.submit = s.str();
   }

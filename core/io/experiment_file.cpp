@@ -323,36 +323,17 @@ class Reader {
 
   [[noreturn]] void fail(const std::string& what) const { corrupt(file_ + ": " + what); }
 
-  /// Soft and external links are refused: a file must not make the reader open other files or
-  /// follow paths of its choosing.
+  /// Soft and external links are refused (hdf5_util.h: link_problem).
   void check_hard_link(hid_t parent, const std::string& name, const std::string& at) const {
-    H5L_info_t info{};
-    if (H5Lget_info(parent, name.c_str(), &info, H5P_DEFAULT) < 0 || info.type != H5L_TYPE_HARD) {
-      fail(at + " is a link, not an object of this file");
+    if (const std::string p = link_problem(parent, name); !p.empty()) {
+      fail(at + " " + p);
     }
   }
 
-  /// Only the layouts and filters BatchLens writes: no external raw-data files, no virtual
-  /// datasets (both read other files), no filter that would load a plugin.
+  /// Only the layouts and filters BatchLens writes (hdf5_util.h: storage_problem).
   void check_storage(hid_t ds, const std::string& at) const {
-    const Hid dcpl(H5Dget_create_plist(ds));
-    const H5D_layout_t layout = dcpl.ok() ? H5Pget_layout(dcpl.get()) : H5D_LAYOUT_ERROR;
-    if (layout != H5D_COMPACT && layout != H5D_CONTIGUOUS && layout != H5D_CHUNKED) {
-      fail(at + " has a storage layout BatchLens does not write");
-    }
-    if (H5Pget_external_count(dcpl.get()) != 0) {
-      fail(at + " keeps its data in external files");
-    }
-    const int filters = H5Pget_nfilters(dcpl.get());
-    for (int i = 0; i < filters; ++i) {
-      unsigned flags = 0;
-      std::size_t n = 0;
-      unsigned config = 0;
-      const H5Z_filter_t id = H5Pget_filter2(dcpl.get(), static_cast<unsigned>(i), &flags, &n,
-                                             nullptr, 0, nullptr, &config);
-      if (id != H5Z_FILTER_SHUFFLE && id != H5Z_FILTER_DEFLATE && id != H5Z_FILTER_FLETCHER32) {
-        fail(at + " uses HDF5 filter " + std::to_string(id) + ", which BatchLens does not write");
-      }
+    if (const std::string p = storage_problem(ds); !p.empty()) {
+      fail(at + " " + p);
     }
   }
 

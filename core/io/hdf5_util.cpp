@@ -247,6 +247,41 @@ base::Result<std::uint64_t> check_hdf5_file(const std::filesystem::path& path, c
   return size;
 }
 
+std::string link_problem(hid_t parent, const std::string& name) {
+  H5L_info_t info{};
+  if (H5Lget_info(parent, name.c_str(), &info, H5P_DEFAULT) < 0 || info.type != H5L_TYPE_HARD) {
+    return "is a link, not an object of this file";
+  }
+  return {};
+}
+
+std::string storage_problem(hid_t ds) {
+  const hid_t dcpl = H5Dget_create_plist(ds);
+  const H5D_layout_t layout = dcpl >= 0 ? H5Pget_layout(dcpl) : H5D_LAYOUT_ERROR;
+  std::string problem;
+  if (layout != H5D_COMPACT && layout != H5D_CONTIGUOUS && layout != H5D_CHUNKED) {
+    problem = "has a storage layout BatchLens does not write";
+  } else if (H5Pget_external_count(dcpl) != 0) {
+    problem = "keeps its data in external files";
+  } else {
+    const int filters = H5Pget_nfilters(dcpl);
+    for (int i = 0; i < filters && problem.empty(); ++i) {
+      unsigned flags = 0;
+      std::size_t n = 0;
+      unsigned config = 0;
+      const H5Z_filter_t id =
+          H5Pget_filter2(dcpl, static_cast<unsigned>(i), &flags, &n, nullptr, 0, nullptr, &config);
+      if (id != H5Z_FILTER_SHUFFLE && id != H5Z_FILTER_DEFLATE && id != H5Z_FILTER_FLETCHER32) {
+        problem = "uses HDF5 filter " + std::to_string(id) + ", which BatchLens does not write";
+      }
+    }
+  }
+  if (dcpl >= 0) {
+    H5Pclose(dcpl);
+  }
+  return problem;
+}
+
 std::mutex& hdf5_mutex() {
   static std::mutex m;
   return m;

@@ -68,6 +68,16 @@ base::Result<void> write_hdf5_atomic(const std::filesystem::path& path, const Hd
 base::Result<std::uint64_t> check_hdf5_file(const std::filesystem::path& path, const char* what,
                                             const char* kind);
 
+/// Why `parent`/`name` must not be read: "" for a hard link; "is a link, not an object of this
+/// file" for soft and external links (a file must not make the reader open other files or
+/// follow paths of its choosing).
+std::string link_problem(hid_t parent, const std::string& name);
+
+/// Why dataset `ds` must not be read: "" when its layout is compact, contiguous or chunked with
+/// only the filters BatchLens writes (shuffle, deflate, Fletcher-32); else the reason (external
+/// raw-data files and virtual datasets read other files; another filter would load a plugin).
+std::string storage_problem(hid_t ds);
+
 /// Owns an HDF5 id of any kind (released with H5Idec_ref).
 class Hid {
  public:

@@ -120,11 +120,12 @@ constexpr std::array<StrColumn, 3> kStrColumns{{
 
 // A fixed-length, NUL-terminated string type `width` bytes wide.
 hid_t string_type(std::size_t width) {
-  const hid_t t = H5Tcopy(H5T_C_S1);
-  h5check(t < 0 ? -1 : H5Tset_size(t, std::max<std::size_t>(1, width)), "string type");
-  h5check(H5Tset_strpad(t, H5T_STR_NULLTERM), "string type");
-  h5check(H5Tset_cset(t, H5T_CSET_UTF8), "string type");
-  return t;
+  Hid t(H5Tcopy(H5T_C_S1));
+  h5check(!t.ok() ? -1 : H5Tset_size(t.get(), std::max<std::size_t>(1, width)), "string type");
+  h5check(H5Tset_strpad(t.get(), H5T_STR_NULLTERM), "string type");
+  h5check(H5Tset_cset(t.get(), H5T_CSET_UTF8), "string type");
+  H5Iinc_ref(t.get());  // the caller's reference; `t` drops its own
+  return t.get();
 }
 
 // A 1-D dataset of `n` elements (chunked, Fletcher-32), written from `data` of `mem` type.
@@ -285,6 +286,9 @@ class Reader {
     if (!has(parent, name)) {
       fail(name, "missing");
     }
+    if (const std::string p = link_problem(parent, name); !p.empty()) {
+      fail(name, p);
+    }
     const hid_t g = H5Gopen2(parent, name, H5P_DEFAULT);
     if (g < 0) {
       fail(name, "not a group");
@@ -292,9 +296,28 @@ class Reader {
     return g;
   }
 
+  // A dataset that must exist, be a hard link of this file and use only what BatchLens writes.
+  hid_t dataset(hid_t parent, const char* name) const {
+    if (!has(parent, name)) {
+      fail(name, "missing");
+    }
+    if (const std::string p = link_problem(parent, name); !p.empty()) {
+      fail(name, p);
+    }
+    const hid_t ds = H5Dopen2(parent, name, H5P_DEFAULT);
+    if (ds < 0) {
+      fail(name, "not a dataset");
+    }
+    if (const std::string p = storage_problem(ds); !p.empty()) {
+      H5Idec_ref(ds);
+      fail(name, p);
+    }
+    return ds;
+  }
+
   // A fixed-length string of a scalar attribute or dataset (`is_attr`), at most `limit` bytes.
   std::string scalar_str(hid_t obj, const char* name, bool is_attr, std::size_t limit) const {
-    const Hid h(is_attr ? H5Aopen(obj, name, H5P_DEFAULT) : H5Dopen2(obj, name, H5P_DEFAULT));
+    const Hid h(is_attr ? H5Aopen(obj, name, H5P_DEFAULT) : dataset(obj, name));
     if (!h.ok()) {
       fail(name, "missing");
     }
@@ -361,10 +384,7 @@ class Reader {
   template <class T>
   std::vector<T> numbers(hid_t parent, const char* name, std::int64_t expect, H5T_class_t cls,
                          hid_t mem) const {
-    const Hid ds(H5Dopen2(parent, name, H5P_DEFAULT));
-    if (!ds.ok()) {
-      fail(name, "missing");
-    }
+    const Hid ds(dataset(parent, name));
     const hsize_t n = length(ds.get(), name, cls, expect);
     spend(n * sizeof(T), name);
     std::vector<T> v(n);
@@ -375,10 +395,7 @@ class Reader {
   }
 
   std::vector<std::string> strings(hid_t parent, const char* name, std::int64_t expect) const {
-    const Hid ds(H5Dopen2(parent, name, H5P_DEFAULT));
-    if (!ds.ok()) {
-      fail(name, "missing");
-    }
+    const Hid ds(dataset(parent, name));
     const hsize_t n = length(ds.get(), name, H5T_STRING, expect);
     const Hid type(H5Dget_type(ds.get()));
     const std::size_t width = H5Tget_size(type.get());

@@ -341,7 +341,7 @@ TEST(Sweep, CancelKeepsFinishedItems) {
 TEST(Sweep, SlurmScriptsRunShardsAndMergeAfterThem) {
   SlurmOptions o;
   o.cli = "/opt/bl/batchlens-cli";
-  o.sweep_dir = "/shared/my sweep";
+  o.sweep_dir = "/shared/my-sweep";
   o.script_dir = "/shared/slurm";
   o.sweep_id = "0123456789abcdef";
   o.shards = 24;
@@ -354,13 +354,14 @@ TEST(Sweep, SlurmScriptsRunShardsAndMergeAfterThem) {
   EXPECT_NE(a.find("#SBATCH --gres=gpu:1\n"), std::string::npos) << a;
   EXPECT_NE(a.find("#SBATCH --partition=gpu\n#SBATCH --time=02:00:00\n"), std::string::npos);
   EXPECT_NE(a.find("#SBATCH --output=/shared/slurm/logs/shard-%a.out"), std::string::npos);
-  EXPECT_NE(a.find("exec /opt/bl/batchlens-cli sweep --resume --out '/shared/my sweep' --shard "
+  EXPECT_NE(a.find("exec /opt/bl/batchlens-cli sweep --resume --out /shared/my-sweep --shard "
                    "\"${SLURM_ARRAY_TASK_ID}/24\""),
             std::string::npos)
       << a;
-  EXPECT_NE(s.value().merge.find("sweep-merge --out '/shared/my sweep/sweep.h5' '/shared/my "
-                                 "sweep/shards'/shard-*-of-24.h5"),
-            std::string::npos)
+  EXPECT_NE(
+      s.value().merge.find(
+          "sweep-merge --out /shared/my-sweep/sweep.h5 /shared/my-sweep/shards/shard-*-of-24.h5"),
+      std::string::npos)
       << s.value().merge;
   EXPECT_NE(s.value().submit.find("--dependency=afterok:\"$array\""), std::string::npos);
   o.gpus_per_task = 0;
@@ -378,6 +379,12 @@ TEST(Sweep, SlurmScriptsRunShardsAndMergeAfterThem) {
   bad = o;
   bad.sweep_dir = "relative";
   EXPECT_FALSE(slurm_scripts(bad).ok());
+  // #SBATCH lines cannot quote: spaces and Slurm's % patterns in paths are refused.
+  for (const char* path : {"/shared/my sweep", "/shared/100%", "/shared/a\nb"}) {
+    bad = o;
+    bad.sweep_dir = path;
+    EXPECT_FALSE(slurm_scripts(bad).ok()) << path;
+  }
 }
 
 }  // namespace

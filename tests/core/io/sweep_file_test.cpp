@@ -128,6 +128,10 @@ TEST(SweepFile, InconsistentRecordsAreNotWritten) {
 }
 
 TEST(SweepFile, ReadsWithH5pyAlone) {
+  if (testing::run_process({"/usr/bin/python3", "-c", "import h5py"}).exit_code != 0) {
+    // CI installs python3-h5py (scripts/install-deps.sh); a GPU server may not have it.
+    GTEST_SKIP() << "h5py is not installed for /usr/bin/python3";
+  }
   const fs::path f = temp("h5py.h5");
   ASSERT_TRUE(write_sweep_file(f, known_records()).ok());
   const std::string script =
@@ -146,6 +150,27 @@ TEST(SweepFile, ReadsWithH5pyAlone) {
   const auto r = testing::run_process({"/usr/bin/python3", "-c", script, f.string()});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, "20 4 3 node-a,node-b selfcond_matmul [0, 1]\n");
+  // A file whose dataset is a link to another file, or keeps its data in an external file, is
+  // refused before anything is read through it.
+  const fs::path linked = temp("linked.h5");
+  const std::string craft =
+      "import h5py, shutil, sys\n"
+      "shutil.copy(sys.argv[1], sys.argv[2])\n"
+      "f = h5py.File(sys.argv[2], 'r+')\n"
+      "del f['provenance/json']\n"
+      "f['provenance/json'] = h5py.ExternalLink('/etc/hostname', '/x')\n"
+      "del f['rows/first_tap']\n"
+      "f['rows'].create_dataset('first_tap', shape=(20,), dtype='S8', "
+      "external=[('/etc/hostname', 0, 160)])\n";
+  ASSERT_EQ(testing::run_process({"/usr/bin/python3", "-c", craft, f.string(), linked.string()})
+                .exit_code,
+            0);
+  const auto refused = read_sweep_file(linked);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.error().code, ErrorCode::FileCorrupted);
+  EXPECT_NE(refused.error().message.find("external files"), std::string::npos)
+      << refused.error().message;
+  fs::remove(linked);
   fs::remove(f);
 }
 
