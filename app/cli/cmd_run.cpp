@@ -337,13 +337,6 @@ struct SweepOptions {
 // sweep.json. Empty (exit code set, reason printed) when it must not start.
 std::optional<experiment::SweepSpec> sweep_of(SweepOptions& o, int& exit_code) {
   if (o.resume) {
-    if (!o.spec.model.source.preset.empty() || !o.spec.model.checkpoint.empty() ||
-        !o.prompts.empty() || !o.seeds.empty()) {
-      std::cerr << "batchlens-cli sweep: --resume takes the spec from the folder's sweep.json; "
-                   "give no model, prompt or seed options beside it\n";
-      exit_code = kExitUsage;
-      return std::nullopt;
-    }
     auto dir = experiment::read_sweep_dir(o.spec.out);
     if (!dir.ok()) {
       exit_code = report_error(dir.error());
@@ -518,7 +511,22 @@ void register_sweep(CLI::App& app, int& exit_code) {
   cmd->add_option("--sbatch-option", opts->sbatch_options,
                   "With --slurm: an extra #SBATCH line, e.g. --partition=gpu (repeatable)");
   cmd->footer(kExitCodesHelp);
-  cmd->callback([opts, &exit_code] {
+  cmd->callback([opts, cmd, &exit_code] {
+    if (opts->resume) {
+      // The spec comes from the folder: an option that would change it is refused, not ignored.
+      for (const CLI::Option* option : cmd->get_options()) {
+        const std::string name = option->get_name();
+        const bool allowed = name == "--out" || name == "--resume" || name == "--shard" ||
+                             name == "--keep-experiments" || name == "--help";
+        if (option->count() > 0 && !allowed) {
+          std::cerr << "batchlens-cli sweep: --resume takes the spec from the folder's "
+                       "sweep.json; "
+                    << name << " cannot change it (give --out, --shard, --keep-experiments)\n";
+          exit_code = kExitUsage;
+          return;
+        }
+      }
+    }
     const auto sweep = sweep_of(*opts, exit_code);
     if (!sweep) {
       return;

@@ -420,6 +420,14 @@ TEST_F(CliRunSafety, SweepKilledMidwayResumesWithoutLosingOrRepeatingAnItem) {
   const auto j = nlohmann::json::parse(summary.out);
   EXPECT_EQ(j.at("items_done").get<int>(), 6);
   EXPECT_EQ(j.at("rows").size(), 6U);
+  // --resume takes the spec from the folder; an option that would change it is refused.
+  const auto resumed = run_process({BL_CLI_PATH, "sweep", "--resume", "--out", sweep.string()});
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_NE(resumed.out.find("0 item(s) run, 6 finished before and skipped"), std::string::npos);
+  const auto changed = run_process(
+      {BL_CLI_PATH, "sweep", "--resume", "--out", sweep.string(), "--batch-sizes", "8"});
+  EXPECT_EQ(changed.exit_code, 2);
+  EXPECT_NE(changed.err.find("--batch-sizes cannot change it"), std::string::npos) << changed.err;
 }
 
 }  // namespace
