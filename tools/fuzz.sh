@@ -3,7 +3,8 @@
 # Builds (if needed) and runs libFuzzer targets (tests/fuzz) of the asan preset for a bounded
 # time each, and prints executions, coverage and crashes. docs/reliability.md.
 # Usage: tools/fuzz.sh TARGET|all SECONDS [libFuzzer flags...]
-#   TARGET: experiment_file, safetensors, config, tokenizer, generation_config, spec, policy
+#   TARGET: experiment_file, safetensors, config, tokenizer, generation_config, spec, policy,
+#           sweep_file
 # Inputs: tests/fuzz/corpus/TARGET (read only) and tests/fuzz/dict/TARGET.dict when present.
 # New corpus entries go to $BL_FUZZ_WORK/TARGET/corpus, crashes (crash-*, leak-*, timeout-*,
 # oom-*) to $BL_FUZZ_WORK/TARGET/artifacts; BL_FUZZ_WORK defaults to BUILD/fuzz-work.
@@ -69,11 +70,11 @@ for t in "${targets[@]}"; do
   mkdir -p "$dir/corpus" "$dir/artifacts"
   args=(-max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
         -artifact_prefix="$dir/artifacts/")
-  if [ "$t" = experiment_file ]; then
+  if [ "$t" = experiment_file ] || [ "$t" = sweep_file ]; then
     # HDF5 leaks on damaged files (tests/sanitizers/lsan.supp), so nearly every input looks like
     # a leak and libFuzzer ran a full LeakSanitizer pass after each: two thirds of the time,
-    # 13-19 instead of ~200 executions/s. fuzz.experiment_file.replay still checks for leaks
-    # when it exits.
+    # 13-19 instead of ~200 executions/s. fuzz.experiment_file.replay (and sweep_file's) still
+    # checks for leaks when it exits.
     args+=(-detect_leaks=0)
   fi
   if [ -f "tests/fuzz/dict/$t.dict" ]; then
