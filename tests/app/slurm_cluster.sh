@@ -7,7 +7,8 @@
 #                                  ports, wait until the node is idle; prints SLURM_CONF=...
 #   slurm_cluster.sh stop STATE    stop the three daemons (by their pid files)
 # Clients (sbatch, squeue, scontrol) reach it with SLURM_CONF=STATE/slurm.conf. No cgroups:
-# proctrack/linuxproc and task/none. Needs root (slurmd starts jobs as their user).
+# proctrack/linuxproc and task/none. Needs root (slurmd starts jobs as their user): run it as root
+# or through sudo; jobs may then be submitted by any user.
 set -euo pipefail
 
 cmd=${1:?usage: slurm_cluster.sh start|stop STATE}
@@ -32,7 +33,11 @@ stop_pid() {
 if [ "$cmd" = stop ]; then
   # Jobs first, so nothing is left running under a dead slurmd.
   if [ -f "$state/slurm.conf" ]; then
-    SLURM_CONF=$state/slurm.conf timeout 10 scancel --full --quiet --user="$(id -un)" 2>/dev/null || true
+    jobs=$(SLURM_CONF=$state/slurm.conf timeout 10 squeue -h -o %A 2>/dev/null || true)
+    if [ -n "$jobs" ]; then
+      # shellcheck disable=SC2086  # one job id per word
+      SLURM_CONF=$state/slurm.conf timeout 10 scancel --full --quiet $jobs 2>/dev/null || true
+    fi
   fi
   stop_pid "$state/slurmd.pid"
   stop_pid "$state/slurmctld.pid"
@@ -53,7 +58,8 @@ free_port() {
 }
 
 mkdir -p "$state/munge" "$state/ctld" "$state/spool" "$state/log"
-chmod 700 "$state/munge"
+# Clients of another user (the test run through sudo) reach the socket; the key stays 0400.
+chmod 755 "$state" "$state/munge"
 # A fresh key for this cluster alone.
 dd if=/dev/urandom of="$state/munge/munge.key" bs=1024 count=1 status=none
 chmod 400 "$state/munge/munge.key"
