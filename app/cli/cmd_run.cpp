@@ -337,12 +337,12 @@ struct SweepOptions {
 // sweep.json. Empty (exit code set, reason printed) when it must not start.
 std::optional<experiment::SweepSpec> sweep_of(SweepOptions& o, int& exit_code) {
   if (o.resume) {
-    auto dir = experiment::read_sweep_dir(o.spec.out);
-    if (!dir.ok()) {
-      exit_code = report_error(dir.error());
+    auto spec = experiment::read_sweep_spec(o.spec.out);  // no record read here
+    if (!spec.ok()) {
+      exit_code = report_error(spec.error());
       return std::nullopt;
     }
-    return std::move(dir).value().spec;
+    return std::move(spec).value();
   }
   if (!resolve_spec(o.spec, "sweep", exit_code, /*file_out=*/false)) {
     return std::nullopt;

@@ -630,7 +630,7 @@ base::Result<SweepOutcome> run_sweep(const setup::Session& session, const SweepS
   });
 }
 
-base::Result<SweepRecords> read_sweep_dir(const fs::path& dir) {
+base::Result<SweepSpec> read_sweep_spec(const fs::path& dir) {
   return base::guarded([&] {
     const fs::path head = dir / "sweep.json";
     std::error_code ec;
@@ -643,12 +643,20 @@ base::Result<SweepRecords> read_sweep_dir(const fs::path& dir) {
         !doc.contains("spec")) {
       corrupt(head.string() + " is not a sweep description (" + kSweepFormat + ")");
     }
-    SweepRecords s;
-    s.spec = base::take(sweep_spec_from_json(doc.at("spec")));
-    s.id = sweep_id(s.spec);
-    if (doc.value("id", std::string()) != s.id) {
+    SweepSpec spec = base::take(sweep_spec_from_json(doc.at("spec")));
+    if (doc.value("id", std::string()) != sweep_id(spec)) {
       corrupt(head.string() + ": its id does not match its spec");
     }
+    return spec;
+  });
+}
+
+base::Result<SweepRecords> read_sweep_dir(const fs::path& dir) {
+  return base::guarded([&] {
+    std::error_code ec;
+    SweepRecords s;
+    s.spec = base::take(read_sweep_spec(dir));
+    s.id = sweep_id(s.spec);
     const std::vector<SweepItem> items = sweep_items(s.spec);
     s.items_total = static_cast<int>(items.size());
     for (const SweepItem& item : items) {

@@ -180,6 +180,10 @@ struct SweepRecords {
   std::vector<SweepShard> shards;       ///< of a shard or merged file; empty for a folder
 };
 
+/// The spec of a sweep's folder (its sweep.json, id checked), without reading any record.
+/// Errors: InvalidArgument (no sweep.json), FileCorrupted. Never throws.
+base::Result<SweepSpec> read_sweep_spec(const std::filesystem::path& dir);
+
 /// The spec and records of a sweep's folder: every record present (any shard). Errors:
 /// InvalidArgument / FileCorrupted naming the file. Never throws.
 base::Result<SweepRecords> read_sweep_dir(const std::filesystem::path& dir);
