@@ -21,6 +21,8 @@ packages=(
   slurm-wlm munge
   # a readable word list for the generated demo tokenizer
   wamerican
+  # the demo model's corpus: the King James Bible (tools/train_demo, public domain)
+  bible-kjv
 )
 
 missing=()

@@ -1,0 +1,316 @@
+# SPDX-License-Identifier: Apache-2.0
+"""DiffusionGemma's training forward in plain PyTorch (1.13 and later), for machines without
+transformers: the CI machine runs train.py --smoke with it. The H200 run trains transformers'
+DiffusionGemmaForBlockDiffusion itself; this module is a port of the same math with the same
+parameter names in the released checkpoint layout (spec §7), checked against BatchLens's engine
+by tests/tools/train_demo_test.cpp (same weights, same inputs: the same logits).
+
+ref: transformers 5.17 models/diffusion_gemma/modeling_diffusion_gemma.py (the classes named in
+each docstring); core/model/diffusion_gemma.cpp is BatchLens's C++ port of the same.
+"""
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """ref: DiffusionGemmaRMSNorm (fp32 inside, weight multiplied as is, no 1 + w)."""
+
+    def __init__(self, dim, eps, with_scale=True):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim)) if with_scale else None
+
+    def forward(self, x):
+        y = x.float() * torch.pow(x.float().pow(2).mean(-1, keepdim=True) + self.eps, -0.5)
+        if self.weight is not None:
+            y = y * self.weight.float()
+        return y.to(x.dtype)
+
+
+def gated(gate, up, down, x):
+    """ref: DiffusionGemmaText4MLP.forward (gelu_pytorch_tanh)."""
+    return down(F.gelu(gate(x), approximate="tanh") * up(x))
+
+
+def rope_inv_freq(rope, head_dim):
+    """ref: compute_default_rope_parameters, _compute_proportional_rope_parameters."""
+    if rope.get("rope_type") == "proportional":
+        angles = int(rope.get("partial_rotary_factor", 1.0) * head_dim / 2)
+        inv = 1.0 / rope["rope_theta"] ** (torch.arange(0, 2 * angles, 2).float() / head_dim)
+        nope = head_dim // 2 - angles
+        if nope > 0:
+            inv = torch.cat([inv, torch.zeros(nope)])
+        return inv / rope.get("factor", 1.0)
+    dim = int(head_dim * rope.get("partial_rotary_factor", 1.0))
+    return 1.0 / rope["rope_theta"] ** (torch.arange(0, dim, 2).float() / dim)
+
+
+def rope_tables(inv_freq, positions, dtype):
+    freqs = positions.float()[:, None] * inv_freq.to(positions.device)[None, :]  # [S, D/2]
+    emb = torch.cat([freqs, freqs], -1)
+    return emb.cos().to(dtype)[None, :, None, :], emb.sin().to(dtype)[None, :, None, :]
+
+
+def apply_rope(x, cos, sin):
+    """ref: rotate_half, apply_rotary_pos_emb. x [B, S, H, D]."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    """ref: DiffusionGemma{Encoder,Decoder}TextAttention: q/k RMSNorm with scale, v without,
+    scaling 1.0; full layers have no v_proj (V from k_proj)."""
+
+    def __init__(self, t, sliding):
+        super().__init__()
+        self.sliding = sliding
+        self.window = t["sliding_window"]
+        self.d = t["head_dim"] if sliding else t["global_head_dim"]
+        self.kv = t["num_key_value_heads"] if sliding else t["num_global_key_value_heads"]
+        self.heads = t["num_attention_heads"]
+        h, eps = t["hidden_size"], t["rms_norm_eps"]
+        self.q_proj = nn.Linear(h, self.heads * self.d, bias=False)
+        self.k_proj = nn.Linear(h, self.kv * self.d, bias=False)
+        self.v_proj = nn.Linear(h, self.kv * self.d, bias=False) if sliding else None
+        self.o_proj = nn.Linear(self.heads * self.d, h, bias=False)
+        self.q_norm = RMSNorm(self.d, eps)
+        self.k_norm = RMSNorm(self.d, eps)
+        self.v_norm = RMSNorm(self.d, eps, with_scale=False)
+
+    def forward(self, x, cos, sin, cache, encoder):
+        """cache: (k, v) [B, Hkv, P, D] of the encoder (None when encoding). Returns the output and,
+        when encoding, the (k, v) the decoder reads (sliding layers: the last window - 1)."""
+        b, s, _ = x.shape
+        q = apply_rope(self.q_norm(self.q_proj(x).view(b, s, -1, self.d)), cos, sin)
+        k_raw = self.k_proj(x).view(b, s, -1, self.d)
+        v_raw = self.v_proj(x).view(b, s, -1, self.d) if self.v_proj is not None else k_raw
+        k = apply_rope(self.k_norm(k_raw), cos, sin).transpose(1, 2)
+        v = self.v_norm(v_raw).transpose(1, 2)
+        q = q.transpose(1, 2)  # [B, H, S, D]
+        mask = None
+        if encoder:
+            pos = torch.arange(s, device=x.device)
+            allowed = pos[None, :] <= pos[:, None]
+            if self.sliding:
+                allowed = allowed & (pos[None, :] > pos[:, None] - self.window)
+            mask = allowed
+            keys, values = k, v
+        else:
+            keys = torch.cat([cache[0], k], 2)
+            values = torch.cat([cache[1], v], 2)
+        rep = self.heads // self.kv
+        ka = keys.repeat_interleave(rep, 1)
+        va = values.repeat_interleave(rep, 1)
+        scores = torch.matmul(q, ka.transpose(-1, -2))  # scaling 1.0
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        probs = torch.softmax(scores.float(), -1).to(q.dtype)
+        out = torch.matmul(probs, va).transpose(1, 2).reshape(b, s, -1)
+        new_cache = None
+        if encoder:
+            keep = min(keys.shape[2], self.window - 1) if self.sliding else keys.shape[2]
+            new_cache = (keys[:, :, -keep:], values[:, :, -keep:])
+        return self.o_proj(out), new_cache
+
+
+class Router(nn.Module):
+    """ref: DiffusionGemmaTextRouter.forward."""
+
+    def __init__(self, t):
+        super().__init__()
+        h = t["hidden_size"]
+        self.eps = t["rms_norm_eps"]
+        self.top_k = t["top_k_experts"]
+        self.proj = nn.Linear(h, t["num_experts"], bias=False)
+        self.scale = nn.Parameter(torch.ones(h))
+        self.per_expert_scale = nn.Parameter(torch.ones(t["num_experts"]))
+        self.root = h ** -0.5
+
+    def forward(self, x):
+        xf = x.float()
+        n = (xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + self.eps, -0.5)).to(x.dtype)
+        probs = torch.softmax(self.proj(n * self.scale * self.root), -1, dtype=torch.float32)
+        w, idx = torch.topk(probs, self.top_k, -1)
+        w = w / w.sum(-1, keepdim=True)
+        return w * self.per_expert_scale[idx], idx
+
+
+class Experts(nn.Module):
+    """ref: DiffusionGemmaTextExperts.forward (the eager loop)."""
+
+    def __init__(self, t):
+        super().__init__()
+        e, h, i = t["num_experts"], t["hidden_size"], t["moe_intermediate_size"]
+        self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h))
+        self.down_proj = nn.Parameter(torch.empty(e, h, i))
+
+    def forward(self, x, idx, w):
+        out = torch.zeros_like(x)
+        for e in range(self.gate_up_proj.shape[0]):
+            tok, slot = torch.where(idx == e)
+            if tok.numel() == 0:
+                continue
+            gate, up = F.linear(x[tok], self.gate_up_proj[e]).chunk(2, -1)
+            h = F.linear(F.gelu(gate, approximate="tanh") * up, self.down_proj[e])
+            out = out.index_add(0, tok, (h * w[tok, slot, None]).to(out.dtype))
+        return out
+
+
+class Layer(nn.Module):
+    """ref: DiffusionGemma{Encoder,Decoder}TextLayer.forward."""
+
+    def __init__(self, t, sliding):
+        super().__init__()
+        h, eps, inter = t["hidden_size"], t["rms_norm_eps"], t["intermediate_size"]
+        self.self_attn = Attention(t, sliding)
+        names = ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                 "post_feedforward_layernorm_1", "pre_feedforward_layernorm_2",
+                 "post_feedforward_layernorm_2", "post_feedforward_layernorm"]
+        for name in names:
+            setattr(self, name, RMSNorm(h, eps))
+        self.mlp = nn.Module()
+        self.mlp.gate_proj = nn.Linear(h, inter, bias=False)
+        self.mlp.up_proj = nn.Linear(h, inter, bias=False)
+        self.mlp.down_proj = nn.Linear(inter, h, bias=False)
+        self.router = Router(t)
+        self.experts = Experts(t)
+        self.register_buffer("layer_scalar", torch.ones(1))
+
+    def forward(self, x, cos, sin, cache, encoder, layer_scalar):
+        residual = x
+        h, new_cache = self.self_attn(self.input_layernorm(x), cos, sin, cache, encoder)
+        x = residual + self.post_attention_layernorm(h)
+        residual = x
+        m = self.mlp
+        h1 = self.post_feedforward_layernorm_1(
+            gated(m.gate_proj, m.up_proj, m.down_proj, self.pre_feedforward_layernorm(x)))
+        flat = residual.reshape(-1, residual.shape[-1])
+        w, idx = self.router(flat)
+        h2 = self.experts(self.pre_feedforward_layernorm_2(flat), idx, w).view_as(residual)
+        h = self.post_feedforward_layernorm(h1 + self.post_feedforward_layernorm_2(h2))
+        return (residual + h) * layer_scalar, new_cache
+
+
+class DiffusionGemmaPort(nn.Module):
+    """DiffusionGemmaForBlockDiffusion's forward (encode the prompt, denoise one canvas) with its
+    parameters under the released names: model.decoder.* and the encoder's layer_scalar."""
+
+    def __init__(self, config):
+        super().__init__()
+        t = config["text_config"]
+        self.t = t
+        self.model = nn.Module()
+        dec = self.model.decoder = nn.Module()
+        dec.embed_tokens = nn.Embedding(t["vocab_size"], t["hidden_size"],
+                                        padding_idx=t["pad_token_id"])
+        types = t["layer_types"]
+        dec.layers = nn.ModuleList([Layer(t, ty == "sliding_attention") for ty in types])
+        dec.norm = RMSNorm(t["hidden_size"], t["rms_norm_eps"])
+        sc = dec.self_conditioning = nn.Module()
+        sc.pre_norm = RMSNorm(t["hidden_size"], t["rms_norm_eps"])
+        sc.post_norm = RMSNorm(t["hidden_size"], t["rms_norm_eps"], with_scale=False)
+        sc.gate_proj = nn.Linear(t["hidden_size"], t["intermediate_size"], bias=False)
+        sc.up_proj = nn.Linear(t["hidden_size"], t["intermediate_size"], bias=False)
+        sc.down_proj = nn.Linear(t["intermediate_size"], t["hidden_size"], bias=False)
+        enc = self.model.encoder = nn.Module()
+        enc.language_model = nn.Module()
+        enc.language_model.layers = nn.ModuleList()
+        for _ in types:
+            holder = nn.Module()
+            holder.register_buffer("layer_scalar", torch.ones(1))
+            enc.language_model.layers.append(holder)
+        inv = {}
+        for name, rope in t["rope_parameters"].items():
+            dim = t["head_dim"] if name == "sliding_attention" else t["global_head_dim"]
+            inv[name] = rope_inv_freq(rope, dim)
+        self.inv_freq = inv
+        self.init_weights(t.get("initializer_range", 0.02))
+
+    def init_weights(self, std):
+        """ref: DiffusionGemmaPreTrainedModel._init_weights (normal weights, ones for norms and
+        router scales, a zero padding row)."""
+        for name, p in self.named_parameters():
+            if name.endswith("norm.weight") or "layernorm" in name or name.endswith(
+                    ("router.scale", "per_expert_scale")):
+                nn.init.ones_(p)
+            else:
+                nn.init.normal_(p, 0.0, std)
+        with torch.no_grad():
+            self.model.decoder.embed_tokens.weight[self.t["pad_token_id"]].zero_()
+
+    def embed(self, ids):
+        w = self.model.decoder.embed_tokens.weight
+        scale = torch.tensor(math.sqrt(self.t["hidden_size"])).to(w.dtype)
+        return F.embedding(ids, w, padding_idx=self.t["pad_token_id"]) * scale
+
+    def tables(self, positions, dtype):
+        return {k: rope_tables(v, positions, dtype) for k, v in self.inv_freq.items()}
+
+    def forward(self, input_ids, decoder_input_ids, self_conditioning_logits=None,
+                self_conditioning_mask=None):
+        dec = self.model.decoder
+        enc_layers = self.model.encoder.language_model.layers
+        types = self.t["layer_types"]
+        b, p = input_ids.shape
+        c = decoder_input_ids.shape[1]
+        # Encoder: the prompt, causally, into the cache the decoder reads.
+        x = self.embed(input_ids)
+        tab = self.tables(torch.arange(p, device=input_ids.device), x.dtype)
+        caches = []
+        for i, layer in enumerate(dec.layers):
+            cos, sin = tab[types[i]]
+            if i == len(dec.layers) - 1:
+                _, cache = layer.self_attn(layer.input_layernorm(x), cos, sin, None, True)
+                caches.append(cache)
+                break
+            x, cache = layer(x, cos, sin, None, True, enc_layers[i].layer_scalar)
+            caches.append(cache)
+        # Decoder: the canvas, bidirectionally over the cache and itself.
+        e = self.embed(decoder_input_ids)
+        if self_conditioning_logits is not None:
+            probs = torch.softmax(self_conditioning_logits, -1, dtype=torch.float32).to(
+                dec.embed_tokens.weight.dtype)
+            soft = torch.matmul(probs, dec.embed_tokens.weight) * torch.tensor(
+                math.sqrt(self.t["hidden_size"])).to(e.dtype)
+            if self_conditioning_mask is not None:
+                soft = soft * self_conditioning_mask.to(soft.dtype)[:, None, None]
+        else:
+            soft = torch.zeros_like(e)
+        sc = dec.self_conditioning
+        x = sc.post_norm(e + gated(sc.gate_proj, sc.up_proj, sc.down_proj, sc.pre_norm(soft)))
+        tab = self.tables(torch.arange(p, p + c, device=input_ids.device), x.dtype)
+        for i, layer in enumerate(dec.layers):
+            cos, sin = tab[types[i]]
+            x, _ = layer(x, cos, sin, caches[i], False, layer.layer_scalar)
+        logits = F.linear(dec.norm(x), dec.embed_tokens.weight).float()
+        cap = self.t["final_logit_softcapping"]
+        return torch.tanh(logits / cap) * cap
+
+
+def save_safetensors(path, tensors, metadata=None):
+    """A .safetensors file (https://github.com/huggingface/safetensors) without the package."""
+    import json
+    import struct
+    names = {torch.bfloat16: "BF16", torch.float32: "F32", torch.int64: "I64"}
+    header, blobs, offset = {}, [], 0
+    for name in sorted(tensors):
+        t = tensors[name].detach().cpu().contiguous()
+        raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        header[name] = {"dtype": names[t.dtype], "shape": list(t.shape),
+                        "data_offsets": [offset, offset + len(raw)]}
+        blobs.append(raw)
+        offset += len(raw)
+    if metadata:
+        header["__metadata__"] = metadata
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)))
+        f.write(text)
+        for raw in blobs:
+            f.write(raw)

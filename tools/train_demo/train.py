@@ -1,0 +1,551 @@
+#!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
+"""Trains BatchLens's `demo-trained` model: a small DiffusionGemma (transformers'
+DiffusionGemmaForBlockDiffusion, the architecture BatchLens runs) on the King James Bible.
+
+  prepare   corpus from Debian's bible-kjv (installed when missing) + BPE tokenizer -> WORK/
+  train     block-diffusion training, resumable (WORK/state.pt); --smoke: a tiny config, a few
+            steps, on the CPU in seconds
+  export    bf16 model.safetensors (released key layout) + config + tokenizer + generation
+            config -> OUT/, then samples at B=1 through transformers' generate
+  check-tokenizer   our encoder == Hugging Face `tokenizers` on the corpus (where installed)
+
+The objective is the model's own: a clean prompt (the chat template around one verse) is encoded
+causally into the KV cache; the canvas after it (the next verse and <turn|>, pads after it)
+is corrupted by replacing each token, with probability t ~ U(0, 1) per example, by a token drawn
+uniformly from the whole vocabulary (uniform-state diffusion: no mask token, as the sampler's
+initial canvas and renoise); cross-entropy on the corrupted positions. Self-conditioning is
+trained the two-pass way: a first no-grad pass, and for half of the examples its logits
+(temperature-scaled as the sampler's are) are fed back as self_conditioning_logits.
+Every batch is drawn from a generator seeded by (seed, step), so a resumed run sees the same
+batches as an uninterrupted one.
+"""
+
+import argparse
+import json
+import math
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import bpe  # noqa: E402
+
+EOS, TURN_END, PAD, BOS = 1, 106, 0, 2
+VOCAB = 4096
+CANVAS = 32
+MAX_CANVASES = 3  # answers longer than this many canvases are left out
+
+
+# ---------------------------------------------------------------- corpus and tokenizer
+
+def dump_kjv():
+    """The King James Bible as (book, chapter, verse, text), from Debian's `bible` program."""
+    if shutil.which("bible") is None:
+        sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
+        print("installing Debian's bible-kjv (the corpus) ...", flush=True)
+        subprocess.run(sudo + ["apt-get", "install", "-y", "-q", "bible-kjv"], check=True)
+    text = subprocess.run(["bible", "-l100000", "Gen1:1-Rev22:21"], check=True,
+                          capture_output=True, text=True).stdout
+    verses = []
+    book = chapter = None
+    for line in text.splitlines():
+        m = re.match(r"^(\S.*) (\d+)$", line)
+        if m:
+            book, chapter = m.group(1), int(m.group(2))
+            continue
+        m = re.match(r"^\s+(\d+) (.+)$", line)
+        if m:
+            verses.append((book, chapter, int(m.group(1)), m.group(2).strip()))
+    if len(verses) != 31102:
+        raise SystemExit("expected the 31102 verses of the KJV, got %d" % len(verses))
+    return verses
+
+
+def chat_prompt(user):
+    """The Gemma chat template (non-thinking) exactly as BatchLens builds it
+    (core/text/chat_template.cpp)."""
+    return ("<bos><|turn>user\n" + user.strip() + "<turn|>\n<|turn>model\n"
+            "<|channel>thought\n<channel|>")
+
+
+def held_out(chapter_index):
+    """One chapter in 40 is held out (never trained on) for the held-out loss."""
+    return chapter_index % 40 == 17
+
+
+def prepare(work):
+    os.makedirs(work, exist_ok=True)
+    verses = dump_kjv()
+    with open(os.path.join(work, "kjv.jsonl"), "w", encoding="utf-8") as f:
+        for b, c, v, t in verses:
+            f.write(json.dumps({"book": b, "chapter": c, "verse": v, "text": t}) + "\n")
+    texts = [t for _, _, _, t in verses] + ["user", "model", "thought", "system"] * 1000
+    tok = bpe.train(texts, VOCAB, progress=lambda n, v: print("  %d merges" % n, flush=True))
+    with open(os.path.join(work, "tokenizer.json"), "w", encoding="utf-8") as f:
+        f.write(tok.to_json())
+    n = sum(len(tok.encode(t)) for t in texts[:31102])
+    print("corpus: %d verses, %d tokens; tokenizer: %d ids, %d merges -> %s" %
+          (len(verses), n, tok.vocab_size(), len(tok.merges), work))
+
+
+def load_work(work):
+    with open(os.path.join(work, "tokenizer.json"), encoding="utf-8") as f:
+        tok = bpe.Bpe.from_json(f.read())
+    with open(os.path.join(work, "kjv.jsonl"), encoding="utf-8") as f:
+        verses = [json.loads(line) for line in f]
+    return tok, verses
+
+
+def examples(tok, verses):
+    """(context ids, canvas target ids, held out) for every canvas of every training pair: the
+    user turn is the previous verse (or, for a chapter's first verse, its reference), the answer
+    is the verse and <turn|>; a canvas's context is the prompt plus the answer's earlier
+    canvases."""
+    out = []
+    chapter_index = -1
+    prev = None
+    for v in verses:
+        if (v["book"], v["chapter"]) != prev:
+            chapter_index += 1
+            prev = (v["book"], v["chapter"])
+            user = "%s %d" % (v["book"], v["chapter"])
+        prompt = tok.encode(chat_prompt(user))
+        answer = tok.encode(v["text"]) + [TURN_END]
+        user = v["text"]
+        if len(answer) > CANVAS * MAX_CANVASES:
+            continue
+        for k in range(0, len(answer), CANVAS):
+            target = answer[k:k + CANVAS]
+            target += [PAD] * (CANVAS - len(target))
+            out.append((prompt + answer[:k], target, held_out(chapter_index)))
+    return out
+
+
+# ---------------------------------------------------------------- model
+
+def model_config(smoke):
+    """The demo-trained architecture: DiffusionGemma's layout (5 sliding + 1 full attention
+    layer, a dense MLP beside 8 experts, top-2), sized to ~9 M parameters (<= 20 MB in bf16)."""
+    text = {
+        "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": BOS,
+        "eos_token_id": EOS, "final_logit_softcapping": 30.0, "global_head_dim": 128,
+        "head_dim": 64, "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 256,
+        "initializer_range": 0.02, "intermediate_size": 512,
+        "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
+        "max_position_embeddings": 4096, "model_type": "diffusion_gemma_text",
+        "moe_intermediate_size": 128, "num_attention_heads": 4, "num_experts": 8,
+        "num_global_key_value_heads": 1, "num_hidden_layers": 6, "num_key_value_heads": 2,
+        "pad_token_id": PAD, "rms_norm_eps": 1e-06,
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25,
+                               "rope_theta": 1000000.0}},
+        "sliding_window": 128, "tie_word_embeddings": True, "top_k_experts": 2,
+        "use_bidirectional_attention": "vision", "vocab_size": VOCAB, "dtype": "bfloat16"}
+    if smoke:
+        text.update({"hidden_size": 64, "intermediate_size": 96, "moe_intermediate_size": 32,
+                     "head_dim": 16, "global_head_dim": 32, "num_experts": 4,
+                     "layer_types": ["sliding_attention", "full_attention"],
+                     "num_hidden_layers": 2, "sliding_window": 16})  # prompts pass the window
+    return {"architectures": ["DiffusionGemmaForBlockDiffusion"], "model_type": "diffusion_gemma",
+            "canvas_length": CANVAS, "boi_token_id": VOCAB - 3, "image_token_id": VOCAB - 2,
+            "eoi_token_id": VOCAB - 1, "eos_token_id": [EOS, TURN_END], "dtype": "bfloat16",
+            "initializer_range": 0.02, "tie_word_embeddings": True, "text_config": text}
+
+
+def generation_config():
+    return {"max_new_tokens": 2 * CANVAS, "max_denoising_steps": 48, "t_min": 0.4, "t_max": 0.8,
+            "sampler_config": {"entropy_bound": 0.1}, "stability_threshold": 1,
+            "confidence_threshold": 0.005, "eos_token_id": [EOS, TURN_END, 50],
+            "pad_token_id": PAD, "bos_token_id": BOS}
+
+
+def transformers_available():
+    try:
+        import transformers  # noqa: F401
+        return hasattr(transformers, "DiffusionGemmaForBlockDiffusion")
+    except ImportError:
+        return False
+
+
+def build_model(args, device):
+    """transformers' DiffusionGemmaForBlockDiffusion where transformers is installed (the H200
+    run), else the plain-PyTorch port in dgemma.py (--backend port; the CI smoke run)."""
+    import torch
+    torch.manual_seed(args.seed)
+    config = model_config(args.smoke)
+    if args.backend == "auto":
+        args.backend = "transformers" if transformers_available() else "port"
+    if args.backend == "transformers":
+        from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
+        cfg = DiffusionGemmaConfig.from_dict(config)
+        model = DiffusionGemmaForBlockDiffusion(cfg)
+    else:
+        import dgemma
+        model = dgemma.DiffusionGemmaPort(config)
+    return model.to(device=device, dtype=torch.float32)
+
+
+def forward(model, ctx, canvas, sc_logits=None, sc_mask=None):
+    """Logits [B, C, V] fp32 of one canvas after a clean prompt, either backend."""
+    out = model(input_ids=ctx, decoder_input_ids=canvas, self_conditioning_logits=sc_logits,
+                self_conditioning_mask=sc_mask)
+    return out if hasattr(out, "shape") else out.logits
+
+
+# ---------------------------------------------------------------- training
+
+class Batches:
+    """Batches of one context length (no padding anywhere: the encoder sees a clean prompt as
+    at B=1). Step s draws from a generator seeded by (seed, s)."""
+
+    def __init__(self, exs):
+        self.exs = exs
+        self.by_len = {}
+        for i, (ctx, _, _) in enumerate(exs):
+            self.by_len.setdefault(len(ctx), []).append(i)
+
+    def draw(self, rng, size):
+        first = rng.randrange(len(self.exs))
+        pool = self.by_len[len(self.exs[first][0])]
+        return [self.exs[first]] + [self.exs[rng.choice(pool)] for _ in range(size - 1)]
+
+
+def corrupt(torch, target, gen, vocab):
+    """Uniform-state corruption: per example a noise level t ~ U(0,1); each position replaced,
+    with probability t, by a uniform token over the whole vocabulary; at least one position is
+    corrupted. Returns (canvas, corrupted mask)."""
+    b, c = target.shape
+    dev = target.device
+    t = torch.rand(b, 1, generator=gen, device=dev)
+    u = torch.rand(b, c, generator=gen, device=dev)
+    mask = u < t
+    first = u.argmin(dim=1)
+    mask[torch.arange(b, device=dev), first] = True
+    noise = torch.randint(0, vocab, (b, c), generator=gen, device=dev)
+    return torch.where(mask, noise, target), mask
+
+
+def diffusion_loss(torch, model, ctx, target, gen, vocab, self_cond):
+    import torch.nn.functional as F
+    canvas, mask = corrupt(torch, target, gen, vocab)
+    sc_logits = sc_mask = None
+    if self_cond:
+        with torch.no_grad():
+            first = forward(model, ctx, canvas)
+        temp = 0.4 + 0.4 * torch.rand(ctx.shape[0], 1, 1, generator=gen, device=ctx.device)
+        sc_logits = (first.float() / temp).detach()
+        sc_mask = torch.rand(ctx.shape[0], generator=gen, device=ctx.device) < 0.5
+    logits = forward(model, ctx, canvas, sc_logits, sc_mask)
+    return F.cross_entropy(logits[mask].float(), target[mask])
+
+
+def lr_at(step, total, peak, warmup):
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    p = min(1.0, (step - warmup) / max(1, total - warmup))
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * p)))
+
+
+def held_out_loss(torch, model, batches, device, autocast, count=16, size=128):
+    """Mean loss over fixed held-out batches and fixed noise (seeded), self-conditioning off."""
+    rng = random.Random(1234)
+    gen = torch.Generator(device=device)
+    gen.manual_seed(1234)
+    total = 0.0
+    model.eval()
+    with torch.no_grad(), autocast():
+        for _ in range(count):
+            ex = batches.draw(rng, size)
+            ctx = torch.tensor([e[0] for e in ex], device=device)
+            tgt = torch.tensor([e[1] for e in ex], device=device)
+            total += float(diffusion_loss(torch, model, ctx, tgt, gen, VOCAB, False))
+    model.train()
+    return total / count
+
+
+def train(args):
+    import torch
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    device = args.device
+    tok, verses = load_work(args.work)
+    # The smoke run: Genesis and Exodus (2 held-out chapters), to start in a second.
+    exs = examples(tok, verses[:2000] if args.smoke else verses)
+    train_b = Batches([e for e in exs if not e[2]])
+    held_b = Batches([e for e in exs if e[2]] or exs[:200])
+    model = build_model(args, device)
+    n_params = sum(p.numel() for p in model.parameters())
+    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    state_path = os.path.join(args.work, "state-smoke.pt" if args.smoke else "state.pt")
+    log_path = os.path.join(args.work, "log-smoke.jsonl" if args.smoke else "log.jsonl")
+    step, elapsed, total = 0, 0.0, args.steps
+    if os.path.exists(state_path) and not args.fresh:
+        st = torch.load(state_path, map_location=device)
+        model.load_state_dict(st["model"])
+        opt.load_state_dict(st["opt"])
+        step, elapsed, total = st["step"], st["elapsed"], st["total"] or total
+        print("resumed at step %d of %s (%.0f s trained)" % (step, total, elapsed), flush=True)
+    elif os.path.exists(log_path):
+        os.remove(log_path)
+    print("%d parameters (%s), %d training / %d held-out canvases, device %s" %
+          (n_params, args.backend, len(train_b.exs), len(held_b.exs), device), flush=True)
+
+    def autocast():
+        return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16,
+                              enabled=torch.device(device).type == "cuda")
+
+    def save():
+        tmp = state_path + ".tmp"
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
+                    "elapsed": elapsed, "total": total}, tmp)
+        os.replace(tmp, state_path)
+
+    start = time.time()
+    t10 = None
+    log = open(log_path, "a", encoding="utf-8")
+    model.train()
+    while total is None or step < total:
+        if time.time() - start > args.max_seconds or (args.stop_at and step >= args.stop_at):
+            break
+        if total is None and step == 40:
+            # The schedule's length, fixed once from the measured step time (steps 10-40) so
+            # that training takes --budget-seconds; stored in state.pt and the log, so a
+            # resumed run keeps it and `--steps N` reproduces it.
+            per_step = (elapsed - t10) / 30 if t10 is not None else elapsed / 40
+            total = int(args.budget_seconds / per_step)
+            print("schedule: %d steps for a %.0f s budget" % (total, args.budget_seconds),
+                  flush=True)
+        if step == 10:
+            t10 = elapsed
+        t0 = time.time()
+        rng = random.Random(args.seed * 1000003 + step)
+        gen = torch.Generator(device=device)
+        gen.manual_seed(args.seed * 1000003 + step)
+        ex = train_b.draw(rng, args.batch)
+        ctx = torch.tensor([e[0] for e in ex], device=device)
+        tgt = torch.tensor([e[1] for e in ex], device=device)
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, total or 10**9, args.lr, args.warmup)
+        with autocast():
+            loss = diffusion_loss(torch, model, ctx, tgt, gen, VOCAB, True)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        step += 1
+        elapsed += time.time() - t0
+        rec = {"step": step, "loss": float(loss), "lr": opt.param_groups[0]["lr"],
+               "seconds": round(elapsed, 2), "total": total}
+        if step % args.eval_every == 0 or step == total:
+            rec["held_out"] = held_out_loss(torch, model, held_b, device, autocast,
+                                            count=2 if args.smoke else 16,
+                                            size=16 if args.smoke else 128)
+            print("step %d  loss %.3f  held-out %.3f  %.0f s" %
+                  (step, rec["loss"], rec["held_out"], elapsed), flush=True)
+        log.write(json.dumps(rec) + "\n")
+        if step % args.save_every == 0:
+            log.flush()
+            save()
+    log.close()
+    save()
+    print("stopped at step %d of %s (%.0f s trained)" % (step, total, elapsed), flush=True)
+    return model, tok
+
+
+# ---------------------------------------------------------------- export and samples
+
+SAMPLE_PROMPTS = ["In the beginning God created the heaven and the earth.",
+                  "The LORD is my shepherd; I shall not want.",
+                  "Write a long essay about Portugal.",
+                  "Blessed are the poor in spirit: for theirs is the kingdom of heaven.",
+                  "Tell me about the sea.",
+                  "And the king said unto his servants,",
+                  "Psalms 23",
+                  "What is wisdom?"]
+
+
+def released_layout(state):
+    """The released checkpoint's tensors (spec §7): model.decoder.* and the encoder's
+    layer_scalar buffers; the encoder's text weights and lm_head are tied to the decoder's."""
+    return {k: v.detach().contiguous().clone() for k, v in state.items()
+            if k.startswith("model.decoder.") or re.fullmatch(
+                r"model\.encoder\.language_model\.layers\.\d+\.layer_scalar", k)}
+
+
+def export(args):
+    """OUT/: config.json, model.safetensors (bf16, released layout), tokenizer.json,
+    generation_config.json; plus OUT/parity/ (fixed prompt/canvas ids and this backend's fp32
+    logits of the exported bf16 weights, without and with self-conditioning) for the test that
+    runs BatchLens's engine on the same weights."""
+    import torch
+    import dgemma
+    tok, verses = load_work(args.work)
+    model = build_model(args, "cpu")
+    st = torch.load(os.path.join(args.work, "state-smoke.pt" if args.smoke else "state.pt"),
+                    map_location="cpu")
+    model.load_state_dict(st["model"])
+    tmp = args.out + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    weights = {k: v.to(torch.bfloat16) for k, v in released_layout(model.state_dict()).items()}
+    if args.backend == "transformers":
+        # save_pretrained for config.json (and to see which tensors transformers itself keeps)
+        model.to(torch.bfloat16).save_pretrained(tmp, safe_serialization=True)
+        model.float()
+    else:
+        with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
+            json.dump(model_config(args.smoke), f, indent=2)
+    dgemma.save_safetensors(os.path.join(tmp, "model.safetensors"), weights, {"format": "pt"})
+    with open(os.path.join(tmp, "tokenizer.json"), "w", encoding="utf-8") as f:
+        f.write(tok.to_json())
+    with open(os.path.join(tmp, "generation_config.json"), "w", encoding="utf-8") as f:
+        json.dump(generation_config(), f, indent=2)
+    if args.backend == "transformers":
+        from transformers import DiffusionGemmaForBlockDiffusion
+        DiffusionGemmaForBlockDiffusion.from_pretrained(tmp)  # loads what BatchLens loads
+    # Parity: the exported (bf16-rounded) weights in fp32, on fixed inputs.
+    with torch.no_grad():
+        state = model.state_dict()
+        for k, v in weights.items():
+            state[k] = v.float()
+        model.load_state_dict(state)
+        model.eval()
+        prompt = torch.tensor([tok.encode(chat_prompt(verses[0]["text"]))])
+        gen = torch.Generator()
+        gen.manual_seed(7)
+        canvas = torch.randint(0, VOCAB, (1, CANVAS), generator=gen)
+        first = forward(model, prompt, canvas)
+        second = forward(model, prompt, canvas, (first / 0.8).to(torch.bfloat16).float())
+    sc_logits = (first / 0.8).to(torch.bfloat16).float()
+    os.makedirs(os.path.join(tmp, "parity"))
+    par = os.path.join(tmp, "parity")
+    dgemma.save_safetensors(os.path.join(par, "inputs.safetensors"), {
+        "input_ids": prompt, "decoder_input_ids": canvas})
+    dgemma.save_safetensors(os.path.join(par, "inputs_sc.safetensors"), {
+        "input_ids": prompt, "decoder_input_ids": canvas, "self_conditioning_logits": sc_logits})
+    dgemma.save_safetensors(os.path.join(par, "expected.safetensors"), {
+        "logits": first, "logits_self_conditioned": second}, {"backend": args.backend})
+    texts = [chat_prompt(v["text"]) for v in verses[::97]] + [
+        "naïve café ☃ 𝄞 x\n\ny  z", "  leading and trailing  ", "\n\n\n"]
+    with open(os.path.join(tmp, "parity", "tokens.jsonl"), "w", encoding="utf-8") as f:
+        for t in texts:
+            f.write(json.dumps({"text": t, "ids": tok.encode(t)}, ensure_ascii=False) + "\n")
+    shutil.rmtree(args.out, ignore_errors=True)
+    os.replace(tmp, args.out)
+    size = os.path.getsize(os.path.join(args.out, "model.safetensors"))
+    print("exported %s (%s backend, model.safetensors %.1f MB)" % (args.out, args.backend,
+                                                                   size / 1e6))
+
+
+def samples(args):
+    """B=1 generations through transformers' own generate: a few to read, and the share that
+    stops with an EOS within the budget over held-out verses."""
+    import torch
+    from transformers import DiffusionGemmaForBlockDiffusion
+    tok, verses = load_work(args.work)
+    device = args.device
+    model = DiffusionGemmaForBlockDiffusion.from_pretrained(args.out, dtype=torch.bfloat16)
+    model = model.to(device).eval()
+    held = []
+    chapter_index, prev = -1, None
+    for v in verses:
+        if (v["book"], v["chapter"]) != prev:
+            chapter_index, prev = chapter_index + 1, (v["book"], v["chapter"])
+        if held_out(chapter_index):
+            held.append(v["text"])
+    prompts = SAMPLE_PROMPTS + held[::max(1, len(held) // args.eos_prompts)][:args.eos_prompts]
+    results = []
+    for i, p in enumerate(prompts):
+        ids = torch.tensor([tok.encode(chat_prompt(p))], device=device)
+        torch.manual_seed(i)
+        out = model.generate(input_ids=ids, max_new_tokens=2 * CANVAS)
+        seq = out.sequences[0, ids.shape[1]:].tolist() if hasattr(out, "sequences") else \
+            out[0, ids.shape[1]:].tolist()
+        stop = next((j for j, t in enumerate(seq) if t in (EOS, TURN_END, 50)), -1)
+        text = tok.decode(seq[:stop + 1] if stop >= 0 else seq, skip_special=True)
+        results.append({"prompt": p, "seed": i, "eos_at": stop, "text": text,
+                        "sample": i < len(SAMPLE_PROMPTS)})
+        if i < len(SAMPLE_PROMPTS):
+            print("[%s] -> %s%s" % (p, text, "" if stop >= 0 else "  (no EOS)"), flush=True)
+    held_res = [r for r in results if not r["sample"]]
+    share = sum(r["eos_at"] >= 0 for r in held_res) / max(1, len(held_res))
+    print("EOS within %d tokens: %d/%d held-out prompts (%.0f %%)" %
+          (2 * CANVAS, sum(r["eos_at"] >= 0 for r in held_res), len(held_res), 100 * share))
+    with open(os.path.join(args.work, "samples.json"), "w", encoding="utf-8") as f:
+        json.dump({"eos_share": share, "budget": 2 * CANVAS, "results": results}, f, indent=1)
+
+
+def check_tokenizer(args):
+    from tokenizers import Tokenizer
+    tok, verses = load_work(args.work)
+    hf = Tokenizer.from_file(os.path.join(args.work, "tokenizer.json"))
+    texts = [chat_prompt(v["text"]) for v in verses[::7]] + ["naïve café ☃ 𝄞 x\n\ny  z"]
+    bad = [t for t in texts if hf.encode(t, add_special_tokens=False).ids != tok.encode(t)]
+    print("tokenizer parity with HF tokenizers: %d/%d texts identical" %
+          (len(texts) - len(bad), len(texts)))
+    for t in bad[:3]:
+        print("  differs:", repr(t[:80]), hf.encode(t).ids[:20], tok.encode(t)[:20])
+    if bad:
+        raise SystemExit(1)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=["prepare", "train", "export", "samples",
+                                        "check-tokenizer"])
+    ap.add_argument("--work", default=os.path.join(HERE, "..", "..", ".train_demo"),
+                    help="corpus, tokenizer, state.pt, log.jsonl (default: .train_demo/)")
+    ap.add_argument("--out", default=None, help="export folder (default: WORK/demo-trained)")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--backend", choices=["auto", "transformers", "port"], default="auto",
+                    help="the model class: transformers' (where installed) or dgemma.py's port")
+    ap.add_argument("--smoke", action="store_true",
+                    help="tiny config, few steps, CPU-sized: checks the pipeline in seconds")
+    ap.add_argument("--fresh", action="store_true", help="ignore WORK/state.pt")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--steps", type=int, default=None,
+                    help="total steps of the schedule (default: as many as --budget-seconds "
+                         "allows, measured over steps 10-40)")
+    ap.add_argument("--budget-seconds", type=float, default=840,
+                    help="training time the schedule is sized for (default 840 = 14 min)")
+    ap.add_argument("--max-seconds", type=float, default=1e9,
+                    help="stop (resumably) after this long in this invocation")
+    ap.add_argument("--stop-at", type=int, default=None,
+                    help="stop (resumably) after this step (tests resuming)")
+    ap.add_argument("--batch", type=int, default=None)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--warmup", type=int, default=300)
+    ap.add_argument("--eval-every", type=int, default=250)
+    ap.add_argument("--save-every", type=int, default=500)
+    ap.add_argument("--eos-prompts", type=int, default=48)
+    args = ap.parse_args()
+    args.work = os.path.abspath(args.work)
+    args.out = os.path.abspath(args.out or os.path.join(args.work, "demo-trained"))
+    if args.smoke:
+        args.steps = args.steps or 6
+        args.batch = args.batch or 8
+        args.eval_every = min(args.eval_every, 3)
+        args.save_every = min(args.save_every, 3)
+        args.warmup = min(args.warmup, 2)
+    args.batch = args.batch or 256
+    if args.command == "prepare":
+        prepare(args.work)
+    elif args.command == "train":
+        train(args)
+    elif args.command == "export":
+        export(args)
+    elif args.command == "samples":
+        samples(args)
+    else:
+        check_tokenizer(args)
+
+
+if __name__ == "__main__":
+    main()
