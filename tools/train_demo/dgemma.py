@@ -314,3 +314,23 @@ def save_safetensors(path, tensors, metadata=None):
         f.write(text)
         for raw in blobs:
             f.write(raw)
+
+
+def load_safetensors(path):
+    """The tensors of a .safetensors file (BF16, F32, I64), without the package."""
+    import json
+    import struct
+    types = {"BF16": torch.bfloat16, "F32": torch.float32, "I64": torch.int64}
+    with open(path, "rb") as f:
+        data = f.read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    out = {}
+    for name, e in header.items():
+        if name == "__metadata__":
+            continue
+        begin, end = e["data_offsets"]
+        raw = bytearray(data[8 + n + begin:8 + n + end])
+        out[name] = torch.frombuffer(raw, dtype=types[e["dtype"]]).reshape(e["shape"]) \
+            if raw else torch.empty(e["shape"], dtype=types[e["dtype"]])
+    return out

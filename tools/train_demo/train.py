@@ -131,12 +131,13 @@ def examples(tok, verses):
 
 def model_config(smoke):
     """The demo-trained architecture: DiffusionGemma's layout (5 sliding + 1 full attention
-    layer, a dense MLP beside 8 experts, top-2), sized to ~9 M parameters (<= 20 MB in bf16)."""
+    layer, a dense MLP beside 8 experts, top-2), sized to 9.1 M
+    parameters (18.3 MB in bf16; with the tokenizer the bundle stays under 20 MB)."""
     text = {
         "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": BOS,
         "eos_token_id": EOS, "final_logit_softcapping": 30.0, "global_head_dim": 128,
         "head_dim": 64, "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 256,
-        "initializer_range": 0.02, "intermediate_size": 512,
+        "initializer_range": 0.02, "intermediate_size": 384,
         "layer_types": ["sliding_attention"] * 5 + ["full_attention"],
         "max_position_embeddings": 4096, "model_type": "diffusion_gemma_text",
         "moe_intermediate_size": 128, "num_attention_heads": 4, "num_experts": 8,
@@ -452,13 +453,7 @@ def samples(args):
     device = args.device
     model = DiffusionGemmaForBlockDiffusion.from_pretrained(args.out, dtype=torch.bfloat16)
     model = model.to(device).eval()
-    held = []
-    chapter_index, prev = -1, None
-    for v in verses:
-        if (v["book"], v["chapter"]) != prev:
-            chapter_index, prev = chapter_index + 1, (v["book"], v["chapter"])
-        if held_out(chapter_index):
-            held.append(v["text"])
+    held = held_out_verses(verses)
     prompts = SAMPLE_PROMPTS + held[::max(1, len(held) // args.eos_prompts)][:args.eos_prompts]
     results = []
     for i, p in enumerate(prompts):
@@ -481,6 +476,112 @@ def samples(args):
         json.dump({"eos_share": share, "budget": 2 * CANVAS, "results": results}, f, indent=1)
 
 
+def held_out_verses(verses):
+    out = []
+    chapter_index, prev = -1, None
+    for v in verses:
+        if (v["book"], v["chapter"]) != prev:
+            chapter_index, prev = chapter_index + 1, (v["book"], v["chapter"])
+        if held_out(chapter_index):
+            out.append(v["text"])
+    return out
+
+
+def evaluate(args):
+    """The same measurement through BatchLens's engine (`batchlens-cli generate --json`, B=1,
+    this machine's CPU by default): readable samples and the share of held-out prompts whose
+    generation stops with an EOS within 2 canvases."""
+    _, verses = load_work(args.work)
+    held = held_out_verses(verses)
+    prompts = SAMPLE_PROMPTS + held[::max(1, len(held) // args.eos_prompts)][:args.eos_prompts]
+    model = ["--checkpoint", args.out] if os.path.isdir(args.out) else ["--preset", args.out]
+    results = []
+    for i, p in enumerate(prompts):
+        run = subprocess.run([args.cli, "generate", *model, "--device", args.device,
+                              "--prompt", p, "--gen-seed", str(i), "--json"],
+                             capture_output=True, text=True)
+        if run.returncode != 0:
+            raise SystemExit("batchlens-cli generate failed: " + run.stderr[-2000:])
+        row = json.loads(run.stdout)["rows"][0]
+        results.append({"prompt": p, "seed": i, "eos_at": row["stop_position"],
+                        "text": row["text"], "sample": i < len(SAMPLE_PROMPTS)})
+        if i < len(SAMPLE_PROMPTS):
+            print("[%s] -> %s%s" % (p, row["text"], "" if row["stop_position"] >= 0
+                                    else "  (no EOS)"), flush=True)
+    held_res = [r for r in results if not r["sample"]]
+    stopped = sum(r["eos_at"] >= 0 for r in held_res)
+    print("BatchLens, %s: EOS within %d tokens for %d/%d held-out prompts (%.0f %%)" %
+          (args.device, 2 * CANVAS, stopped, len(held_res), 100 * stopped / max(1, len(held_res))))
+    with open(os.path.join(args.work, "samples-batchlens.json"), "w", encoding="utf-8") as f:
+        json.dump({"engine": "batchlens", "device": args.device, "eos_share":
+                   stopped / max(1, len(held_res)), "budget": 2 * CANVAS, "results": results},
+                  f, indent=1)
+
+
+def plot(args):
+    """WORK/loss.png: training loss (smoothed) and held-out loss against step, from log.jsonl."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    with open(os.path.join(args.work, "log-smoke.jsonl" if args.smoke else "log.jsonl"),
+              encoding="utf-8") as f:
+        log = [json.loads(line) for line in f if line.strip()]
+    steps = [r["step"] for r in log]
+    losses = [r["loss"] for r in log]
+    k = max(1, len(losses) // 200)
+    smooth = [sum(losses[max(0, i - k):i + 1]) / len(losses[max(0, i - k):i + 1])
+              for i in range(len(losses))]
+    held = [(r["step"], r["held_out"]) for r in log if "held_out" in r]
+    fig, ax = plt.subplots(figsize=(8, 4.5), dpi=120)
+    ax.plot(steps, losses, color="#c8d6e5", linewidth=0.6, label="training batch")
+    ax.plot(steps, smooth, color="#2e86de", linewidth=1.5, label="training (mean of %d)" % k)
+    ax.plot([h[0] for h in held], [h[1] for h in held], "o-", color="#ee5253", markersize=3,
+            label="held-out chapters")
+    ax.set_xlabel("step (batch of %d canvases)" % args.batch)
+    ax.set_ylabel("cross-entropy on corrupted positions (nats)")
+    ax.set_title("demo-trained: block-diffusion training on the KJV (%.0f s on %s)" %
+                 (log[-1]["seconds"], args.device_name))
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    out = os.path.join(args.work, "loss.png")
+    fig.savefig(out)
+    print("wrote %s (%d steps, last held-out %.3f)" % (out, steps[-1], held[-1][1] if held
+                                                       else float("nan")))
+
+
+def check_port(args):
+    """dgemma.py's port on an export's weights and parity inputs gives the logits the exporting
+    backend computed (on the H200: transformers' own, so the port the CI runs is checked against
+    the reference there)."""
+    import torch
+    import dgemma
+    with open(os.path.join(args.out, "config.json"), encoding="utf-8") as f:
+        config = json.load(f)
+    port = dgemma.DiffusionGemmaPort(config)
+    weights = dgemma.load_safetensors(os.path.join(args.out, "model.safetensors"))
+    state = port.state_dict()
+    missing = sorted(set(state) - set(weights))
+    if missing:
+        raise SystemExit("the export lacks %d of the port's tensors, e.g. %s" %
+                         (len(missing), missing[:3]))
+    port.load_state_dict({k: weights[k].float() for k in state})
+    port.eval()
+    par = os.path.join(args.out, "parity")
+    inputs = dgemma.load_safetensors(os.path.join(par, "inputs_sc.safetensors"))
+    expected = dgemma.load_safetensors(os.path.join(par, "expected.safetensors"))
+    with torch.no_grad():
+        got = {"logits": forward(port, inputs["input_ids"], inputs["decoder_input_ids"]),
+               "logits_self_conditioned": forward(port, inputs["input_ids"],
+                                                  inputs["decoder_input_ids"],
+                                                  inputs["self_conditioning_logits"])}
+    worst = max(float((got[k] - expected[k]).abs().max()) for k in got)
+    print("port vs the exporting backend's logits: max |diff| %.3g (logits up to %.3g)" %
+          (worst, float(expected["logits"].abs().max())))
+    if worst > 1e-3:
+        raise SystemExit(1)
+
+
 def check_tokenizer(args):
     from tokenizers import Tokenizer
     tok, verses = load_work(args.work)
@@ -498,8 +599,8 @@ def check_tokenizer(args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=["prepare", "train", "export", "samples",
-                                        "check-tokenizer"])
+    ap.add_argument("command", choices=["prepare", "train", "export", "samples", "evaluate",
+                                        "plot", "check-tokenizer", "check-port"])
     ap.add_argument("--work", default=os.path.join(HERE, "..", "..", ".train_demo"),
                     help="corpus, tokenizer, state.pt, log.jsonl (default: .train_demo/)")
     ap.add_argument("--out", default=None, help="export folder (default: WORK/demo-trained)")
@@ -524,7 +625,12 @@ def main():
     ap.add_argument("--warmup", type=int, default=300)
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--save-every", type=int, default=500)
-    ap.add_argument("--eos-prompts", type=int, default=48)
+    ap.add_argument("--device-name", default="an NVIDIA H200", help="plot: where it trained")
+    ap.add_argument("--eos-prompts", type=int, default=48,
+                    help="held-out verses the EOS share is measured on")
+    ap.add_argument("--cli", default=os.path.join(HERE, "..", "..", "build", "ci", "app",
+                                                  "batchlens-cli"),
+                    help="evaluate: the batchlens-cli to run (default: build/ci's)")
     args = ap.parse_args()
     args.work = os.path.abspath(args.work)
     args.out = os.path.abspath(args.out or os.path.join(args.work, "demo-trained"))
@@ -543,6 +649,12 @@ def main():
         export(args)
     elif args.command == "samples":
         samples(args)
+    elif args.command == "evaluate":
+        evaluate(args)
+    elif args.command == "plot":
+        plot(args)
+    elif args.command == "check-port":
+        check_port(args)
     else:
         check_tokenizer(args)
 
