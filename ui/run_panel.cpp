@@ -28,6 +28,7 @@
 
 #include "core/experiment/plan.h"
 #include "core/generation/generation_config.h"
+#include "core/model/config.h"
 #include "core/ops/op_family.h"
 #include "core/ops/policy.h"
 
@@ -144,11 +145,17 @@ RunPanel::RunPanel(const base::SystemInfo& system, QWidget* parent) : QWidget(pa
   const experiment::ExperimentSpec demo = defaultDemoSpec();
 
   // Model.
-  preset_ = combo(this,
-                  {QStringLiteral("demo"), QStringLiteral("tiny"), QStringLiteral("mid"),
-                   QStringLiteral("26b-a4b"), tr("checkpoint directory")},
-                  tr("A preset architecture with seeded random weights, or an HF checkpoint "
-                     "directory (config.json + safetensors)"));
+  // The shipped presets (the one-click default first), then a checkpoint directory: last.
+  QStringList presets{QString::fromStdString(demo.model.preset)};
+  for (const std::string& name : model::preset_names()) {
+    if (name != demo.model.preset) {
+      presets << QString::fromStdString(name);
+    }
+  }
+  preset_ = combo(this, presets << tr("checkpoint directory"),
+                  tr("A shipped preset (an architecture with seeded random weights, or a small "
+                     "trained model bundled with BatchLens), or an HF checkpoint directory "
+                     "(config.json + safetensors)"));
   preset_->setObjectName(QStringLiteral("PresetCombo"));
   checkpoint_ = new QLineEdit(this);
   checkpoint_->setObjectName(QStringLiteral("CheckpointEdit"));

@@ -258,9 +258,12 @@ void register_save_model(CLI::App& app, int& exit_code) {
   };
   auto opts = std::make_shared<Options>();
   auto* cmd = app.add_subcommand(
-      "save-model", "Write a preset's seeded random weights as an HF checkpoint directory");
-  cmd->add_option("--preset", opts->preset, "tiny, demo, mid or 26b-a4b")->required();
-  cmd->add_option("--seed", opts->seed, "Random-weight seed")->capture_default_str();
+      "save-model",
+      "Write a preset's weights (seeded random, or a trained preset's bundled checkpoint) as an HF "
+      "checkpoint directory");
+  cmd->add_option("--preset", opts->preset, preset_help())->required();
+  cmd->add_option("--seed", opts->seed, "Random-weight seed (random-weight presets)")
+      ->capture_default_str();
   cmd->add_option("--out", opts->out, "Directory to write")->required();
   cmd->add_option("--shard-gib", opts->shard_gib, "Largest shard in GiB")->capture_default_str();
   cmd->callback([opts, &exit_code] {
@@ -270,8 +273,10 @@ void register_save_model(CLI::App& app, int& exit_code) {
       exit_code = report_error(r.error());
       return;
     }
-    std::cout << "save-model: wrote preset " << opts->preset << " (seed " << opts->seed << ") to "
-              << opts->out << "\n";
+    model::ModelSource source;
+    source.preset = opts->preset;
+    source.seed = opts->seed;
+    std::cout << "save-model: wrote " << source.describe() << " to " << opts->out << "\n";
     exit_code = kExitOk;
   });
 }

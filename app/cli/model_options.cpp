@@ -6,13 +6,26 @@
 #include <stdexcept>
 
 #include "app/cli/command.h"
+#include "core/model/config.h"
 
 namespace batchlens::cli {
 
+std::string preset_help() {
+  std::string random;
+  std::string trained;
+  for (const std::string& name : model::preset_names()) {
+    std::string& list = model::preset_bundle(name).trained() ? trained : random;
+    list += (list.empty() ? "" : ", ") + name;
+  }
+  std::string help = "Shipped model preset: " + random + " (seeded random weights)";
+  if (!trained.empty()) {
+    help += "; " + trained + " (trained weights, bundled)";
+  }
+  return help;
+}
+
 void add_model_options(CLI::App* cmd, ModelOptions& options) {
-  auto* preset = cmd->add_option("--preset", options.source.preset,
-                                 "Shipped model preset with seeded random weights: tiny, demo, "
-                                 "mid, 26b-a4b");
+  auto* preset = cmd->add_option("--preset", options.source.preset, preset_help());
   auto* ckpt = cmd->add_option("--checkpoint", options.checkpoint,
                                "HF checkpoint directory (config.json + safetensors)");
   preset->excludes(ckpt);

@@ -19,6 +19,10 @@ struct ModelOptions {
   std::string checkpoint;  ///< --checkpoint as typed
 };
 
+/// "Shipped model preset: tiny, demo, ... (seeded random weights); ... (trained weights,
+/// bundled)", from the presets this binary carries.
+std::string preset_help();
+
 /// Adds --preset/--checkpoint, --seed, --device, --dtype and --experts to `cmd`.
 void add_model_options(CLI::App* cmd, ModelOptions& options);
 

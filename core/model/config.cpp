@@ -647,6 +647,18 @@ std::vector<std::string> preset_names() {
   return names;
 }
 
+PresetBundle preset_bundle(const std::string& name) {
+  for (const auto& preset : detail::embedded_presets()) {
+    if (preset.name == name) {
+      if (preset.weights.empty()) {
+        return {};
+      }
+      return {preset.json, preset.weights, preset.tokenizer_json, preset.generation_config_json};
+    }
+  }
+  return {};
+}
+
 json to_json(const ModelConfig& config) {
   const TextConfig& t = config.text;
   json layer_types = json::array();

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -108,6 +109,18 @@ base::Result<ModelConfig> load_preset(const std::string& name);
 
 /// Names of the shipped presets, in size order.
 std::vector<std::string> preset_names();
+
+/// What a shipped preset carries beside its config. A trained preset (resources/models/<name>/)
+/// bundles its checkpoint's files in the binary; the views point at static storage. A preset of
+/// seeded random weights (and an unknown name) has none.
+struct PresetBundle {
+  std::string_view config_json;             ///< config.json as bundled
+  std::string_view weights;                 ///< model.safetensors
+  std::string_view tokenizer_json;          ///< tokenizer.json
+  std::string_view generation_config_json;  ///< generation_config.json
+  bool trained() const { return !weights.empty(); }
+};
+PresetBundle preset_bundle(const std::string& name);
 
 /// The config as an HF-style config.json document that parse_config() reads back to an equal
 /// config (and that transformers' DiffusionGemmaConfig accepts).

@@ -26,6 +26,9 @@ namespace batchlens::model {
 
 std::string ModelSource::describe() const {
   if (!preset.empty()) {
+    if (preset_bundle(preset).trained()) {
+      return "preset " + preset + " (trained weights)";
+    }
     return "preset " + preset + " (random weights, seed " + std::to_string(seed) + ")";
   }
   return "checkpoint " + checkpoint_dir.string();
@@ -349,7 +352,13 @@ base::Result<std::shared_ptr<const DiffusionGemma>> load_model(const ModelSource
         throw base::ErrorException(config.error());
       }
       check(config.value());
-      ModelWeights weights = random_weights(config.value(), source.seed, device, dtype);
+      const PresetBundle bundle = preset_bundle(source.preset);
+      ModelWeights weights =
+          bundle.trained()
+              ? load_weights(Checkpoint::from_memory("preset " + source.preset + " (bundled)",
+                                                     bundle.weights.data(), bundle.weights.size()),
+                             config.value(), device, dtype, options.progress, options.cancel)
+              : random_weights(config.value(), source.seed, device, dtype);
       return std::make_shared<const DiffusionGemma>(std::move(config).value(), std::move(weights),
                                                     settings);
     }

@@ -373,7 +373,7 @@ std::string shard_file_name(std::size_t k, std::size_t n) {
 }  // namespace
 
 SafetensorsFile::~SafetensorsFile() {
-  if (map_ != nullptr) {
+  if (map_ != nullptr && owns_map_) {
     ::munmap(map_, map_size_);
   }
 }
@@ -416,11 +416,31 @@ std::shared_ptr<const SafetensorsFile> SafetensorsFile::open(const std::filesyst
   }
   file->map_ = map;
   file->map_size_ = size;
+  file->index();
+  file->self_ = file;
+  return file;
+}
 
-  ParsedHeader parsed = parse_file(path, static_cast<const unsigned char*>(map), size);
-  file->data_offset_ = parsed.data_offset;
-  file->tensors_ = std::move(parsed.tensors);
-  file->metadata_ = std::move(parsed.metadata);
+void SafetensorsFile::index() {
+  ParsedHeader parsed = parse_file(path_, static_cast<const unsigned char*>(map_), map_size_);
+  data_offset_ = parsed.data_offset;
+  tensors_ = std::move(parsed.tensors);
+  metadata_ = std::move(parsed.metadata);
+}
+
+std::shared_ptr<const SafetensorsFile> SafetensorsFile::from_memory(
+    const std::filesystem::path& label, const void* bytes, std::size_t size) {
+  if (size < kLengthBytes || bytes == nullptr) {
+    file_error(ErrorCode::FileUnrecognised, label,
+               "only " + std::to_string(size) + " bytes, too short for a safetensors file");
+  }
+  std::shared_ptr<SafetensorsFile> file(new SafetensorsFile());  // NOLINT(modernize-make-shared)
+  file->path_ = label;
+  // Viewed read-only by contract, as the PROT_READ mapping of open().
+  file->map_ = const_cast<void*>(bytes);  // NOLINT(cppcoreguidelines-pro-type-const-cast)
+  file->map_size_ = size;
+  file->owns_map_ = false;
+  file->index();
   file->self_ = file;
   return file;
 }
@@ -453,15 +473,26 @@ at::Tensor SafetensorsFile::tensor(const std::string& name) const {
       data, info.shape, [keep](void* /*data*/) {}, options);
 }
 
+void Checkpoint::add_single(std::shared_ptr<const SafetensorsFile> file) {
+  for (const auto& [name, info] : file->tensors()) {
+    index_.emplace(name, std::make_pair(std::size_t{0}, &info));
+  }
+  files_.push_back(std::move(file));
+}
+
+Checkpoint Checkpoint::from_memory(const std::filesystem::path& label, const void* bytes,
+                                   std::size_t size) {
+  Checkpoint ckpt;
+  ckpt.path_ = label;
+  ckpt.add_single(SafetensorsFile::from_memory(label, bytes, size));
+  return ckpt;
+}
+
 Checkpoint Checkpoint::open(const std::filesystem::path& path) {
   Checkpoint ckpt;
   ckpt.path_ = path;
-
   const auto add_all = [&ckpt](std::shared_ptr<const SafetensorsFile> file) {
-    for (const auto& [name, info] : file->tensors()) {
-      ckpt.index_.emplace(name, std::make_pair(std::size_t{0}, &info));
-    }
-    ckpt.files_.push_back(std::move(file));
+    ckpt.add_single(std::move(file));
   };
 
   std::error_code ec;

@@ -34,6 +34,10 @@ class SafetensorsFile {
   /// (not safetensors at all), FileCorrupted (truncated, lying header length, overlapping or
   /// out-of-range offsets, size mismatch, unknown dtype), each naming the file and the tensor.
   static std::shared_ptr<const SafetensorsFile> open(const std::filesystem::path& path);
+  /// The same over bytes that outlive every tensor viewed from it (a model bundled in the
+  /// binary); `label` stands for the path in messages. Validated as open() validates a file.
+  static std::shared_ptr<const SafetensorsFile> from_memory(const std::filesystem::path& label,
+                                                            const void* bytes, std::size_t size);
 
   const std::filesystem::path& path() const { return path_; }
   /// Tensor entries by name.
@@ -52,9 +56,12 @@ class SafetensorsFile {
 
  private:
   SafetensorsFile() = default;
+  /// Parses and validates the header of the bytes at map_ (throws as open() documents).
+  void index();
   std::filesystem::path path_;
   void* map_ = nullptr;
   std::size_t map_size_ = 0;
+  bool owns_map_ = true;         ///< false for from_memory: nothing to unmap
   std::size_t data_offset_ = 0;  ///< 8 + header length
   std::map<std::string, TensorInfo> tensors_;
   std::map<std::string, std::string> metadata_;
@@ -68,6 +75,9 @@ class Checkpoint {
   /// Opens a file or directory. Throws base::ErrorException: FileNotFound, FileCorrupted (bad
   /// index JSON, a shard missing, a name mapped to a shard that lacks it, a name in two shards).
   static Checkpoint open(const std::filesystem::path& path);
+  /// A checkpoint of one in-memory .safetensors (SafetensorsFile::from_memory).
+  static Checkpoint from_memory(const std::filesystem::path& label, const void* bytes,
+                                std::size_t size);
 
   bool contains(const std::string& name) const { return index_.count(name) != 0; }
   /// All tensor names, sorted.
@@ -81,6 +91,7 @@ class Checkpoint {
   const std::filesystem::path& path() const { return path_; }
 
  private:
+  void add_single(std::shared_ptr<const SafetensorsFile> file);
   std::filesystem::path path_;
   std::vector<std::shared_ptr<const SafetensorsFile>> files_;
   std::map<std::string, std::pair<std::size_t, const TensorInfo*>> index_;

@@ -41,6 +41,9 @@ base::Result<std::string> preset_tokenizer_json(const std::string& preset) {
   if (!config.ok()) {
     return config.error();
   }
+  if (const auto bundled = model::preset_bundle(preset).tokenizer_json; !bundled.empty()) {
+    return std::string(bundled);
+  }
   return text::preset_tokenizer_json(config.value().text.vocab_size);
 }
 
@@ -80,7 +83,15 @@ base::Result<std::shared_ptr<const text::Tokenizer>> tokenizer_for(
 base::Result<generation::GenerationConfig> generation_config_for(
     const model::ModelSource& source, const generation::GenerationOverrides& overrides) {
   if (source.checkpoint_dir.empty()) {
-    return generation::apply(overrides, generation::GenerationConfig{});
+    const auto bundled = model::preset_bundle(source.preset).generation_config_json;
+    if (bundled.empty()) {
+      return generation::apply(overrides, generation::GenerationConfig{});
+    }
+    auto file = generation::parse_generation_config(bundled);
+    if (!file.ok()) {
+      return file.error();
+    }
+    return generation::apply(overrides, file.value());
   }
   auto file = generation::load_generation_config(source.checkpoint_dir);
   if (!file.ok()) {

@@ -53,6 +53,21 @@ base::Result<void> save_random_model(const std::string& preset, std::uint64_t se
                     "injected failure after " + std::to_string(fail_after_files) + " file(s)");
       }
     };
+    if (const model::PresetBundle bundle = model::preset_bundle(preset); bundle.trained()) {
+      // A trained preset: its bundled files as they are (the seed has no say).
+      for (const auto& [name, content] :
+           {std::pair<const char*, std::string_view>{"model.safetensors", bundle.weights},
+            {"tokenizer.json", bundle.tokenizer_json},
+            {"generation_config.json", bundle.generation_config_json},
+            {"config.json", bundle.config_json}}) {
+        if (auto w = base::write_file_atomic(out.path() / name, content); !w.ok()) {
+          throw base::ErrorException(w.error());
+        }
+        written();
+      }
+      out.commit();
+      return;
+    }
     const model::ModelWeights weights =
         model::random_weights(config.value(), seed, at::kCPU, at::kBFloat16);
     model::write_checkpoint(

@@ -12,7 +12,8 @@
 
 namespace batchlens::setup {
 
-/// Writes a preset's random weights as an HF-style checkpoint directory: safetensors shards of
+/// Writes a preset's weights as an HF-style checkpoint directory. A trained preset's bundled files
+/// are written as they are (seed and shard size ignored). Otherwise: safetensors shards of
 /// at most `max_shard_bytes`, the preset's generated tokenizer.json, the released
 /// generation_config.json and config.json, e.g. to hand the same model to the transformers
 /// reference. The folder is built beside `dir` and moved into place complete (base::AtomicDir):

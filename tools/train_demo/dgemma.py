@@ -200,6 +200,8 @@ class DiffusionGemmaPort(nn.Module):
     """DiffusionGemmaForBlockDiffusion's forward (encode the prompt, denoise one canvas) with its
     parameters under the released names: model.decoder.* and the encoder's layer_scalar."""
 
+    is_port = True
+
     def __init__(self, config):
         super().__init__()
         t = config["text_config"]

@@ -195,9 +195,12 @@ def build_model(args, device):
 
 def forward(model, ctx, canvas, sc_logits=None, sc_mask=None):
     """Logits [B, C, V] fp32 of one canvas after a clean prompt, either backend."""
-    out = model(input_ids=ctx, decoder_input_ids=canvas, self_conditioning_logits=sc_logits,
-                self_conditioning_mask=sc_mask)
-    return out if hasattr(out, "shape") else out.logits
+    if getattr(model, "is_port", False):
+        return model(input_ids=ctx, decoder_input_ids=canvas, self_conditioning_logits=sc_logits,
+                     self_conditioning_mask=sc_mask)
+    # transformers: the encoder must write the cache the decoder reads, also in training mode
+    return model(input_ids=ctx, decoder_input_ids=canvas, self_conditioning_logits=sc_logits,
+                 self_conditioning_mask=sc_mask, use_cache=True).logits
 
 
 # ---------------------------------------------------------------- training

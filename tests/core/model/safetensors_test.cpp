@@ -383,6 +383,52 @@ TEST_F(SafetensorsView, UnknownNameIsInvalidArgument) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// In memory (a trained preset's checkpoint bundled in the binary)
+
+TEST_F(SafetensorsView, FromMemoryReadsAsTheFileAndViewsTheBytes) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(kSeed + 4);
+  NamedTensors tensors;
+  for (const auto& [name, dtype] : all_dtypes()) {
+    tensors.emplace_back("t." + name, random_tensor(dtype, {3, 5}, gen));
+  }
+  const fs::path path = dir_ / "bundle.safetensors";
+  write_safetensors(path, tensors, {{"format", "pt"}});
+  const std::string bytes = read_text(path);  // outlives every view, as static data does
+
+  const Checkpoint ckpt = Checkpoint::from_memory("preset x (bundled)", bytes.data(), bytes.size());
+  EXPECT_EQ(ckpt.path(), fs::path("preset x (bundled)"));
+  EXPECT_EQ(ckpt.metadata().at("format"), "pt");
+  ASSERT_EQ(ckpt.names().size(), tensors.size());
+  for (const auto& [name, expected] : tensors) {
+    SCOPED_TRACE(name);
+    const at::Tensor got = ckpt.tensor(name);
+    EXPECT_TRUE(bitwise_equal(got, expected));
+    // Zero-copy where aligned: the view points into the caller's bytes.
+    const auto* p = static_cast<const char*>(got.data_ptr());
+    if (reinterpret_cast<std::uintptr_t>(p) % expected.element_size() == 0) {
+      EXPECT_TRUE(p >= bytes.data() && p < bytes.data() + bytes.size());
+    }
+  }
+}
+
+TEST_F(SafetensorsView, FromMemoryRefusesWhatOpenRefuses) {
+  const fs::path path = dir_ / "good.safetensors";
+  write_safetensors(path, {{"a", at::ones({4}, at::kFloat)}, {"b", at::ones({4}, at::kFloat)}});
+  const std::string bytes = read_text(path);
+  EXPECT_TRUE(fails_with([&] { (void)SafetensorsFile::from_memory("m", bytes.data(), 5); },
+                         ErrorCode::FileUnrecognised, {"m", "5 bytes"}));
+  EXPECT_TRUE(fails_with([&] { (void)SafetensorsFile::from_memory("m", nullptr, 0); },
+                         ErrorCode::FileUnrecognised, {"0 bytes"}));
+  EXPECT_TRUE(
+      fails_with([&] { (void)SafetensorsFile::from_memory("m", bytes.data(), bytes.size() - 3); },
+                 ErrorCode::FileCorrupted, {"m", "'b'", "truncated"}));
+  std::string lying = bytes;
+  lying[0] = static_cast<char>(0xFF);  // header length far past the end
+  EXPECT_TRUE(fails_with([&] { (void)Checkpoint::from_memory("m", lying.data(), lying.size()); },
+                         ErrorCode::FileCorrupted, {"m", "header length"}));
+}
+
+// ---------------------------------------------------------------------------------------------
 // Files written by other tools
 
 TEST_F(SafetensorsForeignFile, UnpaddedHeaderWithMisalignedDataReadsCorrectly) {
