@@ -26,8 +26,6 @@ GEMMA_SPECIALS = {0: "<pad>", 1: "<eos>", 2: "<bos>", 3: "<unk>", 4: "<mask>", 4
                   101: "<channel|>", 105: "<|turn>", 106: "<turn|>"}
 NEWLINE_ID = 107
 FIRST_FREE = 108
-SPECIAL_RE = re.compile("|".join(re.escape(s) for s in sorted(
-    [v for v in GEMMA_SPECIALS.values()], key=len, reverse=True)) + r"|<unused\d+>")
 
 
 def char_class(c):
@@ -161,6 +159,9 @@ class Bpe:
         self.ranks = {tuple(m): i for i, m in enumerate(merges)}
         self.by_id = {i: p for p, i in vocab.items()}
         self.cache = {}
+        # Added tokens are matched first, longest first (as Hugging Face and BatchLens do).
+        self.special_re = re.compile("|".join(
+            re.escape(c) for c in sorted(set(specials.values()), key=len, reverse=True)))
 
     @staticmethod
     def from_json(text):
@@ -218,7 +219,7 @@ class Bpe:
         """Token ids of `text`: special tokens first, then the BPE of each run (no BOS added)."""
         ids = []
         pos = 0
-        for m in list(SPECIAL_RE.finditer(text)) + [None]:
+        for m in list(self.special_re.finditer(text)) + [None]:
             chunk = text[pos:m.start()] if m else text[pos:]
             for run in re.split(r"(\n+)", chunk.replace(" ", SPACE)):
                 if not run:

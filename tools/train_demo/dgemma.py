@@ -62,16 +62,29 @@ def apply_rope(x, cos, sin):
     return x * cos + rotated * sin
 
 
+def layer_shape(t, i):
+    """(head_dim, kv_heads) of layer i: the base values on sliding layers, global_head_dim and
+    num_global_key_value_heads on full ones; text_config.per_layer_config (what transformers'
+    save_pretrained writes instead of the two global keys) wins where it names the layer.
+    ref: DiffusionGemmaTextConfig.__post_init__"""
+    sliding = t["layer_types"][i] == "sliding_attention"
+    d = t["head_dim"] if sliding else t.get("global_head_dim") or t["head_dim"]
+    kv = t["num_key_value_heads"] if sliding else (
+        t.get("num_global_key_value_heads") or t["num_key_value_heads"])
+    entry = (t.get("per_layer_config") or {}).get(str(i)) or {}
+    return entry.get("head_dim") or d, entry.get("num_key_value_heads") or kv
+
+
 class Attention(nn.Module):
     """ref: DiffusionGemma{Encoder,Decoder}TextAttention: q/k RMSNorm with scale, v without,
     scaling 1.0; full layers have no v_proj (V from k_proj)."""
 
-    def __init__(self, t, sliding):
+    def __init__(self, t, i):
         super().__init__()
-        self.sliding = sliding
+        self.sliding = t["layer_types"][i] == "sliding_attention"
+        sliding = self.sliding
         self.window = t["sliding_window"]
-        self.d = t["head_dim"] if sliding else t["global_head_dim"]
-        self.kv = t["num_key_value_heads"] if sliding else t["num_global_key_value_heads"]
+        self.d, self.kv = layer_shape(t, i)
         self.heads = t["num_attention_heads"]
         h, eps = t["hidden_size"], t["rms_norm_eps"]
         self.q_proj = nn.Linear(h, self.heads * self.d, bias=False)
@@ -164,10 +177,10 @@ class Experts(nn.Module):
 class Layer(nn.Module):
     """ref: DiffusionGemma{Encoder,Decoder}TextLayer.forward."""
 
-    def __init__(self, t, sliding):
+    def __init__(self, t, i):
         super().__init__()
         h, eps, inter = t["hidden_size"], t["rms_norm_eps"], t["intermediate_size"]
-        self.self_attn = Attention(t, sliding)
+        self.self_attn = Attention(t, i)
         names = ["input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                  "post_feedforward_layernorm_1", "pre_feedforward_layernorm_2",
                  "post_feedforward_layernorm_2", "post_feedforward_layernorm"]
@@ -211,7 +224,7 @@ class DiffusionGemmaPort(nn.Module):
         dec.embed_tokens = nn.Embedding(t["vocab_size"], t["hidden_size"],
                                         padding_idx=t["pad_token_id"])
         types = t["layer_types"]
-        dec.layers = nn.ModuleList([Layer(t, ty == "sliding_attention") for ty in types])
+        dec.layers = nn.ModuleList([Layer(t, i) for i in range(len(types))])
         dec.norm = RMSNorm(t["hidden_size"], t["rms_norm_eps"])
         sc = dec.self_conditioning = nn.Module()
         sc.pre_norm = RMSNorm(t["hidden_size"], t["rms_norm_eps"])
@@ -228,8 +241,8 @@ class DiffusionGemmaPort(nn.Module):
             enc.language_model.layers.append(holder)
         inv = {}
         for name, rope in t["rope_parameters"].items():
-            dim = t["head_dim"] if name == "sliding_attention" else t["global_head_dim"]
-            inv[name] = rope_inv_freq(rope, dim)
+            if name in types:
+                inv[name] = rope_inv_freq(rope, layer_shape(t, types.index(name))[0])
         self.inv_freq = inv
         self.init_weights(t.get("initializer_range", 0.02))
 

@@ -4,7 +4,7 @@
 #   1. our BPE encoder == Hugging Face `tokenizers` on the corpus;
 #   2. the smoke run with transformers' own class on the CPU (API, export, reload), and the
 #      plain-PyTorch port (what CI trains) against transformers' logits on its weights;
-#   3. the training run (TRAIN_SECONDS, default 420 s of training; resumable: run it again
+#   3. the training run (TRAIN_SECONDS, default 400 s of training; resumable: run it again
 #      on the same machine and it continues from .train_demo/state.pt);
 #   4. export (bf16, released layout), the port checked again on the trained weights, samples
 #      at B=1 through transformers' generate, the loss curve.
@@ -37,7 +37,7 @@ train() { python3 "$here/train.py" "$@"; }
   train check-port --work "$smoke"
 
   train train --backend transformers --device cuda --work "$work" \
-    --budget-seconds "${TRAIN_SECONDS:-420}" --max-seconds "$((${TRAIN_SECONDS:-420} + 20))"
+    --budget-seconds "${TRAIN_SECONDS:-400}" --max-seconds "$((${TRAIN_SECONDS:-400} + 40))"
   train export --backend transformers --work "$work"
   # What matters most comes back first, in case the call runs out of time after it.
   tar czf - -C "$work" --exclude parity demo-trained |

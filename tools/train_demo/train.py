@@ -162,7 +162,8 @@ def model_config(smoke):
 
 def generation_config():
     return {"max_new_tokens": 2 * CANVAS, "max_denoising_steps": 48, "t_min": 0.4, "t_max": 0.8,
-            "sampler_config": {"entropy_bound": 0.1}, "stability_threshold": 1,
+            "sampler_config": {"_cls_name": "EntropyBoundSamplerConfig", "entropy_bound": 0.1},
+            "stability_threshold": 1,
             "confidence_threshold": 0.005, "eos_token_id": [EOS, TURN_END, 50],
             "pad_token_id": PAD, "bos_token_id": BOS}
 
@@ -185,7 +186,17 @@ def build_model(args, device):
         args.backend = "transformers" if transformers_available() else "port"
     if args.backend == "transformers":
         from transformers import DiffusionGemmaConfig, DiffusionGemmaForBlockDiffusion
+        # 5.17 builds the encoder's vision tower unconditionally: the smallest one that builds
+        # (as tools/parity/make_reference.py found). It is never trained (not in the
+        # optimizer) and never exported (released_layout).
+        config["vision_config"] = {"model_type": "gemma4_vision", "hidden_size": 32,
+                                   "intermediate_size": 64, "num_hidden_layers": 1,
+                                   "num_attention_heads": 2, "num_key_value_heads": 2,
+                                   "head_dim": 16}
         cfg = DiffusionGemmaConfig.from_dict(config)
+        for c in (cfg, cfg.text_config):
+            c._attn_implementation = "sdpa"
+            c._experts_implementation = "eager"
         model = DiffusionGemmaForBlockDiffusion(cfg)
     else:
         import dgemma
@@ -244,7 +255,8 @@ def diffusion_loss(torch, model, ctx, target, gen, vocab, self_cond):
         with torch.no_grad():
             first = forward(model, ctx, canvas)
         temp = 0.4 + 0.4 * torch.rand(ctx.shape[0], 1, 1, generator=gen, device=ctx.device)
-        sc_logits = (first.float() / temp).detach()
+        # The sampler feeds the temperature-scaled logits rounded to bf16.
+        sc_logits = (first.float() / temp).to(torch.bfloat16).float().detach()
         sc_mask = torch.rand(ctx.shape[0], generator=gen, device=ctx.device) < 0.5
     logits = forward(model, ctx, canvas, sc_logits, sc_mask)
     return F.cross_entropy(logits[mask].float(), target[mask])
@@ -274,6 +286,21 @@ def held_out_loss(torch, model, batches, device, autocast, count=16, size=128):
     return total / count
 
 
+def trained_parameters(model):
+    """(name, parameter) of what is trained: everything but transformers' vision tower."""
+    return [(n, p) for n, p in model.named_parameters()
+            if not n.startswith(("model.encoder.vision_tower.", "model.encoder.embed_vision."))]
+
+
+def param_groups(model):
+    """AdamW groups: weight decay 0.1 on matrices (embedding, projections, experts), none on the
+    norm gains and router scales (multiplied as they are: decay would pull them to 0)."""
+    decay, keep = [], []
+    for n, p in trained_parameters(model):
+        (keep if p.dim() < 2 else decay).append(p)
+    return [{"params": decay, "weight_decay": 0.1}, {"params": keep, "weight_decay": 0.0}]
+
+
 def train(args):
     import torch
     torch.use_deterministic_algorithms(True, warn_only=True)
@@ -284,8 +311,8 @@ def train(args):
     train_b = Batches([e for e in exs if not e[2]])
     held_b = Batches([e for e in exs if e[2]] or exs[:200])
     model = build_model(args, device)
-    n_params = sum(p.numel() for p in model.parameters())
-    opt = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
+    n_params = sum(p.numel() for _, p in trained_parameters(model))
+    opt = torch.optim.AdamW(param_groups(model), lr=args.lr, betas=(0.9, 0.95))
     state_path = os.path.join(args.work, "state-smoke.pt" if args.smoke else "state.pt")
     log_path = os.path.join(args.work, "log-smoke.jsonl" if args.smoke else "log.jsonl")
     step, elapsed, total = 0, 0.0, args.steps
@@ -295,6 +322,12 @@ def train(args):
         opt.load_state_dict(st["opt"])
         step, elapsed, total = st["step"], st["elapsed"], st["total"] or total
         print("resumed at step %d of %s (%.0f s trained)" % (step, total, elapsed), flush=True)
+        # Records written after the state was saved (a crash between saves) are run again.
+        if os.path.exists(log_path):
+            with open(log_path, encoding="utf-8") as f:
+                kept = [line for line in f if line.strip() and json.loads(line)["step"] <= step]
+            with open(log_path, "w", encoding="utf-8") as f:
+                f.writelines(kept)
     elif os.path.exists(log_path):
         os.remove(log_path)
     print("%d parameters (%s), %d training / %d held-out canvases, device %s" %
@@ -352,6 +385,7 @@ def train(args):
                                             size=16 if args.smoke else 128)
             print("step %d  loss %.3f  held-out %.3f  %.0f s" %
                   (step, rec["loss"], rec["held_out"], elapsed), flush=True)
+            log.flush()
         log.write(json.dumps(rec) + "\n")
         if step % args.save_every == 0:
             log.flush()
@@ -397,11 +431,15 @@ def export(args):
     tmp = args.out + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    weights = {k: v.to(torch.bfloat16) for k, v in released_layout(model.state_dict()).items()}
+    # Every tensor rounded to bf16 once; the model itself stays fp32 (a .to(bf16) would also
+    # round the rotary inv_freq buffers, which a loaded model keeps in fp32).
+    rounded = {k: v.to(torch.bfloat16) for k, v in model.state_dict().items()}
+    weights = released_layout(rounded)
     if args.backend == "transformers":
-        # save_pretrained for config.json (and to see which tensors transformers itself keeps)
-        model.to(torch.bfloat16).save_pretrained(tmp, safe_serialization=True)
-        model.float()
+        # save_pretrained writes transformers' config.json (per_layer_config and all, what a
+        # released checkpoint carries); its tensors are then replaced by the released layout.
+        model.config.dtype = model.config.text_config.dtype = torch.bfloat16
+        model.save_pretrained(tmp, state_dict=rounded)
     else:
         with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
             json.dump(model_config(args.smoke), f, indent=2)
@@ -415,10 +453,7 @@ def export(args):
         DiffusionGemmaForBlockDiffusion.from_pretrained(tmp)  # loads what BatchLens loads
     # Parity: the exported (bf16-rounded) weights in fp32, on fixed inputs.
     with torch.no_grad():
-        state = model.state_dict()
-        for k, v in weights.items():
-            state[k] = v.float()
-        model.load_state_dict(state)
+        model.load_state_dict({k: v.float() for k, v in rounded.items()})
         model.eval()
         prompt = torch.tensor([tok.encode(chat_prompt(verses[0]["text"]))])
         gen = torch.Generator()
