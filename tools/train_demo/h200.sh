@@ -9,7 +9,7 @@
 #   4. export (bf16, released layout), the port checked again on the trained weights, samples
 #      at B=1 through transformers' generate, the loss curve.
 # Everything that comes back lands in $OUT (at most 8 files of 16 MiB): run.log, log.jsonl,
-# loss.png, samples.json and the export as demo-trained.tgz.part-NN.
+# loss.png, samples-transformers.json and the export as demo-trained.tgz.part-NN.
 #
 # Here, before the call: /usr/bin/python3 tools/train_demo/train.py prepare  (-> .train_demo/)
 # The call (device tool): bash tools/train_demo/h200.sh   with carry [".train_demo"]
@@ -46,6 +46,6 @@ train() { python3 "$here/train.py" "$@"; }
   train plot --work "$work" --device-name "an NVIDIA H200" && cp "$work/loss.png" "$out/"
   train check-port --work "$work"
   train samples --device cuda --work "$work" --eos-prompts "${EOS_PROMPTS:-24}"
-  cp "$work/samples.json" "$out/"
+  cp "$work/samples-transformers.json" "$out/"
 } 2>&1 | grep --line-buffered -v "UserWarning\|warnings.warn" | tee "$out/run.log"
 ls -la "$out"

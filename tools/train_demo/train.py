@@ -79,16 +79,34 @@ def held_out(chapter_index):
     return chapter_index % 40 == 17
 
 
-def prepare(work):
+def by_chapter(verses):
+    """(chapter index over the whole Bible, first verse of its chapter?, verse) per verse."""
+    index, prev = -1, None
+    for v in verses:
+        first = (v["book"], v["chapter"]) != prev
+        if first:
+            index, prev = index + 1, (v["book"], v["chapter"])
+        yield index, first, v
+
+
+def write_atomic(path, text):
+    """`text` to `path` through a temporary file beside it: never half a file."""
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def prepare(args):
+    work = args.work
     os.makedirs(work, exist_ok=True)
     verses = dump_kjv()
-    with open(os.path.join(work, "kjv.jsonl"), "w", encoding="utf-8") as f:
-        for b, c, v, t in verses:
-            f.write(json.dumps({"book": b, "chapter": c, "verse": v, "text": t}) + "\n")
+    write_atomic(os.path.join(work, "kjv.jsonl"), "".join(
+        json.dumps({"book": b, "chapter": c, "verse": v, "text": t}) + "\n"
+        for b, c, v, t in verses))
     texts = [t for _, _, _, t in verses] + ["user", "model", "thought", "system"] * 1000
     tok = bpe.train(texts, VOCAB, progress=lambda n, v: print("  %d merges" % n, flush=True))
-    with open(os.path.join(work, "tokenizer.json"), "w", encoding="utf-8") as f:
-        f.write(tok.to_json())
+    write_atomic(os.path.join(work, "tokenizer.json"), tok.to_json())
     n = sum(len(tok.encode(t)) for t in texts[:31102])
     print("corpus: %d verses, %d tokens; tokenizer: %d ids, %d merges -> %s" %
           (len(verses), n, tok.vocab_size(), len(tok.merges), work))
@@ -108,12 +126,8 @@ def examples(tok, verses):
     is the verse and <turn|>; a canvas's context is the prompt plus the answer's earlier
     canvases."""
     out = []
-    chapter_index = -1
-    prev = None
-    for v in verses:
-        if (v["book"], v["chapter"]) != prev:
-            chapter_index += 1
-            prev = (v["book"], v["chapter"])
+    for chapter_index, first, v in by_chapter(verses):
+        if first:
             user = "%s %d" % (v["book"], v["chapter"])
         prompt = tok.encode(chat_prompt(user))
         answer = tok.encode(v["text"]) + [TURN_END]
@@ -482,78 +496,72 @@ def export(args):
                                                                    size / 1e6))
 
 
+def held_out_verses(verses):
+    return [v["text"] for index, _, v in by_chapter(verses) if held_out(index)]
+
+
+def eval_prompts(args):
+    """The prompts generated at B=1: SAMPLE_PROMPTS to read, then --eos-prompts held-out verses
+    evenly spread, for the share that stops with an EOS within the budget (2 canvases)."""
+    _, verses = load_work(args.work)
+    held = held_out_verses(verses)
+    return SAMPLE_PROMPTS + held[::max(1, len(held) // args.eos_prompts)][:args.eos_prompts]
+
+
+def report_generations(args, engine, generate):
+    """Runs generate(prompt, seed) -> (stop position or -1, text) on eval_prompts, prints the
+    samples and the EOS share, writes WORK/samples-ENGINE.json."""
+    results = []
+    for i, p in enumerate(eval_prompts(args)):
+        stop, text = generate(p, i)
+        sample = i < len(SAMPLE_PROMPTS)
+        results.append({"prompt": p, "seed": i, "eos_at": stop, "text": text, "sample": sample})
+        if sample:
+            print("[%s] -> %s%s" % (p, text, "" if stop >= 0 else "  (no EOS)"), flush=True)
+    held = [r for r in results if not r["sample"]]
+    stopped = sum(r["eos_at"] >= 0 for r in held)
+    share = stopped / max(1, len(held))
+    print("%s, %s: EOS within %d tokens for %d/%d held-out prompts (%.0f %%)" %
+          (engine, args.device, 2 * CANVAS, stopped, len(held), 100 * share))
+    write_atomic(os.path.join(args.work, "samples-%s.json" % engine), json.dumps(
+        {"engine": engine, "device": args.device, "eos_share": share, "budget": 2 * CANVAS,
+         "results": results}, indent=1))
+
+
 def samples(args):
-    """B=1 generations through transformers' own generate: a few to read, and the share that
-    stops with an EOS within the budget over held-out verses."""
+    """B=1 generations through transformers' own generate."""
     import torch
     from transformers import DiffusionGemmaForBlockDiffusion
-    tok, verses = load_work(args.work)
-    device = args.device
+    tok, _ = load_work(args.work)
     model = DiffusionGemmaForBlockDiffusion.from_pretrained(args.out, dtype=torch.bfloat16)
-    model = model.to(device).eval()
-    held = held_out_verses(verses)
-    prompts = SAMPLE_PROMPTS + held[::max(1, len(held) // args.eos_prompts)][:args.eos_prompts]
-    results = []
-    for i, p in enumerate(prompts):
-        ids = torch.tensor([tok.encode(chat_prompt(p))], device=device)
-        torch.manual_seed(i)
+    model = model.to(args.device).eval()
+
+    def generate(prompt, seed):
+        ids = torch.tensor([tok.encode(chat_prompt(prompt))], device=args.device)
+        torch.manual_seed(seed)
         out = model.generate(input_ids=ids, max_new_tokens=2 * CANVAS)
-        seq = out.sequences[0, ids.shape[1]:].tolist() if hasattr(out, "sequences") else \
-            out[0, ids.shape[1]:].tolist()
+        seq = out.sequences[0, ids.shape[1]:].tolist()  # sequences include the prompt
         stop = next((j for j, t in enumerate(seq) if t in (EOS, TURN_END, 50)), -1)
-        text = tok.decode(seq[:stop + 1] if stop >= 0 else seq, skip_special=True)
-        results.append({"prompt": p, "seed": i, "eos_at": stop, "text": text,
-                        "sample": i < len(SAMPLE_PROMPTS)})
-        if i < len(SAMPLE_PROMPTS):
-            print("[%s] -> %s%s" % (p, text, "" if stop >= 0 else "  (no EOS)"), flush=True)
-    held_res = [r for r in results if not r["sample"]]
-    share = sum(r["eos_at"] >= 0 for r in held_res) / max(1, len(held_res))
-    print("EOS within %d tokens: %d/%d held-out prompts (%.0f %%)" %
-          (2 * CANVAS, sum(r["eos_at"] >= 0 for r in held_res), len(held_res), 100 * share))
-    with open(os.path.join(args.work, "samples.json"), "w", encoding="utf-8") as f:
-        json.dump({"eos_share": share, "budget": 2 * CANVAS, "results": results}, f, indent=1)
+        return stop, tok.decode(seq[:stop + 1] if stop >= 0 else seq, skip_special=True)
 
-
-def held_out_verses(verses):
-    out = []
-    chapter_index, prev = -1, None
-    for v in verses:
-        if (v["book"], v["chapter"]) != prev:
-            chapter_index, prev = chapter_index + 1, (v["book"], v["chapter"])
-        if held_out(chapter_index):
-            out.append(v["text"])
-    return out
+    report_generations(args, "transformers", generate)
 
 
 def evaluate(args):
-    """The same measurement through BatchLens's engine (`batchlens-cli generate --json`, B=1,
-    this machine's CPU by default): readable samples and the share of held-out prompts whose
-    generation stops with an EOS within 2 canvases."""
-    _, verses = load_work(args.work)
-    held = held_out_verses(verses)
-    prompts = SAMPLE_PROMPTS + held[::max(1, len(held) // args.eos_prompts)][:args.eos_prompts]
+    """The same through BatchLens's engine (`batchlens-cli generate --json`, B=1, this machine's
+    CPU by default)."""
     model = ["--checkpoint", args.out] if os.path.isdir(args.out) else ["--preset", args.out]
-    results = []
-    for i, p in enumerate(prompts):
+
+    def generate(prompt, seed):
         run = subprocess.run([args.cli, "generate", *model, "--device", args.device,
-                              "--prompt", p, "--gen-seed", str(i), "--json"],
+                              "--prompt", prompt, "--gen-seed", str(seed), "--json"],
                              capture_output=True, text=True)
         if run.returncode != 0:
             raise SystemExit("batchlens-cli generate failed: " + run.stderr[-2000:])
         row = json.loads(run.stdout)["rows"][0]
-        results.append({"prompt": p, "seed": i, "eos_at": row["stop_position"],
-                        "text": row["text"], "sample": i < len(SAMPLE_PROMPTS)})
-        if i < len(SAMPLE_PROMPTS):
-            print("[%s] -> %s%s" % (p, row["text"], "" if row["stop_position"] >= 0
-                                    else "  (no EOS)"), flush=True)
-    held_res = [r for r in results if not r["sample"]]
-    stopped = sum(r["eos_at"] >= 0 for r in held_res)
-    print("BatchLens, %s: EOS within %d tokens for %d/%d held-out prompts (%.0f %%)" %
-          (args.device, 2 * CANVAS, stopped, len(held_res), 100 * stopped / max(1, len(held_res))))
-    with open(os.path.join(args.work, "samples-batchlens.json"), "w", encoding="utf-8") as f:
-        json.dump({"engine": "batchlens", "device": args.device, "eos_share":
-                   stopped / max(1, len(held_res)), "budget": 2 * CANVAS, "results": results},
-                  f, indent=1)
+        return row["stop_position"], row["text"]
+
+    report_generations(args, "batchlens", generate)
 
 
 def plot(args):
@@ -679,23 +687,9 @@ def main():
         args.save_every = min(args.save_every, 3)
         args.warmup = min(args.warmup, 2)
     args.batch = args.batch or 256
-    if args.command == "prepare":
-        prepare(args.work)
-    elif args.command == "train":
-        train(args)
-    elif args.command == "export":
-        export(args)
-    elif args.command == "samples":
-        samples(args)
-    elif args.command == "evaluate":
-        evaluate(args)
-    elif args.command == "plot":
-        plot(args)
-    elif args.command == "check-port":
-        check_port(args)
-    else:
-        check_tokenizer(args)
-
+    {"prepare": prepare, "train": train, "export": export, "samples": samples,
+     "evaluate": evaluate, "plot": plot, "check-port": check_port,
+     "check-tokenizer": check_tokenizer}[args.command](args)
 
 if __name__ == "__main__":
     main()
