@@ -7,7 +7,14 @@
 * ui/ never includes app/;
 * the core headers that ui/ and app/ include are themselves free of LibTorch;
 * inside core/, a module includes only the modules CORE_MODULES allows (docs/adr/0003-core-modules.md
-  has the picture); a new module must be added there.
+  has the picture); a new module must be added there;
+* inside a module, its units (a .h and its .cpp, named by the stem; _cuda/_none variants are the
+  same unit) include one another without a loop;
+* every header of core/, ui/ and app/ opens (after its licence line) with a comment that says
+  what the unit is for; in the modules of UNIT_ORDER a unit includes only
+  units declared before it, and a new unit must be declared there.
+
+Usage: check_layers.py [--root DIR] (DIR: the tree to check; default: this repository).
 
 Exits 1 and lists every violation; 0 when clean.
 """
@@ -16,6 +23,8 @@ import re
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+if len(sys.argv) == 3 and sys.argv[1] == "--root":
+    ROOT = pathlib.Path(sys.argv[2]).resolve()
 INCLUDE = re.compile(r'^\s*#\s*include\s*[<"]([^>"]+)[>"]', re.M)
 QT = re.compile(r"^(Q[A-Za-z]+|qcustomplot\.h|Qt[A-Za-z]*/)")
 TORCH = re.compile(r"^(torch|ATen|c10)/")
@@ -34,9 +43,45 @@ CORE_MODULES = {
     "generation": {"base", "compat", "model", "ops", "probe"},
     "setup": {"base", "compat", "generation", "model", "ops", "probe", "text"},
     "experiment": {"base", "generation", "model", "ops", "probe", "setup", "text"},
-    "io": {"base", "experiment", "text"},
+    "analysis": {"base", "experiment", "generation", "model", "ops", "probe", "setup", "text"},
+    "io": {"analysis", "base", "experiment", "text"},
 }
 CORE_INCLUDE = re.compile(r"^core/([a-z_]+)/")
+UNIT_INCLUDE = re.compile(r"^core/([a-z_]+)/([A-Za-z0-9_]+)\.(?:h|hpp|cuh)$")
+
+# The units of the modules that grow fastest, lowest first: a unit includes only units above it
+# in its list. Keep in step with docs/adr/0003-core-modules.md.
+UNIT_ORDER = {
+    "experiment": [
+        "run_vocabulary",   # run groups, roles, comparison kinds; run and comparison ids
+        "kernel_provenance",  # kernel records (values, JSON)
+        "experiment",       # specs and results (values)
+        "culprit_report",   # the culprit report's JSON
+        "schema",           # the result fields, declared once
+        "provenance",       # where and with what
+        "command_line",     # the batchlens-cli command of a spec
+        "plan",             # engines, comparisons, step counts
+        "divergence",       # first divergence
+        "stepper",          # free / lockstep ticks
+        "comparator",       # per-tick comparisons
+        "kernel_capture",   # recording kernel provenance
+        "runner",           # run_experiment
+    ],
+    "analysis": [
+        "story",            # the headline and its clauses
+        "kernel_evidence",  # kernel lines of a divergence
+        "summary",          # summary text and JSON
+        "culprit",          # the culprit finder
+        "repro",            # minimal repro export
+        "sweep_spec",       # sweeps: spec, items, seeds, prompt files
+        "sweep_records",    # sweeps: rows, the record folder, running, resume
+        "sweep_merge",      # sweeps: validation, shards, merge
+        "sweep_stats",      # sweeps: statistics per group and batch size
+        "sweep_report",     # sweeps: text and JSON
+        "sweep_slurm",      # sweeps: Slurm job array scripts
+    ],
+}
+VARIANT = re.compile(r"_(cuda|none)$")
 
 
 def includes(path):
@@ -66,8 +111,71 @@ def torch_reaching(header, seen):
     return None
 
 
+def unit_of(path):
+    return VARIANT.sub("", path.stem)
+
+
+def unit_loops(module, edges):
+    """Each include loop among a module's units, as 'a -> b -> a'."""
+    loops, state, stack = [], {}, []
+
+    def visit(u):
+        state[u] = "open"
+        stack.append(u)
+        for v in sorted(edges.get(u, ())):
+            if state.get(v) == "open":
+                loops.append(" -> ".join(stack[stack.index(v):] + [v]))
+            elif v not in state:
+                visit(v)
+        stack.pop()
+        state[u] = "done"
+
+    for u in sorted(edges):
+        if u not in state:
+            visit(u)
+    return [f"core/{module}: include loop between units {loop}" for loop in loops]
+
+
+def check_units(problems):
+    edges = {}  # module -> unit -> units it includes
+    for f in files("core"):
+        rel = f.relative_to(ROOT)
+        if len(rel.parts) <= 2:
+            continue
+        module, unit = rel.parts[1], unit_of(f)
+        order = UNIT_ORDER.get(module)
+        if order is not None and unit not in order:
+            problems.append(f"{rel}: unit '{unit}' is not declared in UNIT_ORDER['{module}'] "
+                            "(tools/check_layers.py)")
+        for inc in includes(f):
+            m = UNIT_INCLUDE.match(inc)
+            if not m or m.group(1) != module or m.group(2) == unit:
+                continue
+            edges.setdefault(module, {}).setdefault(unit, set()).add(m.group(2))
+            if order is not None and unit in order and \
+                    (m.group(2) not in order or order.index(m.group(2)) > order.index(unit)):
+                problems.append(f"{rel}: unit '{unit}' includes {inc}, declared after it in "
+                                f"UNIT_ORDER['{module}'] (an include running back up)")
+    for module in sorted(edges):
+        problems.extend(unit_loops(module, edges[module]))
+
+
+def check_header_comments(problems):
+    for folder in ("core", "ui", "app"):
+        for f in files(folder):
+            if f.suffix not in (".h", ".hpp"):
+                continue
+            lines = f.read_text(encoding="utf-8", errors="replace").splitlines()
+            body = [ln for ln in lines if not ln.startswith("// SPDX-License-Identifier")]
+            if not body or not body[0].startswith("//"):
+                problems.append(f"{f.relative_to(ROOT)}: no opening comment saying what the unit "
+                                "is for")
+
+
 def main():
     problems = []
+    check_units(problems)
+    check_header_comments(problems)
     for f in files("core"):
         rel = f.relative_to(ROOT)
         module = rel.parts[1] if len(rel.parts) > 2 else None

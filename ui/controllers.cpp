@@ -13,7 +13,7 @@
 #include <QStandardPaths>
 #include <QThread>
 
-#include "core/experiment/culprit.h"
+#include "core/analysis/culprit.h"
 #include "core/experiment/runner.h"
 #include "core/io/experiment_file.h"
 #include "core/io/sweep_file.h"
@@ -71,7 +71,7 @@ base::Result<Opened> readDocument(const std::string& file, const QString& path,
     }
     return Opened{
         std::nullopt,
-        SweepDocument{std::make_shared<const experiment::SweepRecords>(std::move(sweep).value()),
+        SweepDocument{std::make_shared<const analysis::SweepRecords>(std::move(sweep).value()),
                       path}};
   }
   auto result = io::read_experiment(file);
@@ -175,9 +175,9 @@ bool RunController::startCulprit(const experiment::ExperimentSpec& spec, ops::St
   s.workaround.reset();  // the finder's fix becomes the workaround
   return startNew(
       s, [strategy](const experiment::ExperimentSpec& sp, const experiment::RunControl& control) {
-        experiment::CulpritOptions options;
+        analysis::CulpritOptions options;
         options.strategy = strategy;
-        return experiment::run_culprit_experiment(sp, options, control);
+        return analysis::run_culprit_experiment(sp, options, control);
       });
 }
 
@@ -287,17 +287,17 @@ void RunController::launch(
 }
 
 bool RunController::startRepro(std::shared_ptr<const experiment::ExperimentResult> shown,
-                               const experiment::ReproRequest& request) {
+                               const analysis::ReproRequest& request) {
   if (running_ || shown == nullptr) {
     return false;
   }
   launchWork(
       [shown = std::move(shown), request](const experiment::RunControl& control) {
-        return experiment::export_repro(*shown, request, control);
+        return analysis::export_repro(*shown, request, control);
       },
-      [this](base::Result<experiment::ReproExport> outcome) {
+      [this](base::Result<analysis::ReproExport> outcome) {
         if (outcome.ok()) {
-          Q_EMIT reproExported(q(experiment::repro_text(outcome.value())),
+          Q_EMIT reproExported(q(analysis::repro_text(outcome.value())),
                                q(outcome.value().dir.string()));
         } else if (outcome.error().code == base::ErrorCode::Cancelled) {
           Q_EMIT cancelled();

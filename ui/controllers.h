@@ -12,11 +12,11 @@
 #include <QPointer>
 #include <QString>
 
+#include "core/analysis/repro.h"
 #include "core/base/cancel.h"
 #include "core/base/progress.h"
 #include "core/base/switches.h"
 #include "core/experiment/experiment.h"
-#include "core/experiment/repro.h"
 #include "core/experiment/runner.h"
 #include "core/ops/policy.h"
 #include "ui/explorer_state.h"
@@ -62,7 +62,7 @@ class RunController : public QObject {
   /// Starts `spec` unless a run is in progress (then returns false and does nothing). The
   /// spec is validated first; an invalid one fails at once through `failed`.
   bool start(const experiment::ExperimentSpec& spec);
-  /// Runs the culprit finder on `spec` with `strategy` (experiment::run_culprit_experiment):
+  /// Runs the culprit finder on `spec` with `strategy` (analysis::run_culprit_experiment):
   /// the document shows the spec with the minimal fix as its workaround and the finder's report.
   /// False (nothing started) while a run is in progress; an invalid spec fails through `failed`.
   bool startCulprit(const experiment::ExperimentSpec& spec, ops::Strategy strategy);
@@ -71,12 +71,12 @@ class RunController : public QObject {
   /// runs replaced, the document's path and tokenizer kept, marked modified. False (nothing
   /// started) while a run is in progress or without a result.
   bool startWorkaround(const ExperimentDocument& shown, const ops::OpPolicy& workaround);
-  /// Exports a minimal repro of `shown` (experiment::export_repro: the model loaded again, its
+  /// Exports a minimal repro of `shown` (analysis::export_repro: the model loaded again, its
   /// B=1 reference run to the step, the folder written); `reproExported` or `reproFailed`
   /// follows, or `cancelled`; progress through progressChanged. False (nothing started) while
   /// a run is in progress or without a result.
   bool startRepro(std::shared_ptr<const experiment::ExperimentResult> shown,
-                  const experiment::ReproRequest& request);
+                  const analysis::ReproRequest& request);
   /// Asks the running experiment to stop at its next step; `cancelled` follows. No-op when idle.
   void cancel();
   /// True when the current or last run is a workaround group (startWorkaround).
@@ -95,7 +95,7 @@ class RunController : public QObject {
   void finished(const batchlens::ui::ExperimentDocument& document);
   void failed(const QString& message);
   void cancelled();
-  /// A repro folder was written: what it holds (experiment::repro_text) and where.
+  /// A repro folder was written: what it holds (analysis::repro_text) and where.
   void reproExported(const QString& summary, const QString& dir);
   void reproFailed(const QString& message);
 

@@ -4,7 +4,7 @@
 #include <cmath>
 #include <limits>
 
-#include "core/experiment/story.h"
+#include "core/analysis/story.h"
 #include "core/probe/tap_names.h"
 
 namespace batchlens::ui {
@@ -92,7 +92,7 @@ void ExplorerState::setDocument(ExperimentDocument document) {
   layer_slot_ = 0;
   if (const auto* r = result()) {
     // The comparison the headline tells: the first main row-0 comparison that diverges.
-    comparison_id_ = QString::fromStdString(experiment::headline_comparison(*r));
+    comparison_id_ = QString::fromStdString(analysis::headline_comparison(*r));
     show_workaround_ = r->spec.workaround.has_value();
     selectFirstDivergence();
   }
@@ -123,11 +123,7 @@ void ExplorerState::setComparison(const QString& id) {
 }
 
 QString ExplorerState::counterpartId(const QString& id) {
-  const auto sep = id.indexOf(QStringLiteral("__"));
-  if (sep < 0 || id.startsWith(QStringLiteral("wa."))) {
-    return {};
-  }
-  return QStringLiteral("wa.%1__wa.%2").arg(id.left(sep), id.mid(sep + 2));
+  return QString::fromStdString(experiment::workaround_counterpart(id.toStdString()));
 }
 
 const experiment::ComparisonResult* ExplorerState::comparison(Side side) const {
@@ -240,7 +236,7 @@ QString ExplorerState::tickLabel(int tick) const {
   if (ref == nullptr) {
     return tr("tick %1").arg(tick);
   }
-  return QString::fromStdString(experiment::tick_label(*ref, tick));
+  return QString::fromStdString(analysis::tick_label(*ref, tick));
 }
 
 void ExplorerState::selectFirstDivergence(bool keep_tap) {

@@ -10,7 +10,8 @@
 #include <QTableWidget>
 #include <QVBoxLayout>
 
-#include "core/experiment/kernels.h"
+#include "core/analysis/kernel_evidence.h"
+#include "core/experiment/kernel_provenance.h"
 #include "ui/views.h"
 
 namespace batchlens::ui {
@@ -111,7 +112,7 @@ void KernelsView::refresh() {
   filling_ = false;
 
   const std::vector<std::string> lines =
-      c != nullptr ? experiment::first_divergence_kernels(*r, *c) : std::vector<std::string>{};
+      c != nullptr ? analysis::first_divergence_kernels(*r, *c) : std::vector<std::string>{};
   first_->setVisible(!lines.empty());
   QString html =
       tr("<b>Kernels at the first divergence</b> (%1):").arg(qs(c != nullptr ? c->id : ""));

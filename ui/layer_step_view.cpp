@@ -188,7 +188,7 @@ void LayerStepView::refresh() {
   }
 }
 
-QPixmap LayerStepView::renderOnset(const QSize& size, const experiment::StoryClause& onset) {
+QPixmap LayerStepView::renderOnset(const QSize& size, const analysis::StoryClause& onset) {
   const auto* r = state_->result();
   const auto* c = state_->comparison(Side::Before);
   if (r == nullptr || c == nullptr) {

@@ -218,15 +218,15 @@ void MainWindow::buildCentre() {
   struct Tab {
     QWidget* view;
     QString title;
-    experiment::StoryView story;
+    analysis::StoryView story;
   };
-  std::map<experiment::StoryView, QWidget*> story_tabs;
-  for (const Tab& tab : {Tab{overview_, tr("Overview"), experiment::StoryView::Overview},
-                         Tab{layer_step_, tr("Layer × Step"), experiment::StoryView::LayerStep},
-                         Tab{spread_, tr("Canvas spread"), experiment::StoryView::Spread},
-                         Tab{text_diff_, tr("Text diff"), experiment::StoryView::TextDiff},
-                         Tab{routing_, tr("Routing"), experiment::StoryView::Routing},
-                         Tab{kernels_, tr("Kernels"), experiment::StoryView::Kernels}}) {
+  std::map<analysis::StoryView, QWidget*> story_tabs;
+  for (const Tab& tab : {Tab{overview_, tr("Overview"), analysis::StoryView::Overview},
+                         Tab{layer_step_, tr("Layer × Step"), analysis::StoryView::LayerStep},
+                         Tab{spread_, tr("Canvas spread"), analysis::StoryView::Spread},
+                         Tab{text_diff_, tr("Text diff"), analysis::StoryView::TextDiff},
+                         Tab{routing_, tr("Routing"), analysis::StoryView::Routing},
+                         Tab{kernels_, tr("Kernels"), analysis::StoryView::Kernels}}) {
     tabs_->addTab(tab.view, tab.title);
     story_tabs.emplace(tab.story, tab.view);
   }
@@ -236,7 +236,7 @@ void MainWindow::buildCentre() {
                        tr("How often the batch size changes the text across prompts and seeds: "
                           "open a sweep file (batchlens-cli sweep)"));
   connect(overview_, &OverviewView::viewRequested, this, [this, story_tabs](int view) {
-    const auto it = story_tabs.find(static_cast<experiment::StoryView>(view));
+    const auto it = story_tabs.find(static_cast<analysis::StoryView>(view));
     tabs_->setCurrentWidget(it != story_tabs.end() ? it->second : overview_);
   });
 
@@ -542,13 +542,13 @@ void MainWindow::rerunSweepItem(int item) {
   if (!doc.sweep) {
     return;
   }
-  const auto items = experiment::sweep_items(doc.sweep->spec);
+  const auto items = analysis::sweep_items(doc.sweep->spec);
   if (item < 0 || item >= static_cast<int>(items.size())) {
     showError(tr("No such item"), tr("The sweep has %1 items.").arg(items.size()));
     return;
   }
   experiment::ExperimentSpec spec =
-      experiment::item_spec(doc.sweep->spec, items[static_cast<std::size_t>(item)]);
+      analysis::item_spec(doc.sweep->spec, items[static_cast<std::size_t>(item)]);
   spec.kernels = true;  // a full experiment, as `batchlens-cli run` records it
   tabs_->setCurrentWidget(overview_);
   startRun(spec);
@@ -593,7 +593,7 @@ void MainWindow::onWorkaroundToggled(bool on) {
          spec.workaround = workaround;
          return spec;
        }())) {
-    missing += g.name == "workaround" ? g.runs.size() : 0;
+    missing += g.group == experiment::RunGroup::Workaround ? g.runs.size() : 0;
   }
   run_panel_->showMessage(
       tr("Running only the %1 workaround runs, with the shown experiment's settings (%2)…")
@@ -866,9 +866,9 @@ bool MainWindow::exportReproTo(const QString& dir) {
     run_panel_->showMessage(tr("A run is in progress: cancel it first."));
     return false;
   }
-  experiment::ReproRequest request;
+  analysis::ReproRequest request;
   const experiment::ComparisonResult* c = r->comparison(state_->comparisonId().toStdString());
-  if (c != nullptr && c->kind == "row0") {
+  if (c != nullptr && c->kind == experiment::ComparisonKind::Row0) {
     if (!c->first.found()) {
       showError(tr("Nothing to reproduce"),
                 tr("Row 0 of %1 is bitwise equal to B=1 at every step: pick a comparison that "

@@ -1,4 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
+// The explorer's main window: the Run panel dock, the comparison picker, the views' tabs, the
+// menus (File, Run, View) and the status bar, wired to the controllers.
 #pragma once
 
 #include <functional>
@@ -65,7 +67,7 @@ class MainWindow : public QMainWindow {
   base::Result<QStringList> exportReportTo(const QString& dir);
   /// File > Export minimal repro into `dir` (made; a previous repro there is replaced): the
   /// first divergence of the selected comparison (or of the first that diverges), in the
-  /// background with progress and Cancel in the run panel (experiment::export_repro). False,
+  /// background with progress and Cancel in the run panel (analysis::export_repro). False,
   /// with the reason shown, when it cannot start.
   bool exportReproTo(const QString& dir);
   /// Starts a run of the run panel's spec (a message in the panel if it is not valid).

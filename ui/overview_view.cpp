@@ -13,9 +13,10 @@
 #include <QTextBrowser>
 #include <QVBoxLayout>
 
-#include "core/experiment/culprit.h"
-#include "core/experiment/kernels.h"
-#include "core/experiment/story.h"
+#include "core/analysis/culprit.h"
+#include "core/analysis/kernel_evidence.h"
+#include "core/analysis/story.h"
+#include "core/experiment/kernel_provenance.h"
 #include "ui/comparison_table_model.h"
 #include "ui/qcp.h"
 #include "ui/report_render.h"
@@ -132,7 +133,7 @@ QVariant ComparisonTableModel::data(const QModelIndex& index, int role) const {
   if (role == kIdRole) {
     return q(c.id);
   }
-  const bool rows = c.kind == "rows";
+  const bool rows = c.kind == experiment::ComparisonKind::Rows;
   if (role == Qt::BackgroundRole) {
     if (index.column() == Text && !rows) {
       return QBrush(c.tokens_identical ? QColor(0xd9, 0xf0, 0xd3) : QColor(0xfc, 0xd5, 0xce));
@@ -273,7 +274,7 @@ OverviewView::OverviewView(ExplorerState* state, QWidget* parent) : CoalescedVie
   connect(headline_, &QLabel::linkActivated, this, &OverviewView::openClause);
   connect(culprit_, &QLabel::linkActivated, this, [this] { Q_EMIT culpritFixRequested(); });
   connect(kernels_, &QLabel::linkActivated, this,
-          [this] { Q_EMIT viewRequested(static_cast<int>(experiment::StoryView::Kernels)); });
+          [this] { Q_EMIT viewRequested(static_cast<int>(analysis::StoryView::Kernels)); });
 
   connect(table_->selectionModel(), &QItemSelectionModel::currentRowChanged, this,
           [this](const QModelIndex& current) {
@@ -289,8 +290,8 @@ OverviewView::OverviewView(ExplorerState* state, QWidget* parent) : CoalescedVie
   });
 }
 
-const experiment::Story& OverviewView::story() const {
-  static const experiment::Story none;
+const analysis::Story& OverviewView::story() const {
+  static const analysis::Story none;
   return story_ != nullptr ? *story_ : none;
 }
 
@@ -343,7 +344,7 @@ void OverviewView::refresh() {
   // Beside the first divergence: the kernels of the op behind it, what differs in bold.
   const experiment::ComparisonResult* c = state_->comparison();
   const std::vector<std::string> lines =
-      c != nullptr ? experiment::first_divergence_kernels(*r, *c) : std::vector<std::string>{};
+      c != nullptr ? analysis::first_divergence_kernels(*r, *c) : std::vector<std::string>{};
   kernels_->setVisible(!lines.empty());
   if (!lines.empty()) {
     QStringList parts;
@@ -358,7 +359,7 @@ void OverviewView::refresh() {
   fillGrowth();
 }
 
-QString OverviewView::headlineHtml(const experiment::Story& story, bool links) {
+QString OverviewView::headlineHtml(const analysis::Story& story, bool links) {
   QString html;
   for (std::size_t i = 0; i < story.clauses.size(); ++i) {
     const QString text = QString::fromStdString(story.clauses[i].text).toHtmlEscaped();
@@ -382,7 +383,7 @@ void OverviewView::openClause(const QString& link) {
     return;
   }
   // A copy: the clause's tap and cell change the selection, which redraws.
-  const experiment::StoryClause clause = story().clauses[static_cast<std::size_t>(i)];
+  const analysis::StoryClause clause = story().clauses[static_cast<std::size_t>(i)];
   if (clause.workaround) {
     state_->setShowWorkaround(true);
   }
@@ -424,7 +425,8 @@ void OverviewView::fillGrowth() {
                                    QColor(0x00, 0x9e, 0x73), QColor(0xd5, 0x5e, 0x00),
                                    QColor(0x00, 0x72, 0xb2), QColor(0xcc, 0x79, 0xa7),
                                    QColor(0x00, 0x00, 0x00)};
-  const bool workaround_group = selected->id.rfind("wa.", 0) == 0;
+  const bool workaround_group =
+      experiment::group_of_run(selected->id) == experiment::RunGroup::Workaround;
   double lowest = 1.0;
   int ticks = 0;
   int n = 0;
@@ -445,10 +447,11 @@ void OverviewView::fillGrowth() {
     g->setScatterStyle(QCPScatterStyle(QCPScatterStyle::ssDisc, 3));
   };
   for (const auto& c : r->comparisons) {
-    if (c.kind != "row0" || (c.id.rfind("wa.", 0) == 0) != workaround_group) {
+    if (c.kind != experiment::ComparisonKind::Row0 ||
+        (experiment::group_of_run(c.id) == experiment::RunGroup::Workaround) != workaround_group) {
       continue;
     }
-    const experiment::Growth& g = stories_.growth(state_->document().result, c);
+    const analysis::Growth& g = stories_.growth(state_->document().result, c);
     ticks = std::max(ticks, static_cast<int>(g.positions.size()));
     const QColor colour = colours[n++ % std::size(colours)];
     QPen pen(colour, c.id == selected->id ? 2.5 : 1.5);
@@ -482,7 +485,7 @@ QString OverviewView::detailsHtml() const {
   const auto& p = r->provenance;
   QString html;
   html += QStringLiteral("<p><b>%1</b></p>").arg(provenanceBanner(*r).toHtmlEscaped());
-  if (const auto* floor = r->comparison("ref__repeat1")) {
+  if (const auto* floor = r->comparison(experiment::noise_floor_comparison())) {
     html += floor->first.found()
                 ? tr("<p style='color:#b00'><b>Noise floor NOT clean:</b> the B=1 repeat already "
                      "differs (%1); the engine is not deterministic here.</p>")

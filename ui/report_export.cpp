@@ -14,11 +14,12 @@
 #include <QPixmap>
 #include <QTextDocument>
 
+#include "core/analysis/story.h"
+#include "core/analysis/summary.h"
 #include "core/base/atomic_file.h"
 #include "core/base/input.h"
 #include "core/base/version.h"
 #include "core/experiment/command_line.h"
-#include "core/experiment/story.h"
 #include "ui/heatmap_plot.h"
 #include "ui/report_render.h"
 #include "ui/views.h"
@@ -126,7 +127,7 @@ QStringList caveats(const experiment::ExperimentResult& r) {
 QString changedTokensHtml(const ExplorerState& state) {
   const auto* r = state.result();
   const auto* c = state.comparison(Side::Before);
-  if (r == nullptr || c == nullptr || c->kind != "row0") {
+  if (r == nullptr || c == nullptr || c->kind != experiment::ComparisonKind::Row0) {
     return {};
   }
   const auto* ref = r->run(c->reference);
@@ -165,9 +166,9 @@ QString changedTokensHtml(const ExplorerState& state) {
 
 // The story's onset: its first clause that points at a tap in the layer × step view; an empty
 // clause (the first tap, nothing framed) when the comparison has none.
-experiment::StoryClause onsetClause(const experiment::Story& story) {
-  for (const experiment::StoryClause& clause : story.clauses) {
-    if (clause.view == experiment::StoryView::LayerStep && !clause.tap.empty()) {
+analysis::StoryClause onsetClause(const analysis::Story& story) {
+  for (const analysis::StoryClause& clause : story.clauses) {
+    if (clause.view == analysis::StoryView::LayerStep && !clause.tap.empty()) {
       return clause;
     }
   }
@@ -194,7 +195,7 @@ QPixmap compositeFigure(const ExplorerState& state, OverviewView* overview,
   }
   overview->flush();
   layer_step->flush();
-  const experiment::StoryClause onset = onsetClause(overview->story());
+  const analysis::StoryClause onset = onsetClause(overview->story());
   QPainter painter(&page);
   const int margin = 20;
   const int width = size.width() - 2 * margin;
@@ -240,55 +241,34 @@ QPixmap compositeFigure(const ExplorerState& state, OverviewView* overview,
   return page;
 }
 
-}  // namespace
-
-QString reportMarkdown(const ExplorerState& state, const QStringList& images) {
-  const auto* r = state.result();
-  if (r == nullptr) {
-    return {};
-  }
-  const auto& p = r->provenance;
-  const auto* c = state.comparison(Side::Before);
-  const text::Tokenizer* tokenizer = state.document().tokenizer.get();
+// The prompt in a fence longer than any run of backticks in it, so it cannot close the fence.
+QString promptSection(const experiment::ExperimentResult& r) {
   QString md;
-  md += QStringLiteral("# BatchLens report: %1\n\n").arg(q(r->spec.model.describe()));
-  const experiment::Story story =
-      experiment::build_story(*r, c != nullptr ? c->id : experiment::headline_comparison(*r));
-  if (!story.clauses.empty()) {
-    md += QStringLiteral("**%1**\n\n").arg(q(story.headline()));
+  // A fence longer than any run of backticks in the prompt, so the prompt cannot close it.
+  const QString prompt = q(r.prompt_text);
+  int longest = 0;
+  int run = 0;
+  for (const QChar ch : prompt) {
+    run = ch == QLatin1Char('`') ? run + 1 : 0;
+    longest = std::max(longest, run);
   }
-  if (!story.why.empty()) {
-    md += q(story.why) + QStringLiteral("\n\n");
-  }
-  if (p.emulated) {
-    md += QStringLiteral(
-        "> **EMULATED**: some runs used the emulated split-K kernel (a CPU emulation of GPU "
-        "libraries choosing the reduction split by batch shape). Not a GPU measurement.\n\n");
-  }
-  for (const QString& image : images) {
-    if (QFileInfo(image).baseName() == QStringLiteral("figure")) {
-      md += QStringLiteral("![Growth, onset and changed tokens](figure.png)\n\n");
-    }
-  }
-  {
-    // A fence longer than any run of backticks in the prompt, so the prompt cannot close it.
-    const QString prompt = q(r->prompt_text);
-    int longest = 0;
-    int run = 0;
-    for (const QChar ch : prompt) {
-      run = ch == QLatin1Char('`') ? run + 1 : 0;
-      longest = std::max(longest, run);
-    }
-    const QString fence(std::max(3, longest + 1), QLatin1Char('`'));
-    md += QStringLiteral("## Prompt\n\n%1text\n%2\n%1\n\n").arg(fence, prompt);
-  }
-  if (c != nullptr && c->kind == "row0") {
-    const auto* ref = r->run(c->reference);
-    const auto* run = r->run(c->run);
+  const QString fence(std::max(3, longest + 1), QLatin1Char('`'));
+  md += QStringLiteral("## Prompt\n\n%1text\n%2\n%1\n\n").arg(fence, prompt);
+  return md;
+}
+
+// The tokens that change in a row-0 comparison, at most 60 rows of them.
+QString changedTokensSection(const experiment::ExperimentResult& r,
+                             const experiment::ComparisonResult* c,
+                             const text::Tokenizer* tokenizer) {
+  QString md;
+  if (c != nullptr && c->kind == experiment::ComparisonKind::Row0) {
+    const auto* ref = r.run(c->reference);
+    const auto* run = r.run(c->run);
     if (ref != nullptr && run != nullptr) {
       const std::vector<ChangedToken> changed = changedTokens(*ref, *run, *c);
       md +=
-          QStringLiteral("## Changed tokens: %1 (`%2`)\n\n").arg(comparisonLabel(*r, *c), q(c->id));
+          QStringLiteral("## Changed tokens: %1 (`%2`)\n\n").arg(comparisonLabel(r, *c), q(c->id));
       md += QStringLiteral("%1 of %2 generated tokens change; stop position %3 → %4.\n\n")
                 .arg(c->tokens_changed)
                 .arg(std::max(ref->tokens.size(), run->tokens.size()))
@@ -311,11 +291,18 @@ QString reportMarkdown(const ExplorerState& state, const QStringList& images) {
       }
     }
   }
+  return md;
+}
+
+// Where the comparison first differs, with its metrics there, and the workaround's side.
+QString firstDivergenceSection(const ExplorerState& state, const experiment::ExperimentResult& r,
+                               const experiment::ComparisonResult* c) {
+  QString md;
   if (c != nullptr) {
     md += QStringLiteral("## First divergence\n\n%1").arg(q(experiment::describe(c->first)));
     if (c->first.found()) {
-      const int slot = c->first.layer >= 0 ? c->first.layer : r->layers;
-      const int tap = tapIndex(*r, c->first.tap.c_str());
+      const int slot = c->first.layer >= 0 ? c->first.layer : r.layers;
+      const int tap = tapIndex(r, c->first.tap.c_str());
       if (tap >= 0) {
         md += QStringLiteral(": share differing %1, max |Δ| %2, max ULP %3")
                   .arg(formatValue(cellValue(*c, Metric::FracDiffer, c->first.tick, slot, tap)),
@@ -331,8 +318,14 @@ QString reportMarkdown(const ExplorerState& state, const QStringList& images) {
                                              : QStringLiteral("DIFFERS"));
     }
   }
+  return md;
+}
+
+// The noise floor and the table of every comparison.
+QString comparisonsSection(const experiment::ExperimentResult& r) {
+  QString md;
   md += QStringLiteral("## Noise floor\n\n");
-  if (const auto* floor = r->comparison("ref__repeat1")) {
+  if (const auto* floor = r.comparison(experiment::noise_floor_comparison())) {
     md += floor->first.found()
               ? QStringLiteral("NOT clean: the B=1 repeat already differs (%1).\n\n")
                     .arg(q(experiment::describe(floor->first)))
@@ -346,15 +339,15 @@ QString reportMarkdown(const ExplorerState& state, const QStringList& images) {
       "## Comparisons\n\n| comparison | id | text | tokens changed | stop | "
       "steps | first divergence | positions differing (last step) | token "
       "scores differing (last step) |\n|---|---|---|---|---|---|---|---|---|\n");
-  for (const auto& k : r->comparisons) {
-    const auto last = experiment::last_step_logit_diff(*r, k);
-    const bool rows = k.kind == "rows";
-    const auto* kref = r->run(k.reference);
-    const auto* krun = r->run(k.run);
+  for (const auto& k : r.comparisons) {
+    const auto last = experiment::last_step_logit_diff(r, k);
+    const bool rows = k.kind == experiment::ComparisonKind::Rows;
+    const auto* kref = r.run(k.reference);
+    const auto* krun = r.run(k.run);
     const std::size_t total =
         kref != nullptr && krun != nullptr ? std::max(kref->tokens.size(), krun->tokens.size()) : 0;
     md += QStringLiteral("| %1 | `%2` | %3 | %4 | %5 | %6 | %7 | %8 | %9 |\n")
-              .arg(cell(comparisonLabel(*r, k)), q(k.id),
+              .arg(cell(comparisonLabel(r, k)), q(k.id),
                    rows ? QStringLiteral("-")
                         : yesNo(!k.tokens_identical, QStringLiteral("**DIFFERS**"),
                                 QStringLiteral("identical")),
@@ -372,30 +365,74 @@ QString reportMarkdown(const ExplorerState& state, const QStringList& images) {
                    rows ? QStringLiteral("-")
                         : QStringLiteral("%1 %").arg(100 * last.scores, 0, 'g', 4));
   }
+  return md;
+}
+
+// Where and with what the experiment ran.
+QString environmentSection(const experiment::ExperimentResult& r) {
+  QString md;
+  const auto& p = r.provenance;
   md += QStringLiteral("\n## Environment\n\n");
   md += QStringLiteral("- Device: %1 (%2); driver %3, CUDA %4, cuBLAS %5\n")
             .arg(q(p.device), q(p.device_name), q(p.driver.empty() ? "-" : p.driver),
                  q(p.cuda.empty() ? "-" : p.cuda), q(p.cublas.empty() ? "-" : p.cublas));
   md += QStringLiteral("- LibTorch %1 (%2), %3, experts %4, %5 threads\n")
-            .arg(q(p.libtorch), q(p.blas), q(p.dtype), q(r->spec.load.experts))
+            .arg(q(p.libtorch), q(p.blas), q(p.dtype), q(r.spec.load.experts))
             .arg(p.threads);
-  md +=
-      QStringLiteral("- Policy: %1; workaround: %2\n")
-          .arg(q(ops::describe(r->spec.policy)),
-               r->spec.workaround ? q(ops::describe(*r->spec.workaround)) : QStringLiteral("none"));
+  md += QStringLiteral("- Policy: %1; workaround: %2\n")
+            .arg(q(ops::describe(r.spec.policy)),
+                 r.spec.workaround ? q(ops::describe(*r.spec.workaround)) : QStringLiteral("none"));
   md += QStringLiteral("- Mode %1, rng %2, prefill %3, seed %4; %5 layers, canvas %6\n")
-            .arg(QString::fromLatin1(experiment::name(r->spec.mode)),
-                 QString::fromLatin1(generation::name(r->spec.rng)),
-                 QString::fromLatin1(generation::name(r->spec.prefill)))
-            .arg(r->spec.seed)
-            .arg(r->layers)
-            .arg(r->canvas_length);
+            .arg(QString::fromLatin1(experiment::name(r.spec.mode)),
+                 QString::fromLatin1(generation::name(r.spec.rng)),
+                 QString::fromLatin1(generation::name(r.spec.prefill)))
+            .arg(r.spec.seed)
+            .arg(r.layers)
+            .arg(r.canvas_length);
   md +=
       QStringLiteral("- Recorded %1 on %2 with BatchLens %3; report by BatchLens %4\n")
           .arg(q(p.created_utc), q(p.host), q(p.tool_version), q(base::build_info().tool_version));
   md += QStringLiteral(
       "- Numbering: canvases and denoising steps count from 1; layers and "
       "canvas positions are indices from 0 (as in `model.layers.0`).\n");
+  return md;
+}
+
+}  // namespace
+
+QString reportMarkdown(const ExplorerState& state, const QStringList& images) {
+  const auto* r = state.result();
+  if (r == nullptr) {
+    return {};
+  }
+  const auto& p = r->provenance;
+  const auto* c = state.comparison(Side::Before);
+  const text::Tokenizer* tokenizer = state.document().tokenizer.get();
+  QString md;
+  md += QStringLiteral("# BatchLens report: %1\n\n").arg(q(r->spec.model.describe()));
+  const analysis::Story story =
+      analysis::build_story(*r, c != nullptr ? c->id : analysis::headline_comparison(*r));
+  if (!story.clauses.empty()) {
+    md += QStringLiteral("**%1**\n\n").arg(q(story.headline()));
+  }
+  if (!story.why.empty()) {
+    md += q(story.why) + QStringLiteral("\n\n");
+  }
+  if (p.emulated) {
+    md += QStringLiteral(
+        "> **EMULATED**: some runs used the emulated split-K kernel (a CPU emulation of GPU "
+        "libraries choosing the reduction split by batch shape). Not a GPU measurement.\n\n");
+  }
+  for (const QString& image : images) {
+    if (QFileInfo(image).baseName() == QStringLiteral("figure")) {
+      md += QStringLiteral("![Growth, onset and changed tokens](figure.png)\n\n");
+    }
+  }
+  md += promptSection(*r);
+  md += changedTokensSection(*r, c, tokenizer);
+  md += firstDivergenceSection(state, *r, c);
+  md += comparisonsSection(*r);
+  md += environmentSection(*r);
   md += QStringLiteral("\n## Caveats\n\n");
   for (const QString& caveat : caveats(*r)) {
     md += QStringLiteral("- %1\n").arg(caveat);
@@ -505,7 +542,7 @@ base::Result<QStringList> exportReport(const QString& dir, const ExplorerState& 
     images << QDir(target).filePath(stem + QStringLiteral(".png"));
   }
   auto built = base::guarded([&] {
-    nlohmann::json summary = experiment::summary_json(*r);
+    nlohmann::json summary = analysis::summary_json(*r);
     summary["selected_comparison"] = state.comparisonId().toStdString();
     summary["tool_version"] = base::build_info().tool_version;
     summary["provenance"] = {{"created_utc", r->provenance.created_utc},
@@ -521,7 +558,7 @@ base::Result<QStringList> exportReport(const QString& dir, const ExplorerState& 
       const auto* ref = r->run(c->reference);
       const auto* run = r->run(c->run);
       nlohmann::json changed = nlohmann::json::array();
-      if (ref != nullptr && run != nullptr && c->kind == "row0") {
+      if (ref != nullptr && run != nullptr && c->kind == experiment::ComparisonKind::Row0) {
         for (const ChangedToken& t : changedTokens(*ref, *run, *c)) {
           changed.push_back({{"position", t.position}, {"reference", t.ref}, {"run", t.run}});
         }

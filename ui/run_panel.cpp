@@ -143,7 +143,18 @@ experiment::ExperimentSpec defaultDemoSpec() {
 RunPanel::RunPanel(const base::SystemInfo& system, QWidget* parent) : QWidget(parent) {
   setObjectName(QStringLiteral("RunPanel"));
   const experiment::ExperimentSpec demo = defaultDemoSpec();
+  createModelFields(system, demo);
+  createSamplingFields(demo);
+  createWorkaroundFields();
+  createFooter();
+  connectFields();
+  updateModelFields();
+  updateProfileNote();
+  updateEstimate();
+}
 
+void RunPanel::createModelFields(const base::SystemInfo& system,
+                                 const experiment::ExperimentSpec& demo) {
   // Model.
   // The shipped presets (the one-click default first), then a checkpoint directory: last.
   QStringList presets{QString::fromStdString(demo.model.preset)};
@@ -181,7 +192,9 @@ RunPanel::RunPanel(const base::SystemInfo& system, QWidget* parent) : QWidget(pa
   experts_ = combo(this, {QStringLiteral("eager"), QStringLiteral("grouped_mm")},
                    tr("How the MoE experts are computed: the per-expert loop or one grouped GEMM "
                       "(the user's setting on GPUs)"));
+}
 
+void RunPanel::createSamplingFields(const experiment::ExperimentSpec& demo) {
   // Prompt and sampling.
   prompt_ = new QPlainTextEdit(this);
   prompt_->setObjectName(QStringLiteral("PromptEdit"));
@@ -234,7 +247,9 @@ RunPanel::RunPanel(const base::SystemInfo& system, QWidget* parent) : QWidget(pa
   profile_note_->setObjectName(QStringLiteral("ProfileNote"));
   profile_note_->setWordWrap(true);
   profile_note_->setTextFormat(Qt::RichText);
+}
 
+void RunPanel::createWorkaroundFields() {
   // Workaround.
   workaround_ = new QCheckBox(tr("Apply workaround"), this);
   workaround_->setObjectName(QStringLiteral("WorkaroundCheck"));
@@ -255,8 +270,10 @@ RunPanel::RunPanel(const base::SystemInfo& system, QWidget* parent) : QWidget(pa
   preset_ops_ = new QPushButton(tr("Issue preset"), this);
   preset_ops_->setToolTip(tr("Router projection + self-conditioning matmul, all layers"));
   resetWorkaroundToPreset();
+}
 
-  // The footer: always in view, whatever the form's height.
+// The form in its scroll area, and the footer: always in view, whatever the form's height.
+void RunPanel::createFooter() {
   run_ = new QPushButton(tr("Run"), this);
   run_->setObjectName(QStringLiteral("RunButton"));
   run_->setDefault(true);
@@ -298,7 +315,10 @@ RunPanel::RunPanel(const base::SystemInfo& system, QWidget* parent) : QWidget(pa
   footer->addWidget(progress_);
   footer->addWidget(status_);
   layout->addLayout(footer);
+}
 
+// Each field to what follows it: model fields, the estimate, the prompt-ids note.
+void RunPanel::connectFields() {
   connect(preset_, &QComboBox::currentIndexChanged, this, &RunPanel::updateModelFields);
   connect(device_, &QComboBox::currentIndexChanged, this, &RunPanel::updateModelFields);
   connect(policy_, &QComboBox::currentIndexChanged, this, &RunPanel::updateProfileNote);
@@ -328,9 +348,6 @@ RunPanel::RunPanel(const base::SystemInfo& system, QWidget* parent) : QWidget(pa
   connect(preset_, &QComboBox::currentIndexChanged, this, &RunPanel::updatePromptNote);
   connect(checkpoint_, &QLineEdit::textChanged, this, &RunPanel::updatePromptNote);
   connect(workaround_, &QCheckBox::toggled, this, &RunPanel::updateEstimate);
-  updateModelFields();
-  updateProfileNote();
-  updateEstimate();
 }
 
 QWidget* RunPanel::buildForm() {

@@ -121,6 +121,12 @@ class RunPanel : public QWidget {
   /// The decoder steps of `spec` (experiment::count_steps), its model's facts read through
   /// step_facts_.
   base::Result<experiment::StepCount> stepsOf(const experiment::ExperimentSpec& spec) const;
+  // The constructor's parts, in the order the fields are created (their tab order).
+  void createModelFields(const base::SystemInfo& system, const experiment::ExperimentSpec& demo);
+  void createSamplingFields(const experiment::ExperimentSpec& demo);
+  void createWorkaroundFields();
+  void createFooter();
+  void connectFields();
   QWidget* buildForm();
   void buildOpList();
 

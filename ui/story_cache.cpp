@@ -10,32 +10,32 @@ void StoryCache::follow(const std::shared_ptr<const experiment::ExperimentResult
   }
 }
 
-const experiment::Story& StoryCache::story(
+const analysis::Story& StoryCache::story(
     const std::shared_ptr<const experiment::ExperimentResult>& result, const std::string& id) {
-  static const experiment::Story none;
+  static const analysis::Story none;
   follow(result);
   if (result_ == nullptr) {
     return none;
   }
   auto it = stories_.find(id);
   if (it == stories_.end()) {
-    it = stories_.emplace(id, experiment::build_story(*result_, id)).first;
+    it = stories_.emplace(id, analysis::build_story(*result_, id)).first;
     ++computed_;
   }
   return it->second;
 }
 
-const experiment::Growth& StoryCache::growth(
+const analysis::Growth& StoryCache::growth(
     const std::shared_ptr<const experiment::ExperimentResult>& result,
     const experiment::ComparisonResult& comparison) {
-  static const experiment::Growth none;
+  static const analysis::Growth none;
   follow(result);
   if (result_ == nullptr) {
     return none;
   }
   auto it = growth_.find(comparison.id);
   if (it == growth_.end()) {
-    it = growth_.emplace(comparison.id, experiment::growth(*result_, comparison)).first;
+    it = growth_.emplace(comparison.id, analysis::growth(*result_, comparison)).first;
     ++computed_;
   }
   return it->second;

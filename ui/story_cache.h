@@ -8,7 +8,7 @@
 #include <memory>
 #include <string>
 
-#include "core/experiment/story.h"
+#include "core/analysis/story.h"
 
 namespace batchlens::ui {
 
@@ -16,15 +16,14 @@ namespace batchlens::ui {
 /// at the same address) never gets them.
 class StoryCache {
  public:
-  /// experiment::build_story of comparison `id` of `result`: computed the first time, then the
+  /// analysis::build_story of comparison `id` of `result`: computed the first time, then the
   /// same object until a call with another result drops every entry. An empty story without a
   /// result.
-  const experiment::Story& story(const std::shared_ptr<const experiment::ExperimentResult>& result,
-                                 const std::string& id);
-  /// experiment::growth of `comparison` (one of `result`'s), likewise.
-  const experiment::Growth& growth(
-      const std::shared_ptr<const experiment::ExperimentResult>& result,
-      const experiment::ComparisonResult& comparison);
+  const analysis::Story& story(const std::shared_ptr<const experiment::ExperimentResult>& result,
+                               const std::string& id);
+  /// analysis::growth of `comparison` (one of `result`'s), likewise.
+  const analysis::Growth& growth(const std::shared_ptr<const experiment::ExperimentResult>& result,
+                                 const experiment::ComparisonResult& comparison);
   /// Drops every entry and the result (a new document).
   void clear();
   /// How many stories and growths were computed so far.
@@ -35,8 +34,8 @@ class StoryCache {
   void follow(const std::shared_ptr<const experiment::ExperimentResult>& result);
 
   std::shared_ptr<const experiment::ExperimentResult> result_;
-  std::map<std::string, experiment::Story> stories_;
-  std::map<std::string, experiment::Growth> growth_;
+  std::map<std::string, analysis::Story> stories_;
+  std::map<std::string, analysis::Growth> growth_;
   int computed_ = 0;
 };
 

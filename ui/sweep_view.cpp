@@ -18,6 +18,7 @@
 #include <QToolTip>
 #include <QVBoxLayout>
 
+#include "core/experiment/provenance.h"
 #include "core/ops/policy.h"
 #include "ui/qcp.h"
 
@@ -25,8 +26,8 @@ namespace batchlens::ui {
 
 namespace {
 
-using experiment::SweepRow;
-using experiment::SweepStats;
+using analysis::SweepRow;
+using analysis::SweepStats;
 
 QString qs(const std::string& s) {
   return QString::fromStdString(s);
@@ -35,8 +36,8 @@ QString qs(const std::string& s) {
 constexpr QRgb kMain = 0xc0392b;
 constexpr QRgb kWorkaround = 0x27ae60;
 
-QString groupLabel(const std::string& group) {
-  return group == "main" ? QObject::tr("default") : QObject::tr("workaround");
+QString groupLabel(experiment::RunGroup group) {
+  return group == experiment::RunGroup::Main ? QObject::tr("default") : QObject::tr("workaround");
 }
 
 QTableWidgetItem* cell(const QVariant& value, const QString& tooltip = {}) {
@@ -46,11 +47,11 @@ QTableWidgetItem* cell(const QVariant& value, const QString& tooltip = {}) {
   return c;
 }
 
-QString promptText(const experiment::SweepSpec& spec, int prompt) {
+QString promptText(const analysis::SweepSpec& spec, int prompt) {
   if (prompt < 0 || prompt >= static_cast<int>(spec.prompts.size())) {
     return QStringLiteral("?");
   }
-  const experiment::SweepPrompt& p = spec.prompts[static_cast<std::size_t>(prompt)];
+  const analysis::SweepPrompt& p = spec.prompts[static_cast<std::size_t>(prompt)];
   return p.ids.empty() ? qs(p.text) : QObject::tr("(%1 token ids)").arg(p.ids.size());
 }
 
@@ -156,11 +157,11 @@ SweepView::SweepView(QWidget* parent) : QWidget(parent) {
 
 void SweepView::setSweep(const SweepDocument& document) {
   doc_ = document;
-  stats_ = doc_.sweep ? experiment::sweep_stats(doc_.sweep->rows) : std::vector<SweepStats>{};
+  stats_ = doc_.sweep ? analysis::sweep_stats(doc_.sweep->rows) : std::vector<SweepStats>{};
   if (!doc_.sweep) {
     return;
   }
-  const experiment::SweepRecords& s = *doc_.sweep;
+  const analysis::SweepRecords& s = *doc_.sweep;
   const experiment::ExperimentSpec& b = s.spec.base;
   std::set<std::string> hosts;
   for (const experiment::Provenance& p : s.provenances) {
@@ -192,9 +193,9 @@ void SweepView::setSweep(const SweepDocument& document) {
   fillItems();
 }
 
-QString SweepView::shareTooltip(const QString& group, int batch_size) const {
+QString SweepView::shareTooltip(experiment::RunGroup group, int batch_size) const {
   for (const SweepStats& st : stats_) {
-    if (qs(st.group) == group && st.batch_size == batch_size) {
+    if (st.group == group && st.batch_size == batch_size) {
       return tr("%1, B=%2: text changed in %3 of %4 items (%5 %; 95 % interval %6–%7 %)\n"
                 "tokens changed: median %8, max %9; stop changed %10, steps changed %11")
           .arg(groupLabel(st.group))
@@ -223,9 +224,11 @@ void SweepView::fillShare() {
     }
   }
   std::sort(sizes.begin(), sizes.end());
-  const bool two = std::any_of(stats_.begin(), stats_.end(),
-                               [](const SweepStats& s) { return s.group != "main"; });
-  for (const std::string group : {"main", "workaround"}) {
+  const bool two = std::any_of(stats_.begin(), stats_.end(), [](const SweepStats& s) {
+    return s.group != experiment::RunGroup::Main;
+  });
+  for (const experiment::RunGroup group :
+       {experiment::RunGroup::Main, experiment::RunGroup::Workaround}) {
     QVector<double> keys;
     QVector<double> values;
     QVector<double> lo;
@@ -236,7 +239,8 @@ void SweepView::fillShare() {
       }
       const auto at = std::find(sizes.begin(), sizes.end(), st.batch_size) - sizes.begin();
       const double p = 100.0 * st.text_changed / std::max(1, st.n);
-      keys << static_cast<double>(at) + (two ? (group == "main" ? -0.2 : 0.2) : 0.0);
+      keys << static_cast<double>(at) +
+                  (two ? (group == experiment::RunGroup::Main ? -0.2 : 0.2) : 0.0);
       values << p;
       lo << p - 100.0 * st.changed_ci.lo;
       hi << 100.0 * st.changed_ci.hi - p;
@@ -248,7 +252,7 @@ void SweepView::fillShare() {
     bars->setName(tr("%1 (k/N changed)").arg(groupLabel(group)));
     bars->setData(keys, values, true);
     bars->setWidth(two ? 0.38 : 0.6);
-    const QColor c(group == "main" ? kMain : kWorkaround);
+    const QColor c(group == experiment::RunGroup::Main ? kMain : kWorkaround);
     bars->setBrush(c.lighter(130));
     bars->setPen(QPen(c));
     auto* errors = new QCPErrorBars(share_->xAxis, share_->yAxis);
@@ -311,7 +315,7 @@ void SweepView::fillSteps() {
     auto* bars = new QCPBars(steps_->xAxis, steps_->yAxis);
     bars->setName(tr("%1 B=%2").arg(groupLabel(st.group)).arg(st.batch_size));
     bars->setData(keys, values, true);
-    const QColor base(st.group == "main" ? kMain : kWorkaround);
+    const QColor base(st.group == experiment::RunGroup::Main ? kMain : kWorkaround);
     const QColor c = base.lighter(100 + 25 * (series % 4));
     bars->setBrush(c);
     bars->setPen(QPen(base));
@@ -369,7 +373,7 @@ void SweepView::fillFamilies() {
 }
 
 void SweepView::fillItems() {
-  const experiment::SweepRecords& s = *doc_.sweep;
+  const analysis::SweepRecords& s = *doc_.sweep;
   items_->setSortingEnabled(false);
   items_->clear();
   const QStringList header{
@@ -432,7 +436,7 @@ QString SweepView::keptExperiment(int item) const {
   const QFileInfo info(doc_.path);
   const QDir dir = info.isDir() ? QDir(info.absoluteFilePath()) : info.absoluteDir();
   const QString name =
-      QString::fromStdString(experiment::kept_experiment(".", item).filename().string());
+      QString::fromStdString(analysis::kept_experiment(".", item).filename().string());
   for (const QString& candidate : {dir.filePath(QStringLiteral("experiments/") + name),
                                    dir.filePath(QStringLiteral("../experiments/") + name)}) {
     if (QFileInfo(candidate).isFile()) {
@@ -450,10 +454,12 @@ void SweepView::shareHover(QMouseEvent* event) {
   }
   const double key = bars->keyAxis()->pixelToCoord(event->position().x());
   const auto index = static_cast<int>(std::lround(key - bars->data()->at(0)->key));
-  const bool main = bars->name().startsWith(groupLabel("main"));
+  const experiment::RunGroup group = bars->name().startsWith(groupLabel(experiment::RunGroup::Main))
+                                         ? experiment::RunGroup::Main
+                                         : experiment::RunGroup::Workaround;
   std::vector<int> sizes;
   for (const SweepStats& st : stats_) {
-    if (st.group == (main ? "main" : "workaround")) {
+    if (st.group == group) {
       sizes.push_back(st.batch_size);
     }
   }
@@ -461,9 +467,7 @@ void SweepView::shareHover(QMouseEvent* event) {
     return;
   }
   QToolTip::showText(event->globalPosition().toPoint(),
-                     shareTooltip(main ? QStringLiteral("main") : QStringLiteral("workaround"),
-                                  sizes[static_cast<std::size_t>(index)]),
-                     share_);
+                     shareTooltip(group, sizes[static_cast<std::size_t>(index)]), share_);
 }
 
 QPixmap SweepView::renderReport(const QSize& size) {

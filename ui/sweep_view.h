@@ -12,7 +12,8 @@
 #include <QString>
 #include <QWidget>
 
-#include "core/experiment/sweep.h"
+#include "core/analysis/sweep_records.h"
+#include "core/analysis/sweep_stats.h"
 
 class QCustomPlot;
 class QLabel;
@@ -23,7 +24,7 @@ namespace batchlens::ui {
 
 /// A sweep as the GUI holds it.
 struct SweepDocument {
-  std::shared_ptr<const experiment::SweepRecords> sweep;
+  std::shared_ptr<const analysis::SweepRecords> sweep;
   QString path;  ///< the sweep file (or folder) it was read from
 };
 
@@ -45,8 +46,8 @@ class SweepView : public QWidget {
   /// Where --keep-experiments kept `item`'s experiment beside this sweep's file, empty when it
   /// was not kept (DIR/experiments/item-N.h5 for DIR/sweep.h5 and DIR/shards/*.h5).
   QString keptExperiment(int item) const;
-  /// The share plot's tooltip text at bar `index` of group `group` ("main", "workaround").
-  QString shareTooltip(const QString& group, int batch_size) const;
+  /// The share plot's tooltip text at the bar of `group` and `batch_size`.
+  QString shareTooltip(experiment::RunGroup group, int batch_size) const;
   /// The view as a report page of `size`.
   QPixmap renderReport(const QSize& size);
 
@@ -62,7 +63,7 @@ class SweepView : public QWidget {
   void shareHover(QMouseEvent* event);
 
   SweepDocument doc_;
-  std::vector<experiment::SweepStats> stats_;
+  std::vector<analysis::SweepStats> stats_;
   QLabel* caption_ = nullptr;
   QCustomPlot* share_ = nullptr;
   QCustomPlot* steps_ = nullptr;

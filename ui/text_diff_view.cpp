@@ -258,7 +258,7 @@ QString TextDiffView::html(Side side) const {
   const text::Tokenizer* tok = state_->document().tokenizer.get();
   QString html;
   html += QStringLiteral("<h3>%1</h3>").arg(comparisonLabel(*r, *c).toHtmlEscaped());
-  if (c->kind == "rows") {
+  if (c->kind == experiment::ComparisonKind::Rows) {
     html += tr("<p>Rows 1.. of %1 against its own row 0 (lockstep): first divergence %2.</p>")
                 .arg(QString::fromStdString(c->run).toHtmlEscaped(),
                      QString::fromStdString(experiment::describe(c->first)).toHtmlEscaped());

@@ -6,7 +6,7 @@
 #include <QPixmap>
 #include <QWidget>
 
-#include "core/experiment/story.h"
+#include "core/analysis/story.h"
 #include "ui/explorer_state.h"
 #include "ui/heatmap_plot.h"
 #include "ui/story_cache.h"
@@ -64,22 +64,22 @@ class OverviewView : public CoalescedView {
   /// with a "use as workaround" link; hidden unless the experiment came from the finder.
   QLabel* culprit() const { return culprit_; }
   /// The kernels of the op behind the selected comparison's first divergence, at B=1 and at
-  /// its batch size (experiment::first_divergence_kernels); hidden without provenance.
+  /// its batch size (analysis::first_divergence_kernels); hidden without provenance.
   QLabel* kernels() const { return kernels_; }
   QCustomPlot* growthPlot() const { return growth_; }
   /// The story the headline shows, as last drawn (an object of storyCache()).
-  const experiment::Story& story() const;
+  const analysis::Story& story() const;
   /// The stories and growth curves of the shown result, computed once per comparison.
   const StoryCache& storyCache() const { return stories_; }
   /// The provenance / runs panel's HTML.
   QString detailsHtml() const;
   /// The headline as HTML: clauses joined with arrows, as links "clause:N" when `links`.
-  static QString headlineHtml(const experiment::Story& story, bool links);
+  static QString headlineHtml(const analysis::Story& story, bool links);
   /// Follows a headline link ("clause:N"): selects its tap and cell, then asks for its view.
   void openClause(const QString& link);
 
  Q_SIGNALS:
-  /// A headline clause asks for a view (experiment::StoryView as int).
+  /// A headline clause asks for a view (analysis::StoryView as int).
   void viewRequested(int view);
   /// The user asked to fill the workaround op list with the culprit finder's fix.
   void culpritFixRequested();
@@ -95,7 +95,7 @@ class OverviewView : public CoalescedView {
   QLabel* kernels_ = nullptr;
   QCustomPlot* growth_ = nullptr;
   StoryCache stories_;
-  const experiment::Story* story_ = nullptr;  ///< in stories_; null before the first draw
+  const analysis::Story* story_ = nullptr;  ///< in stories_; null before the first draw
   ComparisonTableModel* model_ = nullptr;
   QTableView* table_ = nullptr;
   QTextBrowser* details_ = nullptr;
@@ -113,7 +113,7 @@ class LayerStepView : public CoalescedView {
   /// names (the story's onset clause; the result's first tap when it names none), share
   /// differing on the log scale, the whole grid with the onset's cell framed, titled with the
   /// comparison and the tap. Independent of the tap, metric, scale and zoom the view shows.
-  QPixmap renderOnset(const QSize& size, const experiment::StoryClause& onset);
+  QPixmap renderOnset(const QSize& size, const analysis::StoryClause& onset);
   /// The plot renderOnset draws with (never shown), as last drawn.
   HeatmapPlot* onsetPlot() const { return onset_; }
   HeatmapPlot* plot(Side side) const { return side == Side::Before ? before_ : after_; }

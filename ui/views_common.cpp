@@ -37,21 +37,24 @@ QString comparisonLabel(const experiment::ExperimentResult& result,
                         const experiment::ComparisonResult& comparison) {
   const auto describe_run = [&result](const std::string& id) {
     const auto* run = result.run(id);
+    switch (experiment::role_of_run(id)) {
+      case experiment::RunRole::Repeat:
+        return QObject::tr("B=1 repeat");
+      case experiment::RunRole::Reference:
+        return QObject::tr("B=1 ref");
+      case experiment::RunRole::Batched:
+        break;
+    }
     QString name = QString::fromStdString(id);
-    if (name.startsWith(QStringLiteral("wa."))) {
+    if (experiment::group_of_run(id) == experiment::RunGroup::Workaround) {
       name = name.mid(3);
-    }
-    if (name.startsWith(QStringLiteral("repeat"))) {
-      return QObject::tr("B=1 repeat");
-    }
-    if (name == QStringLiteral("ref")) {
-      return QObject::tr("B=1 ref");
     }
     return run != nullptr ? QStringLiteral("B=%1").arg(run->batch_size) : name;
   };
-  const bool workaround = comparison.run.rfind("wa.", 0) == 0;
+  const bool workaround =
+      experiment::group_of_run(comparison.run) == experiment::RunGroup::Workaround;
   QString label;
-  if (comparison.kind == "rows") {
+  if (comparison.kind == experiment::ComparisonKind::Rows) {
     label = QObject::tr("%1 rows 1.. vs its row 0").arg(describe_run(comparison.run));
   } else {
     label = QObject::tr("%1 vs %2 row 0")

@@ -9,7 +9,7 @@
 #include "app/cli/cli_progress.h"
 #include "app/cli/command.h"
 #include "app/cli/model_options.h"
-#include "core/experiment/repro.h"
+#include "core/analysis/repro.h"
 #include "core/io/experiment_file.h"
 
 namespace batchlens::cli {
@@ -83,7 +83,7 @@ void register_repro(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->footer(kExitCodesHelp);
   cmd->callback([opts, &exit_code] {
-    experiment::ReproRequest req;
+    analysis::ReproRequest req;
     if (!parse_bytes(opts->max_bytes, req.max_bytes)) {
       std::cerr << "batchlens-cli repro: --max-bytes '" << opts->max_bytes
                 << "' is not a size (e.g. 64MiB, 512KiB, 1000000)\n";
@@ -112,21 +112,21 @@ void register_repro(CLI::App& app, int& exit_code) {
       exit_code = report_error(shown.error());
       return;
     }
-    base::Result<experiment::ReproExport> r = base::Error{};
+    base::Result<analysis::ReproExport> r = base::Error{};
     {
       const SigintCancel sigint;
       experiment::RunControl control;
       control.cancel = sigint.token();
       control.progress = draw_progress;
       control.load_progress = draw_progress;
-      r = experiment::export_repro(shown.value(), req, control);
+      r = analysis::export_repro(shown.value(), req, control);
     }
     std::fprintf(stderr, "\n");
     if (!r.ok()) {
       exit_code = report_error(r.error());
       return;
     }
-    std::cout << experiment::repro_text(r.value());
+    std::cout << analysis::repro_text(r.value());
     exit_code = kExitOk;
   });
 }

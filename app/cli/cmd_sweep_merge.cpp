@@ -8,7 +8,10 @@
 
 #include "app/cli/command.h"
 #include "app/cli/model_options.h"
-#include "core/experiment/sweep.h"
+#include "core/analysis/sweep_merge.h"
+#include "core/analysis/sweep_records.h"
+#include "core/analysis/sweep_report.h"
+#include "core/analysis/sweep_spec.h"
 #include "core/io/sweep_file.h"
 
 namespace batchlens::cli {
@@ -32,7 +35,7 @@ void register_sweep_merge(CLI::App& app, int& exit_code) {
                 "Write the merged file even when items are missing (a shard failed)");
   cmd->footer(kExitCodesHelp);
   cmd->callback([opts, &exit_code] {
-    std::vector<experiment::SweepRecords> parts;
+    std::vector<analysis::SweepRecords> parts;
     for (const std::string& p : opts->parts) {
       auto part = io::read_sweep(p);
       if (!part.ok()) {
@@ -41,12 +44,12 @@ void register_sweep_merge(CLI::App& app, int& exit_code) {
       }
       parts.push_back(std::move(part).value());
     }
-    auto merged = experiment::merge_sweeps(parts, opts->parts);
+    auto merged = analysis::merge_sweeps(parts, opts->parts);
     if (!merged.ok()) {
       exit_code = report_error(merged.error());
       return;
     }
-    const std::vector<int> missing = experiment::missing_items(merged.value());
+    const std::vector<int> missing = analysis::missing_items(merged.value());
     if (!missing.empty()) {
       std::cerr << "batchlens-cli sweep-merge: " << missing.size() << " of "
                 << merged.value().items_total << " items have no rows (first: item "
@@ -63,7 +66,7 @@ void register_sweep_merge(CLI::App& app, int& exit_code) {
       exit_code = report_error(w.error());
       return;
     }
-    std::cout << experiment::sweep_text(merged.value()) << "\nmerged " << parts.size()
+    std::cout << analysis::sweep_text(merged.value()) << "\nmerged " << parts.size()
               << " part(s) into " << opts->out << "\n";
     exit_code = kExitOk;
   });

@@ -1,4 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
+// The commands of batchlens-cli: exit codes, the helpers every command shares (mode and policy
+// arguments, the version text) and one register_* function per command (cmd_<name>.cpp).
 #pragma once
 
 #include <iostream>

@@ -1,4 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
+// The model-selection options that every command running the model shares (--preset or
+// --checkpoint, --seed, --device, --dtype, --experts), and how the CLI reports a core error.
 #pragma once
 
 #include <cstdint>

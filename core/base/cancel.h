@@ -1,4 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
+// Cooperative cancellation: a token the UI or a signal handler sets and long-running core work
+// checks between steps.
 #pragma once
 
 #include <atomic>

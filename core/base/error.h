@@ -1,4 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
+// How core reports failure: error codes, Error and Result<T> (no exceptions across the API),
+// raise/take/guarded to move between exceptions inside core and results at its edge.
 #pragma once
 
 #include <exception>
@@ -108,6 +110,12 @@ T take(Result<T> r) {
     throw ErrorException(r.error());
   }
   return std::move(r).value();
+}
+/// take() of a Result<void>: throws its Error as ErrorException, if any.
+inline void take(const Result<void>& r) {
+  if (!r.ok()) {
+    throw ErrorException(r.error());
+  }
 }
 
 /// Maps the exception in flight (call only inside a catch block) to an Error:

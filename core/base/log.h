@@ -1,4 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
+// Where core's messages go: a LogSink the application installs (core itself never prints).
 #pragma once
 
 #include <string_view>

@@ -1,4 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
+// Progress of long-running core work (done/total, stage, elapsed, ETA) and the clock that
+// estimates it, reported to a callback the UI or the CLI draws.
 #pragma once
 
 #include <chrono>

@@ -16,7 +16,6 @@
 #include <ATen/Parallel.h>
 #include <ATen/Version.h>
 
-#include "core/base/cuda_probe.h"
 #include "core/base/version.h"
 
 #include <dlfcn.h>

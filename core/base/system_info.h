@@ -1,4 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
+// What this machine is: CPU, its ISA and LibTorch's use of it, threads, memory, CUDA devices and
+// versions. Read once at start; provenance and the Run panel's device list come from it.
 #pragma once
 
 #include <cstdint>
@@ -84,5 +86,12 @@ std::string describe(const CpuIsa& isa);
 /// Formats SystemInfo as the multi-line text `batchlens-cli --version` prints after the
 /// version line, e.g. "LibTorch 1.13.0\nCPU: ... (2 threads)\nCUDA: not available".
 std::string describe(const SystemInfo& info);
+
+namespace detail {
+/// Fills the CUDA fields of `info` (driver, runtime, cuBLAS, GPUs). Implemented in
+/// system_info_cuda.cpp when LibTorch has CUDA and in system_info_none.cpp otherwise; the
+/// build picks one (CMake variable BATCHLENS_WITH_CUDA). May throw c10::Error.
+void probe_cuda(SystemInfo& info);
+}  // namespace detail
 
 }  // namespace batchlens::base

@@ -1,4 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
+// Facts about this build (BatchLens version, git hash, LibTorch, compiler, CUDA or not), fixed
+// at compile time.
 #pragma once
 
 #include <string>

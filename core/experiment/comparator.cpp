@@ -65,7 +65,7 @@ Comparator::Comparator(const PlannedComparison& planned, const Engine& reference
 }
 
 void Comparator::queue_tick() {
-  if (r_.kind == "rows") {
+  if (r_.kind == ComparisonKind::Rows) {
     queue_rows(run_->stepped());
   } else {
     queue_row0(ref_->stepped() && run_->stepped());
@@ -275,7 +275,7 @@ void Comparator::flush() {
 }
 
 bool Comparator::differs_so_far() const {
-  if (r_.kind != "row0") {
+  if (r_.kind != ComparisonKind::Row0) {
     return false;
   }
   const auto positive = [](float v) {
@@ -294,7 +294,7 @@ ComparisonResult Comparator::finish(std::int64_t ticks, const std::vector<std::s
   c.frac_differ = NdArray<float>::of({s, slots, ntap}, std::move(frac_));
   c.max_abs = NdArray<float>::of({s, slots, ntap}, std::move(abs_));
   c.max_ulp = NdArray<float>::of({s, slots, ntap}, std::move(ulp_));
-  if (c.kind == "row0") {
+  if (c.kind == ComparisonKind::Row0) {
     c.pos_frac_differ = NdArray<float>::of({s, slots, ntap, lay_.c}, std::move(pos_));
     c.pos_max_abs = NdArray<float>::of({s, slots, ntap, lay_.c}, std::move(pos_abs_));
     c.pos_max_ulp = NdArray<float>::of({s, slots, ntap, lay_.c}, std::move(pos_ulp_));

@@ -15,7 +15,8 @@
 #include "core/base/error.h"
 #include "core/base/progress.h"
 #include "core/base/system_info.h"
-#include "core/experiment/kernels.h"
+#include "core/experiment/kernel_provenance.h"
+#include "core/experiment/run_vocabulary.h"
 #include "core/generation/generation_config.h"
 #include "core/generation/modes.h"
 #include "core/model/loader.h"
@@ -107,8 +108,8 @@ struct ExperimentSpec {
   /// When set, every run again with ops::combine(policy, workaround).
   std::optional<ops::OpPolicy> workaround;
   std::vector<std::string> taps;  ///< tap names; empty = all
-  /// Record each engine's kernels per op family and layer (experiment/kernels.h): one extra
-  /// decoder pass per engine, with and without self-conditioning, apart from the runs. How,
+  /// Record each engine's kernels per op family and layer (experiment/kernel_provenance.h): one
+  /// extra decoder pass per engine, with and without self-conditioning, apart from the runs. How,
   /// not what: not in the spec JSON (a file's /kernels group says whether it was recorded).
   bool kernels = false;
 };
@@ -146,7 +147,7 @@ struct Provenance {
 struct RunResult {
   std::string id;  ///< "ref", "repeat1", "b2", "wa.ref", "wa.b2", ...
   std::int64_t batch_size = 1;
-  std::string group;        ///< "main" or "workaround"
+  RunGroup group = RunGroup::Main;
   std::string policy_json;  ///< ops::to_json of the policy
   std::string policy_text;  ///< ops::describe
   bool emulated = false;
@@ -185,12 +186,12 @@ enum SamplerBits : std::uint8_t {
   AcceptedDiffers = 8,
 };
 
-/// Reference vs run (row 0 of each), or a batched run's rows vs its own row 0 (kind "rows").
+/// Reference vs run (row 0 of each), or a batched run's rows vs its own row 0 (ComparisonKind).
 struct ComparisonResult {
   std::string id;         ///< "ref__b2", "b4.rows"
   std::string reference;  ///< run id
   std::string run;        ///< run id
-  std::string kind = "row0";
+  ComparisonKind kind = ComparisonKind::Row0;
   // Per tick, layer slot (layers 0..L-1, slot L = per-step taps) and tap (spec's tap order).
   NdArray<float> frac_differ;           ///< [S, L+1, T] share of elements with different bits
   NdArray<float> max_abs;               ///< [S, L+1, T]
@@ -257,10 +258,10 @@ struct ExperimentResult {
   std::int64_t top_k = 0;
   std::vector<RunResult> runs;
   std::vector<ComparisonResult> comparisons;
-  /// The culprit finder's report (experiment/culprit.h), when this experiment came from it.
+  /// The culprit finder's report (analysis/culprit.h), when this experiment came from it.
   std::optional<CulpritReport> culprit;
-  /// Which kernels each op family launched per engine (experiment/kernels.h), when the spec
-  /// asked for it (ExperimentSpec::kernels).
+  /// Which kernels each op family launched per engine (experiment/kernel_provenance.h), when the
+  /// spec asked for it (ExperimentSpec::kernels).
   std::optional<KernelProvenance> kernels;
 
   /// Where run_experiment spent its wall time, in seconds. Measured in this process and never
@@ -296,9 +297,5 @@ struct LastStepDiff {
 };
 LastStepDiff last_step_logit_diff(const ExperimentResult& result,
                                   const ComparisonResult& comparison);
-
-/// Human summary (what `batchlens-cli summary` prints) and its JSON form.
-std::string summary_text(const ExperimentResult& result);
-nlohmann::json summary_json(const ExperimentResult& result);
 
 }  // namespace batchlens::experiment

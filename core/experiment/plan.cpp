@@ -9,21 +9,20 @@
 namespace batchlens::experiment {
 
 std::vector<PlannedGroup> plan_groups(const ExperimentSpec& spec) {
-  const auto group = [&spec](const std::string& name, const std::string& prefix,
-                             const ops::OpPolicy& policy, int repeats) {
+  const auto group = [&spec](RunGroup name, const ops::OpPolicy& policy, int repeats) {
     PlannedGroup g{name, {}};
-    g.runs.push_back({prefix + "ref", 1, name, policy});
+    g.runs.push_back({run_id(name, RunRole::Reference), 1, name, policy});
     for (int r = 1; r <= repeats; ++r) {
-      g.runs.push_back({prefix + "repeat" + std::to_string(r), 1, name, policy});
+      g.runs.push_back({run_id(name, RunRole::Repeat, r), 1, name, policy});
     }
     for (const std::int64_t b : spec.batch_sizes) {
-      g.runs.push_back({prefix + "b" + std::to_string(b), b, name, policy});
+      g.runs.push_back({run_id(name, RunRole::Batched, b), b, name, policy});
     }
     return g;
   };
-  std::vector<PlannedGroup> groups{group("main", "", spec.policy, spec.repeats)};
+  std::vector<PlannedGroup> groups{group(RunGroup::Main, spec.policy, spec.repeats)};
   if (spec.workaround) {
-    groups.push_back(group("workaround", "wa.", ops::combine(spec.policy, *spec.workaround), 0));
+    groups.push_back(group(RunGroup::Workaround, ops::combine(spec.policy, *spec.workaround), 0));
   }
   return groups;
 }
@@ -31,9 +30,11 @@ std::vector<PlannedGroup> plan_groups(const ExperimentSpec& spec) {
 std::vector<PlannedComparison> plan_comparisons(const PlannedGroup& group, RunMode mode) {
   std::vector<PlannedComparison> out;
   for (std::size_t i = 1; i < group.runs.size(); ++i) {
-    out.push_back({group.runs[0].id + "__" + group.runs[i].id, 0, i, "row0"});
+    const std::string& run = group.runs[i].id;
+    out.push_back(
+        {comparison_id(ComparisonKind::Row0, group.runs[0].id, run), 0, i, ComparisonKind::Row0});
     if (mode == RunMode::Lockstep && group.runs[i].batch_size > 1) {
-      out.push_back({group.runs[i].id + ".rows", i, i, "rows"});
+      out.push_back({comparison_id(ComparisonKind::Rows, run, run), i, i, ComparisonKind::Rows});
     }
   }
   return out;

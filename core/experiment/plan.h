@@ -19,13 +19,13 @@ namespace batchlens::experiment {
 struct PlannedRun {
   std::string id;  ///< "ref", "repeat1", "b2", "wa.ref", "wa.b2", ...
   std::int64_t batch_size = 1;
-  std::string group;  ///< "main" or "workaround"
+  RunGroup group = RunGroup::Main;
   ops::OpPolicy policy;
 };
 
 /// The engines of one group, stepped together: runs[0] is its B=1 reference.
 struct PlannedGroup {
-  std::string name;  ///< "main" or "workaround"
+  RunGroup group = RunGroup::Main;
   std::vector<PlannedRun> runs;
 };
 
@@ -33,12 +33,12 @@ struct PlannedGroup {
 struct PlannedComparison {
   std::string id;         ///< "ref__b2", "b4.rows"
   std::size_t reference;  ///< index of the reference run
-  std::size_t run;        ///< index of the compared run (== reference for kind "rows")
-  std::string kind;       ///< "row0": row 0 vs the reference's row 0; "rows": rows 1.. vs row 0
+  std::size_t run;        ///< index of the compared run (== reference for Rows)
+  ComparisonKind kind = ComparisonKind::Row0;
 };
 
-/// The groups of a spec: "main" (the B=1 reference, the repeats, each batch size, with the
-/// spec's policy), then, when the spec has a workaround, "workaround" (the reference and each
+/// The groups of a spec: Main (the B=1 reference, the repeats, each batch size, with the
+/// spec's policy), then, when the spec has a workaround, Workaround (the reference and each
 /// batch size with ops::combine(policy, workaround), ids prefixed "wa.").
 std::vector<PlannedGroup> plan_groups(const ExperimentSpec& spec);
 

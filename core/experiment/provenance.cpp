@@ -3,6 +3,9 @@
 
 #include <ctime>
 
+#include <nlohmann/json.hpp>
+
+#include "core/base/json_field.h"
 #include "core/base/version.h"
 
 namespace batchlens::experiment {
@@ -98,6 +101,32 @@ std::vector<std::string> provenance_mismatches(const Provenance& shown, const Pr
     }
   }
   return out;
+}
+
+nlohmann::json provenance_to_json(const Provenance& p) {
+  return {{"host", p.host},         {"device", p.device},     {"device_name", p.device_name},
+          {"driver", p.driver},     {"cuda", p.cuda},         {"cublas", p.cublas},
+          {"libtorch", p.libtorch}, {"tool", p.tool_version}, {"dtype", p.dtype}};
+}
+
+base::Result<Provenance> provenance_from_json(const nlohmann::json& doc) {
+  return base::guarded([&] {
+    const std::string where = "provenance";
+    if (!doc.is_object()) {
+      base::raise(base::ErrorCode::FileCorrupted, where + " is not an object");
+    }
+    Provenance p;
+    p.host = base::json_field<std::string>(doc, "host", where);
+    p.device = base::json_field<std::string>(doc, "device", where);
+    p.device_name = base::json_field<std::string>(doc, "device_name", where);
+    p.driver = base::json_field<std::string>(doc, "driver", where);
+    p.cuda = base::json_field<std::string>(doc, "cuda", where);
+    p.cublas = base::json_field<std::string>(doc, "cublas", where);
+    p.libtorch = base::json_field<std::string>(doc, "libtorch", where);
+    p.tool_version = base::json_field<std::string>(doc, "tool", where);
+    p.dtype = base::json_field<std::string>(doc, "dtype", where);
+    return p;
+  });
 }
 
 }  // namespace batchlens::experiment

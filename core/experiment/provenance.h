@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "core/base/system_info.h"
 #include "core/experiment/experiment.h"
 #include "core/model/loader.h"
@@ -36,5 +38,11 @@ std::vector<std::string> provenance_mismatches(const Provenance& shown, const Pr
 
 /// The current UTC time as "2026-12-03T16:27:33Z".
 std::string utc_now();
+
+/// The host, device and versions of a process that computed rows (host, device, device_name,
+/// driver, cuda, cublas, libtorch, tool, dtype as JSON).
+nlohmann::json provenance_to_json(const Provenance& p);
+/// FileCorrupted naming the field. Never throws.
+base::Result<Provenance> provenance_from_json(const nlohmann::json& doc);
 
 }  // namespace batchlens::experiment

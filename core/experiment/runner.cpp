@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 
 #include "core/experiment/comparator.h"
+#include "core/experiment/kernel_capture.h"
 #include "core/experiment/plan.h"
 #include "core/experiment/provenance.h"
 #include "core/experiment/stepper.h"
@@ -58,14 +59,14 @@ void check_same_model(const setup::Session& session, const ExperimentSpec& spec)
 }
 
 // One report per tick: where the group's leader is.
-void report_tick(Context& ctx, const std::string& group, const generation::GenerationEngine& lead) {
+void report_tick(Context& ctx, RunGroup group, const generation::GenerationEngine& lead) {
   ++ctx.ticks_done;
   if (!ctx.control.progress) {
     return;
   }
   ctx.control.progress(ctx.clock.at(
       std::min(ctx.ticks_done, ctx.clock.total()),
-      std::string(group == "main" ? "" : "workaround: ") + "canvas " +
+      std::string(group == RunGroup::Main ? "" : "workaround: ") + "canvas " +
           std::to_string(lead.canvas() + 1) + " step " + std::to_string(lead.step_index()) + "/" +
           std::to_string(ctx.inputs.generation.sampler.max_denoising_steps)));
 }
@@ -115,7 +116,7 @@ void run_group(Context& ctx, const PlannedGroup& group, ExperimentResult& out) {
       }
       out.timings.comparisons_s += since(compare_start);
       ++ticks;
-      report_tick(ctx, group.name, stepper.leader().engine());
+      report_tick(ctx, group.group, stepper.leader().engine());
       if (ctx.control.stop_at_first_difference) {
         for (auto& e : engines) {
           e->flush();
@@ -291,11 +292,11 @@ void check_extends(const ExperimentResult& shown, const ExperimentResult& here) 
 }
 
 bool in_workaround_group(const RunResult& run) {
-  return run.group == "workaround";
+  return run.group == RunGroup::Workaround;
 }
 
 bool of_workaround_group(const ComparisonResult& c) {
-  return c.id.rfind("wa.", 0) == 0;
+  return group_of_comparison(c.id) == RunGroup::Workaround;
 }
 
 // Validates `spec` and opens a session for it (the memory check sized for its runs), with
@@ -324,7 +325,7 @@ std::vector<std::string> extension_mismatches(const ExperimentResult& shown,
   for (const PlannedGroup& g : plan_groups(shown.spec)) {
     for (const PlannedRun& planned : g.runs) {
       const RunResult* ran = shown.run(planned.id);
-      if (ran != nullptr && ran->group == "main" &&
+      if (ran != nullptr && ran->group == RunGroup::Main &&
           !same_json(ran->policy_json, ops::to_json(planned.policy).dump())) {
         out.push_back("policy " + ops::policy_text(planned.policy) + " " + ran->policy_text +
                       " there, " + ops::describe(planned.policy) + " here");
@@ -371,9 +372,10 @@ base::Result<ExperimentResult> run_workaround_group(const setup::Session& sessio
                       "was recorded");
     }
     std::vector<PlannedGroup> groups = plan_groups(spec);
-    groups.erase(std::remove_if(groups.begin(), groups.end(),
-                                [](const PlannedGroup& g) { return g.name != "workaround"; }),
-                 groups.end());
+    groups.erase(
+        std::remove_if(groups.begin(), groups.end(),
+                       [](const PlannedGroup& g) { return g.group != RunGroup::Workaround; }),
+        groups.end());
     ExperimentResult out = shown;
     out.spec = spec;
     out.timings = {};
@@ -416,17 +418,18 @@ class GatedObserver final : public ops::OpObserver {
 }  // namespace
 
 base::Result<void> observe_reference_step(const setup::Session& session,
-                                          const ExperimentResult& shown, const std::string& group,
-                                          int canvas, int step, ops::OpObserver& observer,
+                                          const ExperimentResult& shown, RunGroup group, int canvas,
+                                          int step, ops::OpObserver& observer,
                                           const RunControl& control) {
   return base::guarded([&] {
     const ExperimentSpec& spec = shown.spec;
     const Prepared p = prepare_experiment(session, spec, shown.prompt_ids);
     const std::vector<PlannedGroup> groups = plan_groups(spec);
     const auto g = std::find_if(groups.begin(), groups.end(),
-                                [&](const PlannedGroup& x) { return x.name == group; });
+                                [&](const PlannedGroup& x) { return x.group == group; });
     if (g == groups.end() || g->runs.empty()) {
-      base::raise(ErrorCode::InvalidArgument, "the experiment has no " + group + " group");
+      base::raise(ErrorCode::InvalidArgument,
+                  "the experiment has no " + std::string(name(group)) + " group");
     }
     const PlannedRun& ref = g->runs.front();
     GatedObserver gate(observer);

@@ -86,7 +86,7 @@ base::Result<ExperimentResult> run_workaround_group(const ExperimentResult& show
 base::Result<setup::Session> open_session_for(const ExperimentSpec& spec,
                                               const RunControl& control = {});
 
-/// Runs the B=1 reference of `shown`'s group `group` ("main" or "workaround") alone on
+/// Runs the B=1 reference of `shown`'s group `group` alone on
 /// `session`, eager, with the shown experiment's settings (spec, prompt ids as it ran), until
 /// its decoder pass of `step` (1-based) of canvas `canvas` (0-based) has run; `observer` hears
 /// the op calls of that pass only (ops::OpObserver, on_inputs included). The reference leads
@@ -94,8 +94,8 @@ base::Result<setup::Session> open_session_for(const ExperimentSpec& spec,
 /// Errors: InvalidArgument when `shown` names another model than the session's, has no such
 /// group, or its reference finished before that step; Cancelled; OutOfMemory. Never throws.
 base::Result<void> observe_reference_step(const setup::Session& session,
-                                          const ExperimentResult& shown, const std::string& group,
-                                          int canvas, int step, ops::OpObserver& observer,
+                                          const ExperimentResult& shown, RunGroup group, int canvas,
+                                          int step, ops::OpObserver& observer,
                                           const RunControl& control = {});
 
 /// Opens a session for `spec` (setup::open_session, the memory check sized for the spec's

@@ -109,8 +109,9 @@ inline constexpr std::int64_t kIntMax = std::numeric_limits<int>::max();
 
 // A visitor V has, for a field `name` of member type T (const T for writers):
 //   v.attr(name, member, opt)          a single value: std::string, std::int64_t, int, bool,
-//                                      double; ExperimentSpec and std::vector<std::string> as
-//                                      JSON text;
+//                                      double; an enum of the result vocabulary as its name
+//                                      (run_vocabulary.h); ExperimentSpec and
+//                                      std::vector<std::string> as JSON text;
 //   v.array(name, member, shape, opt)  NdArray<T>, std::vector<T> (int stored as int32),
 //                                      std::vector<text::TokenEdit> ([E, 3] int64);
 //   v.nested(prefix, member, opt)      a struct whose fields are stored beside the others, each
@@ -216,7 +217,7 @@ void visit_fields(C& c, V&& v) {
   v.array("max_ulp", c.max_ulp, {A::Ticks, A::Slots, A::Taps});          // [S, L+1, T] float32
   v.array("compared", c.compared, {A::Ticks});                           // [S] uint8
   // Row 0 against row 0 only: a "rows" comparison (lockstep) keeps the aggregates above.
-  const Opt row0 = Opt().when(c.kind == "row0");
+  const Opt row0 = Opt().when(c.kind == ComparisonKind::Row0);
   const Shape per_position{A::Ticks, A::Slots, A::Taps, A::Canvas};
   v.array("pos_frac_differ", c.pos_frac_differ, per_position, row0);                  // float32
   v.array("pos_max_abs", c.pos_max_abs, per_position, row0.since({1, 1}));            // float32

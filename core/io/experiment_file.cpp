@@ -18,7 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/base/input.h"
-#include "core/experiment/culprit.h"
+#include "core/experiment/culprit_report.h"
 #include "core/experiment/schema.h"
 #include "core/io/chunk_writer.h"
 #include "core/io/hdf5_util.h"
@@ -149,6 +149,8 @@ class FieldWriter {
       group_.f64(key, value);
     } else if constexpr (std::is_integral_v<T>) {
       group_.i64(key, value);
+    } else if constexpr (std::is_enum_v<T>) {
+      group_.str(key, experiment::name(value));  // the vocabulary's text (run_vocabulary.h)
     } else {
       group_.str(key, base::dump_json_lossy(as_json(value)));
     }
@@ -641,6 +643,13 @@ class FieldReader {
       value = g_.f64(key);
     } else if constexpr (std::is_integral_v<T>) {
       integer(key, g_.i64(key), value, o);
+    } else if constexpr (std::is_enum_v<T>) {
+      const std::string text = g_.str(key);
+      const auto parsed = experiment::enum_from_name(T{}, text);
+      if (!parsed.ok()) {
+        rd_.fail(g_.at(key) + " has an unknown value");
+      }
+      value = parsed.value();
     } else {  // JSON text
       after_digest_.emplace_back(
           [this, key, text = g_.str(key), &value] { decode(g_.at(key), text, value); });
@@ -806,9 +815,6 @@ ComparisonResult read_comparison(Reader& rd, const GroupReader& comps, const std
   c.id = id;
   FieldReader fields(rd, g);
   fields.attributes(c);
-  if (c.kind != "row0" && c.kind != "rows") {
-    rd.fail(g.where() + " has the unknown kind '" + c.kind + "'");
-  }
   const RunResult* ref = res.run(c.reference);
   if (ref == nullptr || res.run(c.run) == nullptr) {
     rd.fail(g.where() + " names a run that is not in /runs");
@@ -948,14 +954,12 @@ void validate(const Fail& fail, const ExperimentResult& r) {
     }
     // row0: row 0 of a run against another run's row 0; rows (lockstep): rows 1.. of a batched
     // run against its own row 0.
-    if (cmp.kind == "row0" && cmp.reference == cmp.run) {
+    if (cmp.kind == experiment::ComparisonKind::Row0 && cmp.reference == cmp.run) {
       fail(at + " compares run '" + cmp.run + "' with itself");
     }
-    if (cmp.kind == "rows" && (cmp.reference != cmp.run || run->batch_size < 2)) {
+    if (cmp.kind == experiment::ComparisonKind::Rows &&
+        (cmp.reference != cmp.run || run->batch_size < 2)) {
       fail(at + " compares the rows of a batch but names two runs or a run of batch size 1");
-    }
-    if (cmp.kind != "row0" && cmp.kind != "rows") {
-      fail(at + "/@kind is neither row0 nor rows");
     }
     const auto ref_n = static_cast<std::int64_t>(ref->tokens.size());
     const auto run_n = static_cast<std::int64_t>(run->tokens.size());

@@ -2,7 +2,7 @@
 // The sweep file's writer and reader. Layout (docs/file-format.md, "Sweep files"):
 //   /               attributes format, schema_major, schema_minor, sweep_id, items_total,
 //                   items_done
-//   /spec_json      scalar string: the sweep's spec (experiment::to_json(SweepSpec))
+//   /spec_json      scalar string: the sweep's spec (analysis::to_json(SweepSpec))
 //   /rows/<column>  [N] one per row (item × group × batch size): the SweepRow fields
 //   /provenance/json [P] strings: the distinct hosts/devices/versions rows were computed with
 //   /shards/<column> [S] index, count, provenance, items: the shard files merged here
@@ -21,17 +21,19 @@
 #include <H5Cpp.h>
 #include <nlohmann/json.hpp>
 
+#include "core/analysis/sweep_merge.h"
 #include "core/base/input.h"
+#include "core/experiment/provenance.h"
 #include "core/io/hdf5_util.h"
 
 namespace batchlens::io {
 
 namespace {
 
+using analysis::SweepRecords;
+using analysis::SweepRow;
+using analysis::SweepShard;
 using base::ErrorCode;
-using experiment::SweepRecords;
-using experiment::SweepRow;
-using experiment::SweepShard;
 using nlohmann::json;
 namespace fs = std::filesystem;
 
@@ -110,8 +112,7 @@ struct StrColumn {
   const char* name;
   std::string SweepRow::*member;
 };
-constexpr std::array<StrColumn, 3> kStrColumns{{
-    {"group", &SweepRow::group},
+constexpr std::array<StrColumn, 2> kStrColumns{{
     {"first_tap", &SweepRow::first_tap},
     {"first_families", &SweepRow::first_families},
 }};
@@ -204,7 +205,7 @@ void write_groups(hid_t fid, const SweepRecords& s) {
     attr_i64(root.get(), "items_done", s.items_done);
   }
   {
-    const std::string spec = base::dump_json_lossy(experiment::to_json(s.spec));
+    const std::string spec = base::dump_json_lossy(analysis::to_json(s.spec));
     const Hid t(string_type(spec.size() + 1));
     const Hid space(H5Screate(H5S_SCALAR));
     const Hid ds(
@@ -234,6 +235,11 @@ void write_groups(hid_t fid, const SweepRecords& s) {
     write_1d(rows.get(), "steps_changed", H5T_STD_U8LE, H5T_NATIVE_UINT8, steps.size(),
              steps.data());
     write_1d(rows.get(), "wall_s", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, wall.size(), wall.data());
+    std::vector<std::string> groups;
+    for (const SweepRow& r : s.rows) {
+      groups.emplace_back(experiment::name(r.group));
+    }
+    write_strings(rows.get(), "group", groups);
     for (const StrColumn& col : kStrColumns) {
       std::vector<std::string> v;
       for (const SweepRow& r : s.rows) {
@@ -462,15 +468,18 @@ void read_rows(const Reader& rd, hid_t fid, SweepRecords& s) {
       rd.fail("rows", "row " + std::to_string(i) + ": counts out of range");
     }
   }
+  const auto groups = rd.strings(rows.get(), "group", n);
+  for (std::size_t i = 0; i < groups.size(); ++i) {
+    const auto group = experiment::parse_run_group(groups[i]);
+    if (!group.ok()) {
+      rd.fail("rows/group", "row " + std::to_string(i) + ": not main or workaround");
+    }
+    s.rows[i].group = group.value();
+  }
   for (const StrColumn& col : kStrColumns) {
     const auto v = rd.strings(rows.get(), col.name, n);
     for (std::size_t i = 0; i < v.size(); ++i) {
       s.rows[i].*col.member = v[i];
-    }
-  }
-  for (std::size_t i = 0; i < s.rows.size(); ++i) {
-    if (s.rows[i].group != "main" && s.rows[i].group != "workaround") {
-      rd.fail("rows/group", "row " + std::to_string(i) + ": not main or workaround");
     }
   }
 }
@@ -537,14 +546,14 @@ SweepRecords read_file(const std::string& file, std::uint64_t file_bytes) {
   s.items_done = static_cast<int>(done);
   const json spec =
       parse_doc(rd.scalar_str(f.get(), "spec_json", false, kMaxSpecBytes), file + ": spec_json");
-  auto parsed = experiment::sweep_spec_from_json(spec);
+  auto parsed = analysis::sweep_spec_from_json(spec);
   if (!parsed.ok()) {
     corrupt(file + ": spec_json: " + parsed.error().message);
   }
   s.spec = std::move(parsed).value();
   read_rows(rd, f.get(), s);
   read_tables(rd, f.get(), s, file);
-  if (auto v = experiment::validate(s); !v.ok()) {
+  if (auto v = analysis::validate(s); !v.ok()) {
     corrupt(file + ": " + v.error().message);
   }
   return s;
@@ -555,7 +564,7 @@ SweepRecords read_file(const std::string& file, std::uint64_t file_bytes) {
 base::Result<void> write_sweep_file(const fs::path& path, const SweepRecords& s) {
   Hdf5Write how;
   how.check = [&] {
-    if (auto v = experiment::validate(s); !v.ok()) {
+    if (auto v = analysis::validate(s); !v.ok()) {
       base::raise(ErrorCode::InvalidArgument, "the records are inconsistent: " + v.error().message);
     }
   };
@@ -601,7 +610,7 @@ bool is_sweep_file(const fs::path& path) {
 
 base::Result<SweepRecords> read_sweep(const fs::path& path) {
   std::error_code ec;
-  return fs::is_directory(path, ec) ? experiment::read_sweep_dir(path) : read_sweep_file(path);
+  return fs::is_directory(path, ec) ? analysis::read_sweep_dir(path) : read_sweep_file(path);
 }
 
 }  // namespace batchlens::io

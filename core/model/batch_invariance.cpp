@@ -11,7 +11,6 @@
 #endif
 
 #include "core/kernels/fused_ops.h"
-#include "core/model/diffusion_gemma.h"
 
 namespace batchlens::model {
 
@@ -20,8 +19,8 @@ namespace {
 using ops::OpFamily;
 
 // The layer-0 (or per-step) weight of a GEMM family as the model calls F.linear with it.
-at::Tensor family_weight(const DiffusionGemma& model, OpFamily family) {
-  const ModelWeights& w = model.weights();
+at::Tensor family_weight(const InvarianceSubject& model, OpFamily family) {
+  const ModelWeights& w = model.weights;
   const LayerWeights& l = w.layers.front();
   switch (family) {
     case OpFamily::QProj:
@@ -66,9 +65,9 @@ bool row_block_equal(const at::Tensor& a, const at::Tensor& b) {
 
 }  // namespace
 
-BatchInvariance measure_batch_invariance(const DiffusionGemma& model, ops::CpuGemm cpu_gemm) {
+BatchInvariance measure_batch_invariance(const InvarianceSubject& model, ops::CpuGemm cpu_gemm) {
   BatchInvariance out;
-  const bool cuda = model.device().is_cuda();
+  const bool cuda = model.weights.device().is_cuda();
   if (cuda) {
     for (int b = 1; b <= 64; ++b) {
       out.batch_sizes.push_back(b);
@@ -76,11 +75,11 @@ BatchInvariance measure_batch_invariance(const DiffusionGemma& model, ops::CpuGe
   } else {
     out.batch_sizes = {1, 2, 3, 4, 5, 8, 16, 33, 64};
   }
-  const std::int64_t c = model.config().canvas_length;
+  const std::int64_t c = model.config.canvas_length;
   const int bmax = out.batch_sizes.back();
   auto gen = at::make_generator<at::CPUGeneratorImpl>(20261217);
   const auto random = [&](const std::vector<std::int64_t>& shape) {
-    return at::randn(shape, gen).to(model.dtype()).to(model.device());
+    return at::randn(shape, gen).to(model.weights.dtype()).to(model.weights.device());
   };
   // [bmax * c, k]: one random row block, each batch row offset by a constant of its own (so the
   // rows differ), drawn on the host only once per width: the self-conditioning input at
@@ -93,13 +92,13 @@ BatchInvariance measure_batch_invariance(const DiffusionGemma& model, ops::CpuGe
 
   std::ostringstream report;
   report << "batch invariance (row 0 at B = " << out.batch_sizes.front() << ".." << bmax
-         << " vs B = 1, " << model.device().str() << "):";
+         << " vs B = 1, " << model.weights.device().str() << "):";
   const ops::OpPolicy batched = ops::OpPolicy::default_policy();
   const ops::OpPolicy invariant = ops::OpPolicy::batch_invariant_all();
   ops::OpPolicy invariant_emulated = invariant;
   invariant_emulated.emulate_split_k = ops::gemm_families();
 
-  const bool grouped = model.settings().experts == ExpertsImpl::GroupedMm;
+  const bool grouped = model.grouped_experts;
   for (int f = 0; f < ops::kOpFamilyCount; ++f) {
     const auto family = static_cast<OpFamily>(f);
     const std::string name(ops::family_name(family));
@@ -128,7 +127,7 @@ BatchInvariance measure_batch_invariance(const DiffusionGemma& model, ops::CpuGe
     std::pair<bool, std::string> i;
     std::pair<bool, std::string> ie{true, ""};
     if (family == OpFamily::Attention) {
-      const TextConfig& t = model.config().text;
+      const TextConfig& t = model.config.text;
       const std::int64_t d_head = t.head_dim;
       const std::int64_t kv = c + 7;
       const at::Tensor q = random({bmax, t.num_attention_heads, c, d_head});
@@ -144,17 +143,17 @@ BatchInvariance measure_batch_invariance(const DiffusionGemma& model, ops::CpuGe
     } else if (grouped && (family == OpFamily::ExpertGateUp || family == OpFamily::ExpertDown)) {
       // The experts as the grouped_mm implementation runs them: every token's top-k pairs
       // sorted by expert, one grouped GEMM over all groups; row 0's pairs compared in pair order.
-      const LayerWeights& l = model.weights().layers.front();
+      const LayerWeights& l = model.weights.layers.front();
       const at::Tensor w = (family == OpFamily::ExpertGateUp ? l.experts_gate_up : l.experts_down)
                                .transpose(-2, -1);  // [E, K, N]
       const std::int64_t experts = w.size(0);
-      const std::int64_t top_k = model.config().text.top_k_experts;
+      const std::int64_t top_k = model.config.text.top_k_experts;
       const at::Tensor x = rows_of(w.size(1));  // [bmax*C, K]
       // Distinct experts per token: a random first one and the next top_k - 1 after it.
       const at::Tensor first = at::randint(experts, {bmax * c, 1}, gen, at::kLong);
       const at::Tensor ids = (first + at::arange(top_k, at::kLong))
                                  .remainder_(experts)
-                                 .to(model.device());  // [bmax*C, top_k]
+                                 .to(model.weights.device());  // [bmax*C, top_k]
       const auto call = [&](const ops::OpRunner& r, int b) {
         const at::Tensor index = ids.narrow(0, 0, b * c).reshape(-1);  // [b*C*top_k]
         const at::Tensor perm = std::get<1>(at::sort(index, true, 0, false));

@@ -8,12 +8,12 @@
 #include <string>
 #include <vector>
 
+#include "core/model/config.h"
+#include "core/model/weights.h"
 #include "core/ops/op_runner.h"
 #include "core/ops/policy.h"
 
 namespace batchlens::model {
-
-class DiffusionGemma;
 
 struct BatchInvariance {
   std::vector<int> batch_sizes;      ///< the B checked (rows M = B x canvas length)
@@ -29,6 +29,13 @@ struct BatchInvariance {
 /// its kernel from it), on a CPU at most 64 output columns. The experts of the grouped_mm
 /// implementation as it runs them (top-k pairs sorted by expert, one grouped GEMM); attention
 /// with the layer's real heads over a prompt of 7 tokens plus the canvas. Seeded; synchronises.
-BatchInvariance measure_batch_invariance(const DiffusionGemma& model, ops::CpuGemm cpu_gemm);
+/// What the measurement reads of a model: DiffusionGemma passes its own config and weights (on
+/// their device and dtype) and whether its experts run as one grouped GEMM.
+struct InvarianceSubject {
+  const ModelConfig& config;
+  const ModelWeights& weights;
+  bool grouped_experts = false;
+};
+BatchInvariance measure_batch_invariance(const InvarianceSubject& model, ops::CpuGemm cpu_gemm);
 
 }  // namespace batchlens::model

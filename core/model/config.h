@@ -1,4 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
+// DiffusionGemma's configuration: config.json parsed and resolved as the reference's
+// __post_init__ does (layer types, RoPE parameters, sliding window, experts), and the presets.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
+// The DiffusionGemma model in LibTorch: its encoder (prefill, KV cache) and decoder (one
+// denoising step over a canvas), the run settings and forward context, every matmul-like call
+// through the op layer. Layer math is layer_math.h; the fused kernels' checks fused_layer.h.
 #pragma once
 
 #include <cstdint>
@@ -11,6 +14,7 @@
 #include "core/model/batch_invariance.h"
 #include "core/model/config.h"
 #include "core/model/fused_layer.h"
+#include "core/model/layer_math.h"
 #include "core/model/weights.h"
 #include "core/ops/op_observer.h"
 #include "core/ops/policy.h"
@@ -118,24 +122,5 @@ class DiffusionGemma {
 /// on a CPU without AVX-512. Returns whether that fallback is in use. The DiffusionGemma
 /// constructor calls it for CPU bf16 models. Thread-safe.
 bool ensure_cpu_bf16_matmul();
-
-/// Inverse RoPE frequencies of a layer type, computed on the CPU in fp32 as the reference
-/// does at init (default: 1 / theta^(arange(0, d, 2) / d); proportional: the rotated
-/// 2*floor(p*d/2) dims, then zeros up to d/2, divided by factor).
-/// ref: compute_default_rope_parameters, _compute_proportional_rope_parameters
-at::Tensor rope_inv_freq(const RopeParams& rope, std::int64_t head_dim);
-
-/// cos and sin tables [1, S, D] in `dtype` for positions [S] (int64). ref:
-/// DiffusionGemmaTextRotaryEmbedding.forward
-std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& inv_freq,
-                                              const at::Tensor& positions, at::ScalarType dtype);
-
-/// RMSNorm in fp32, x * pow(mean(x^2) + eps, -0.5) [* weight], cast back to x's dtype.
-/// `weight` may be undefined (no scale). ref: DiffusionGemmaRMSNorm
-at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
-
-/// x * cos + rotate_half(x) * sin with cos/sin [1, S, D] broadcast over heads of x [B, S, H, D].
-/// ref: apply_rotary_pos_emb(unsqueeze_dim=2)
-at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 
 }  // namespace batchlens::model

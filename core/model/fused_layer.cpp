@@ -12,7 +12,8 @@
 #include "core/base/system_info.h"
 #include "core/kernels/cpu_gemm.h"
 #include "core/kernels/fused_ops.h"
-#include "core/model/diffusion_gemma.h"
+#include "core/model/layer_math.h"
+#include "core/model/weights.h"
 
 namespace batchlens::model {
 

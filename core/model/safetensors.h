@@ -1,4 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
+// Reading and writing safetensors files: a memory-mapped, fully validated reader (untrusted
+// input), shards of a checkpoint, and an atomic writer.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
+// DiffusionGemma's parameters as tensors: the checkpoint's key names and shapes checked against
+// the config, loaded onto a device in the model's dtype.
 #pragma once
 
 #include <cstdint>

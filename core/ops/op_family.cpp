@@ -3,8 +3,6 @@
 
 #include <string>
 
-#include "core/ops/op_observer.h"
-
 namespace batchlens::ops {
 
 namespace {

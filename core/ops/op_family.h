@@ -5,6 +5,7 @@
 
 #include <array>
 #include <optional>
+#include <string>
 #include <string_view>
 
 namespace batchlens::ops {
@@ -40,5 +41,8 @@ std::optional<OpFamily> family_from_name(std::string_view name);
 bool family_is_per_layer(OpFamily family);
 /// Every family, in enum order.
 std::array<OpFamily, kOpFamilyCount> all_families();
+
+/// The profiler scope name of an op call: "bl/<family>/<layer>" (layer -1 for per-step ops).
+std::string op_scope_name(OpFamily family, int layer);
 
 }  // namespace batchlens::ops

@@ -56,7 +56,4 @@ class OpObserver {
   }
 };
 
-/// The profiler scope name of an op call: "bl/<family>/<layer>" (layer -1 for per-step ops).
-std::string op_scope_name(OpFamily family, int layer);
-
 }  // namespace batchlens::ops

@@ -1,4 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
+// The op layer: every matmul-like call of the model (linear, matmul, attention, grouped GEMM)
+// goes through OpRunner with its family and layer, where a policy picks how it computes
+// (batched, row-wise, batch-invariant, emulated split-K).
 #pragma once
 
 #include <cstdint>

@@ -157,6 +157,24 @@ OpPolicy combine(const OpPolicy& a, const OpPolicy& b) {
   return p;
 }
 
+FamilySet family_set(std::initializer_list<OpFamily> families) {
+  FamilySet f;
+  for (const OpFamily family : families) {
+    f.set(static_cast<std::size_t>(family));
+  }
+  return f;
+}
+
+std::string family_list(const FamilySet& families) {
+  std::string out;
+  for (int i = 0; i < kOpFamilyCount; ++i) {
+    if (families.test(static_cast<std::size_t>(i))) {
+      out += (out.empty() ? "" : ", ") + std::string(family_name(static_cast<OpFamily>(i)));
+    }
+  }
+  return "{" + out + "}";
+}
+
 base::Result<FamilySet> parse_families(const std::vector<std::string>& names) {
   FamilySet set;
   for (const auto& n : names) {

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <bitset>
+#include <initializer_list>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -109,6 +110,10 @@ const EmulationProfile* find_emulation_profile(std::string_view name);
 /// names joined with "+".
 OpPolicy combine(const OpPolicy& a, const OpPolicy& b);
 
+/// The set of `families`.
+FamilySet family_set(std::initializer_list<OpFamily> families);
+/// "{router_proj, selfcond_matmul}": the families of a set in their enum order.
+std::string family_list(const FamilySet& families);
 /// FamilySet from names; InvalidArgument naming an unknown family. Never throws.
 base::Result<FamilySet> parse_families(const std::vector<std::string>& names);
 /// {"name": ..., "rules": [{"families": [...], "first_layer": 0, "last_layer": -1,

@@ -1,4 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
+// Taps: named intermediate tensors the model offers per layer and step (attention, MLP, router,
+// self-conditioning, logits), recorded only when a sink asks for them.
 #pragma once
 
 #include <bitset>

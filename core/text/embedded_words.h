@@ -1,4 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
+// The word list embedded in the binary, from which the generated demo tokenizer takes its
+// vocabulary. Internal to core/text.
 #pragma once
 
 #include <string_view>

@@ -6,9 +6,9 @@
 #include <nlohmann/json.hpp>
 #include <torch/version.h>
 
+#include "core/analysis/story.h"
 #include "core/base/version.h"
 #include "core/experiment/command_line.h"
-#include "core/experiment/story.h"
 #include "core/io/experiment_file.h"
 #include "tests/support/process.h"
 

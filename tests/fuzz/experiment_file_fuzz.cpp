@@ -6,6 +6,7 @@
 
 #include <hdf5.h>
 
+#include "core/analysis/summary.h"
 #include "core/experiment/experiment.h"
 #include "core/io/experiment_file.h"
 #include "tests/fuzz/fuzz_support.h"
@@ -26,8 +27,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return 0;  // FileUnrecognised, FileCorrupted, ...: the reader said no, as it should
   }
   const auto& r = result.value();
-  (void)experiment::summary_text(r);
-  (void)experiment::summary_json(r).dump();
+  (void)analysis::summary_text(r);
+  (void)analysis::summary_json(r).dump();
   for (const auto& c : r.comparisons) {
     (void)experiment::last_step_logit_diff(r, c);
     (void)experiment::describe(c.first);

@@ -9,7 +9,9 @@
 
 #include <hdf5.h>
 
-#include "core/experiment/sweep.h"
+#include "core/analysis/sweep_merge.h"
+#include "core/analysis/sweep_report.h"
+#include "core/analysis/sweep_stats.h"
 #include "core/io/sweep_file.h"
 #include "tests/fuzz/fuzz_support.h"
 
@@ -27,13 +29,13 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return 0;  // FileUnrecognised, FileCorrupted, ...: the reader said no, as it should
   }
   const auto& s = result.value();
-  (void)experiment::sweep_text(s);
-  (void)experiment::sweep_json(s).dump();
-  (void)experiment::sweep_stats(s.rows);
-  (void)experiment::missing_items(s);
-  (void)experiment::merge_sweeps({s, s}, {"a", "b"});
+  (void)analysis::sweep_text(s);
+  (void)analysis::sweep_json(s).dump();
+  (void)analysis::sweep_stats(s.rows);
+  (void)analysis::missing_items(s);
+  (void)analysis::merge_sweeps({s, s}, {"a", "b"});
   if (!s.provenances.empty()) {
-    (void)experiment::shard_records(s, {0, 2}, s.provenances.front());
+    (void)analysis::shard_records(s, {0, 2}, s.provenances.front());
   }
   return 0;
 }

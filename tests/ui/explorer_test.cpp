@@ -35,9 +35,9 @@
 #include <QUrl>
 #include <gtest/gtest.h>
 
+#include "core/analysis/story.h"
 #include "core/experiment/command_line.h"
 #include "core/experiment/runner.h"
-#include "core/experiment/story.h"
 #include "core/io/experiment_file.h"
 #include "tests/support/ui_window.h"
 #include "ui/controllers.h"
@@ -110,7 +110,7 @@ TEST_F(ExplorerTest, OpeningAFileFillsTheViewsWithItsNumbers) {
   ASSERT_EQ(table->model()->rowCount(), static_cast<int>(file.comparisons.size()));
   for (int row = 0; row < table->model()->rowCount(); ++row) {
     const auto& fcr = file.comparisons[static_cast<std::size_t>(row)];
-    if (fcr.kind != "row0") {
+    if (fcr.kind != experiment::ComparisonKind::Row0) {
       continue;
     }
     EXPECT_TRUE(table->model()->index(row, 2).data().toString().startsWith(
@@ -200,7 +200,7 @@ TEST_F(ExplorerTest, HeadlineClausesOpenTheirViews) {
   open(path);
   OverviewView* overview = window_->overview();
   const QString headline = overview->headline()->text();
-  const auto story = experiment::build_story(file, window_->state()->comparisonId().toStdString());
+  const auto story = analysis::build_story(file, window_->state()->comparisonId().toStdString());
   ASSERT_GE(story.clauses.size(), 3U);
   EXPECT_TRUE(headline.contains(QStringLiteral("clause:0")));
   EXPECT_TRUE(headline.contains(QStringLiteral("first differs at canvas 1 · step ")))
@@ -215,7 +215,7 @@ TEST_F(ExplorerTest, HeadlineClausesOpenTheirViews) {
             story.clauses[0].tap);
   EXPECT_EQ(window_->state()->tick(), story.clauses[0].tick);
   for (std::size_t i = 0; i < story.clauses.size(); ++i) {
-    if (story.clauses[i].view == experiment::StoryView::TextDiff) {
+    if (story.clauses[i].view == analysis::StoryView::TextDiff) {
       overview->openClause(QStringLiteral("clause:%1").arg(i));
       EXPECT_EQ(window_->tabs()->currentWidget(), window_->textDiff());
     }
@@ -223,7 +223,7 @@ TEST_F(ExplorerTest, HeadlineClausesOpenTheirViews) {
   // A clause about a layer (the routing flip) never leaves a per-step tap on a layer slot.
   for (std::size_t i = 0; i < story.clauses.size(); ++i) {
     const auto& clause = story.clauses[i];
-    if (clause.view == experiment::StoryView::Routing && clause.layer_slot >= 0) {
+    if (clause.view == analysis::StoryView::Routing && clause.layer_slot >= 0) {
       const int per_step = tapIndex(file, "logits");
       ASSERT_GE(per_step, 0);
       window_->state()->setTap(per_step);
@@ -313,7 +313,8 @@ TEST_F(ExplorerTest, HeatmapsKeepTheirLayoutTapAndRespondToKeys) {
   const int tap = state->tap() == 0 ? 1 : 0;
   state->setTap(tap);
   for (const auto& c : state->result()->comparisons) {
-    if (c.kind == "row0" && QString::fromStdString(c.id) != state->comparisonId()) {
+    if (c.kind == experiment::ComparisonKind::Row0 &&
+        QString::fromStdString(c.id) != state->comparisonId()) {
       state->setComparison(QString::fromStdString(c.id));
       break;
     }
@@ -596,8 +597,7 @@ TEST_F(ExplorerTest, ExportWritesPngsOfTheRightSizeAndASummaryOfTheFile) {
   }
   EXPECT_TRUE(md.contains(QStringLiteral("![layer_step](layer_step.png)")));
   // issue #16: ready to paste: the headline, the prompt, caveats and the exact command.
-  const auto story =
-      experiment::build_story(file, summary["selected_comparison"].get<std::string>());
+  const auto story = analysis::build_story(file, summary["selected_comparison"].get<std::string>());
   EXPECT_TRUE(md.contains(QString::fromStdString(story.headline()))) << md.toStdString();
   EXPECT_TRUE(md.contains(QStringLiteral("## Prompt")));
   EXPECT_TRUE(md.contains(QStringLiteral("Random weights")));
@@ -698,7 +698,7 @@ TEST_F(ExplorerTest, OverviewComputesEachStoryOncePerResult) {
   ExplorerState* state = window_->state();
   OverviewView* overview = window_->overview();
   const QString first = state->comparisonId();
-  const experiment::Story* story = &overview->story();
+  const analysis::Story* story = &overview->story();
   const std::string headline = story->headline();
   ASSERT_FALSE(headline.empty());
   const int computed = overview->storyCache().computed();
@@ -714,7 +714,7 @@ TEST_F(ExplorerTest, OverviewComputesEachStoryOncePerResult) {
   // Another comparison: its story once; back to the first: the same object as before.
   QString second;
   for (const auto& c : state->result()->comparisons) {
-    if (QString::fromStdString(c.id) != first && c.kind == "row0") {
+    if (QString::fromStdString(c.id) != first && c.kind == experiment::ComparisonKind::Row0) {
       second = QString::fromStdString(c.id);
       break;
     }
@@ -736,7 +736,7 @@ TEST_F(ExplorerTest, OverviewComputesEachStoryOncePerResult) {
   EXPECT_GT(overview->storyCache().computed(), with_second);
   EXPECT_EQ(overview->story().headline(), headline);
   EXPECT_EQ(overview->story().headline(),
-            experiment::build_story(*state->result(), first.toStdString()).headline());
+            analysis::build_story(*state->result(), first.toStdString()).headline());
 }
 
 TEST_F(ExplorerTest, DamagedFileShowsAnErrorAndTheWindowSurvives) {

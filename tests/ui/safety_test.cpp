@@ -49,7 +49,7 @@ experiment::RunResult makeRun(const std::string& id, std::int64_t batch, int tic
   experiment::RunResult run;
   run.id = id;
   run.batch_size = batch;
-  run.group = "main";
+  run.group = experiment::RunGroup::Main;
   run.policy_text = "default";
   run.policy_json = "{}";
   for (auto* a : {&run.canvas_in, &run.argmax, &run.sampled}) {

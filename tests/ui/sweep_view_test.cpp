@@ -15,8 +15,10 @@
 #include <QTest>
 #include <gtest/gtest.h>
 
+#include "core/analysis/sweep_merge.h"
+#include "core/analysis/sweep_records.h"
+#include "core/analysis/sweep_spec.h"
 #include "core/experiment/runner.h"
-#include "core/experiment/sweep.h"
 #include "core/io/experiment_file.h"
 #include "core/io/sweep_file.h"
 #include "tests/support/ui_window.h"
@@ -78,10 +80,10 @@ TEST_F(SweepViewTest, TheH200SweepShowsItsCountsIntervalsStepsAndFamilies) {
     EXPECT_DOUBLE_EQ(bars[0]->data()->at(i)->value, 100.0);
     EXPECT_DOUBLE_EQ(bars[1]->data()->at(i)->value, 0.0);
   }
-  const QString tip = view->shareTooltip(QStringLiteral("main"), 2);
+  const QString tip = view->shareTooltip(experiment::RunGroup::Main, 2);
   EXPECT_TRUE(tip.contains(QStringLiteral("24 of 24 items"))) << tip.toStdString();
   EXPECT_TRUE(tip.contains(QStringLiteral("86.2–100.0 %"))) << tip.toStdString();
-  EXPECT_TRUE(view->shareTooltip(QStringLiteral("workaround"), 4)
+  EXPECT_TRUE(view->shareTooltip(experiment::RunGroup::Workaround, 4)
                   .contains(QStringLiteral("0 of 24 items (0.0 %; 95 % interval 0.0–13.8 %)")));
   // Histogram: one step (c1 s2), three series (B = 2, 3, 4) of 24 items each.
   QCustomPlot* steps = view->stepPlot();
@@ -105,7 +107,7 @@ TEST_F(SweepViewTest, TheH200SweepShowsItsCountsIntervalsStepsAndFamilies) {
 // A sweep run here with item 0's experiment kept: item 0 opens it; item 1 is offered for a re-run
 // that runs it as a full experiment with the item's prompt and seed.
 TEST_F(SweepViewTest, ItemsOpenTheirKeptExperimentOrRunAgain) {
-  experiment::SweepSpec spec;
+  analysis::SweepSpec spec;
   spec.base.model.preset = "tiny";
   spec.base.overrides.max_denoising_steps = 3;
   spec.base.overrides.max_new_tokens = 16;
@@ -116,23 +118,23 @@ TEST_F(SweepViewTest, ItemsOpenTheirKeptExperimentOrRunAgain) {
   const std::filesystem::path dir =
       std::filesystem::path(::testing::TempDir()) / ("bl_ui_sweep_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
-  experiment::SweepRunOptions run;
+  analysis::SweepRunOptions run;
   run.dir = dir;
-  run.keep = [&](const experiment::SweepItem& item, const experiment::ExperimentResult& r) {
+  run.keep = [&](const analysis::SweepItem& item, const experiment::ExperimentResult& r) {
     std::filesystem::create_directories(dir / "experiments");
-    return item.index == 0 ? io::write_experiment(experiment::kept_experiment(dir, 0), r)
+    return item.index == 0 ? io::write_experiment(analysis::kept_experiment(dir, 0), r)
                            : base::ok_result();
   };
   const auto session =
-      experiment::open_session_for(experiment::item_spec(spec, experiment::sweep_items(spec)[0]));
+      experiment::open_session_for(analysis::item_spec(spec, analysis::sweep_items(spec)[0]));
   ASSERT_TRUE(session.ok()) << session.error().message;
-  const auto outcome = experiment::run_sweep(session.value(), spec, run);
+  const auto outcome = analysis::run_sweep(session.value(), spec, run);
   ASSERT_TRUE(outcome.ok()) << outcome.error().message;
-  const auto records = experiment::read_sweep_dir(dir);
+  const auto records = analysis::read_sweep_dir(dir);
   ASSERT_TRUE(records.ok());
   ASSERT_TRUE(io::write_sweep_file(
                   dir / "sweep.h5",
-                  experiment::shard_records(records.value(), {0, 1}, outcome.value().provenance))
+                  analysis::shard_records(records.value(), {0, 1}, outcome.value().provenance))
                   .ok());
   openSweep(QString::fromStdString((dir / "sweep.h5").string()));
   SweepView* view = window_->sweep();

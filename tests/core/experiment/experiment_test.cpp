@@ -13,9 +13,10 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "core/analysis/story.h"
+#include "core/analysis/summary.h"
 #include "core/experiment/command_line.h"
 #include "core/experiment/runner.h"
-#include "core/experiment/story.h"
 #include "core/io/experiment_file.h"
 #include "core/model/config.h"
 
@@ -23,6 +24,8 @@
 
 namespace batchlens::experiment {
 namespace {
+
+using namespace batchlens::analysis;  // NOLINT(google-build-using-namespace): the units under test
 
 namespace fs = std::filesystem;
 
@@ -294,7 +297,7 @@ TEST(Experiment, LockstepForcesTheReferenceCanvasAndComparesRowsWithinABatch) {
   }
   const ComparisonResult* rows = r.comparison("b2.rows");
   ASSERT_NE(rows, nullptr);
-  EXPECT_EQ(rows->kind, "rows");
+  EXPECT_EQ(rows->kind, experiment::ComparisonKind::Rows);
   // Rows of one batch see the same kernels on the same inputs: identical to row 0.
   EXPECT_FALSE(rows->first.found());
 }

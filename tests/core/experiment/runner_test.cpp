@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include "core/analysis/summary.h"
 #include "core/experiment/plan.h"
 #include "core/experiment/provenance.h"
 
@@ -143,7 +144,7 @@ TEST_F(WorkaroundGroup, MergedEqualsTheWholeSpecRunAtOnce) {
   // Only the missing runs ran: the workaround's reference and batch sizes, no repeat.
   std::int64_t wa_steps = 0;
   for (const RunResult& r : merged.value().runs) {
-    if (r.group == "workaround") {
+    if (r.group == experiment::RunGroup::Workaround) {
       wa_steps = std::max<std::int64_t>(wa_steps, static_cast<std::int64_t>(r.tick_step.size()));
     }
   }

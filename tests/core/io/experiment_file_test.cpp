@@ -97,7 +97,7 @@ ExperimentResult synthetic(const Sizes& z, std::uint64_t seed) {
   for (const char* id : {"ref", "b2"}) {
     RunResult run;
     run.id = id;
-    run.group = "main";
+    run.group = experiment::RunGroup::Main;
     run.canvas_in = random_nd<std::int64_t>({s, c}, rng);
     run.argmax = random_nd<std::int64_t>({s, c}, rng);
     run.sampled = random_nd<std::int64_t>({s, c}, rng);

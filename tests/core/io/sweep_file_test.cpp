@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "core/analysis/sweep_report.h"
 #include "core/experiment/runner.h"
 #include "core/io/experiment_file.h"
 #include "tests/support/process.h"
@@ -24,9 +25,9 @@ namespace batchlens::io {
 namespace {
 
 namespace fs = std::filesystem;
+using analysis::SweepRecords;
+using analysis::SweepRow;
 using base::ErrorCode;
-using experiment::SweepRecords;
-using experiment::SweepRow;
 
 fs::path temp(const std::string& name) {
   return fs::path(::testing::TempDir()) /
@@ -44,7 +45,7 @@ SweepRecords known_records() {
                     {"caf\xC3\xA9 \"quoted\"\n", false, {}},
                     {"", true, {2, 106, 9}}};
   s.spec.seeds = {0, 7};
-  s.id = experiment::sweep_id(s.spec);
+  s.id = analysis::sweep_id(s.spec);
   s.items_total = 6;
   s.items_done = 5;
   experiment::Provenance a;
@@ -57,7 +58,8 @@ SweepRecords known_records() {
   b.device_name = "NVIDIA H100 80GB HBM3";
   s.provenances = {a, b};
   for (int item = 0; item < 5; ++item) {
-    for (const char* group : {"main", "workaround"}) {
+    for (const experiment::RunGroup group :
+         {experiment::RunGroup::Main, experiment::RunGroup::Workaround}) {
       for (int bs : {2, 4}) {
         SweepRow r;
         r.item = item;
@@ -65,7 +67,7 @@ SweepRecords known_records() {
         r.seed = item % 2 == 0 ? 0 : 7;
         r.group = group;
         r.batch_size = bs;
-        r.text_changed = std::string(group) == "main" && item != 3;
+        r.text_changed = group == experiment::RunGroup::Main && item != 3;
         r.tokens_changed = r.text_changed ? 10 * item + bs : 0;
         r.tokens_total = 64;
         r.stop_changed = item == 1;
@@ -88,7 +90,7 @@ SweepRecords known_records() {
 }
 
 nlohmann::json everything(const SweepRecords& s) {
-  nlohmann::json j = experiment::sweep_json(s);
+  nlohmann::json j = analysis::sweep_json(s);
   j["items_done"] = s.items_done;
   return j;
 }
@@ -100,7 +102,7 @@ TEST(SweepFile, RoundTripsEveryField) {
   const auto back = read_sweep_file(f);
   ASSERT_TRUE(back.ok()) << back.error().message;
   EXPECT_EQ(everything(back.value()), everything(s));
-  EXPECT_EQ(experiment::to_json(back.value().spec), experiment::to_json(s.spec));
+  EXPECT_EQ(analysis::to_json(back.value().spec), analysis::to_json(s.spec));
   EXPECT_EQ(back.value().rows.size(), 20U);
   // Summary reads the same through read_sweep.
   EXPECT_TRUE(read_sweep(f).ok());

@@ -8,7 +8,7 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
-#include "core/experiment/culprit.h"
+#include "core/analysis/culprit.h"
 #include "core/experiment/runner.h"
 #include "core/kernels/fused_ops.h"
 #include "core/model/diffusion_gemma.h"
@@ -89,10 +89,10 @@ TEST(CulpritGpu, FindsTheSelfConditioningMatmulOnMidWithEitherStrategy) {
   ops::FamilySet sc;
   sc.set(static_cast<std::size_t>(ops::OpFamily::SelfCondMatmul));
   for (const ops::Strategy strategy : {ops::Strategy::RowWise, ops::Strategy::BatchInvariant}) {
-    experiment::CulpritOptions o;
+    analysis::CulpritOptions o;
     o.strategy = strategy;
     o.cost_repeats = 3;
-    const auto r = experiment::find_culprit(session.value(), spec, o);
+    const auto r = analysis::find_culprit(session.value(), spec, o);
     ASSERT_TRUE(r.ok()) << r.error().message;
     const experiment::CulpritReport& c = r.value();
     std::cout << c.headline({2, 3, 4}) << "\n" << c.verdict << "\n";

@@ -1,0 +1,151 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <algorithm>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "app/cli/cli_progress.h"
+#include "app/cli/command.h"
+#include "app/cli/model_options.h"
+#include "core/base/system_info.h"
+#include "core/setup/front_door.h"
+#include "core/setup/policy_cost.h"
+
+namespace batchlens::cli {
+
+namespace {
+
+void print_costs(const setup::PolicyCosts& c, const std::string& device) {
+  std::cout << "cost: decoder forward (self-conditioning on, identical rows) as the engine runs "
+               "it on "
+            << device << ", median of " << c.repeat << " passes, ms (vs the first policy)\n";
+  std::size_t width = 8;
+  for (const std::string& l : c.labels) {
+    width = std::max(width, l.size());
+  }
+  std::printf("%-*s", static_cast<int>(width), "policy");
+  for (const std::int64_t b : c.batch_sizes) {
+    std::printf("  %18s", ("B=" + std::to_string(b)).c_str());
+  }
+  std::printf("\n");
+  for (std::size_t p = 0; p < c.labels.size(); ++p) {
+    std::printf("%-*s", static_cast<int>(width), c.labels[p].c_str());
+    for (std::size_t i = 0; i < c.batch_sizes.size(); ++i) {
+      const double ms = c.cells[p][i].median_ms;
+      const double base = c.cells[0][i].median_ms;
+      char cell[64];
+      if (p == 0 || base <= 0.0) {
+        std::snprintf(cell, sizeof(cell), "%.2f", ms);
+      } else {
+        std::snprintf(cell, sizeof(cell), "%.2f (%+.1f %%)", ms, 100.0 * (ms / base - 1.0));
+      }
+      std::printf("  %18s", cell);
+    }
+    std::printf("\n");
+  }
+  std::fflush(stdout);
+  for (std::size_t p = 0; p < c.labels.size(); ++p) {
+    std::cout << "  " << c.labels[p] << " = " << c.policies[p]
+              << "; ran as: " << c.cells[p].front().mode << "\n";
+  }
+  if (!c.invariance_report.empty()) {
+    std::cout << c.invariance_report << "\n";
+  }
+}
+
+nlohmann::json costs_json(const setup::PolicyCosts& c) {
+  nlohmann::json rows = nlohmann::json::array();
+  for (std::size_t p = 0; p < c.labels.size(); ++p) {
+    nlohmann::json cells = nlohmann::json::array();
+    for (std::size_t i = 0; i < c.batch_sizes.size(); ++i) {
+      const auto& cell = c.cells[p][i];
+      cells.push_back(
+          {{"batch_size", c.batch_sizes[i]},
+           {"median_ms", cell.median_ms},
+           {"min_ms", cell.min_ms},
+           {"overhead",
+            c.cells[0][i].median_ms > 0.0 ? cell.median_ms / c.cells[0][i].median_ms - 1.0 : 0.0},
+           {"mode", cell.mode}});
+    }
+    rows.push_back({{"label", c.labels[p]}, {"policy", c.policies[p]}, {"cells", cells}});
+  }
+  return {{"repeat", c.repeat},
+          {"policies", rows},
+          {"invariance_report", c.invariance_report},
+          {"fused_report", c.fused_report}};
+}
+
+}  // namespace
+
+void register_cost(CLI::App& app, int& exit_code) {
+  struct Options {
+    ModelOptions model;
+    setup::PolicyCostRequest request;
+    std::vector<std::string> policies{"default", "row_wise:selfcond_matmul", "issue_workaround",
+                                      "batch_invariant:selfcond_matmul", "batch_invariant"};
+    bool json = false;
+  };
+  auto opts = std::make_shared<Options>();
+  auto* cmd = app.add_subcommand(
+      "cost",
+      "What each fix costs: decoder forward time per policy and batch size, as the engine runs "
+      "it (CUDA graph + fused kernels on CUDA), on one loaded model");
+  add_model_options(cmd, opts->model);
+  cmd->add_option("--policies", opts->policies,
+                  "Policies to time, the first being the baseline: named presets, "
+                  "row_wise:FAMILY,..., batch_invariant:FAMILY,..., JSON files")
+      ->capture_default_str();
+  cmd->add_option("--batch-sizes", opts->request.batch_sizes, "Batch sizes to time")
+      ->delimiter(',')
+      ->capture_default_str();
+  cmd->add_option("--repeat", opts->request.repeat, "Timed passes per cell (the median is kept)")
+      ->check(CLI::Range(1, 10000))
+      ->capture_default_str();
+  cmd->add_option("--prompt-len", opts->request.prompt_length, "Random prompt length")
+      ->capture_default_str();
+  cmd->add_flag("--json", opts->json, "Print the table as JSON instead");
+  cmd->callback([opts, &exit_code] {
+    auto& mo = opts->model;
+    if (mo.source.preset.empty() && mo.checkpoint.empty()) {
+      std::cerr << "batchlens-cli cost: give --preset or --checkpoint\n";
+      exit_code = kExitUsage;
+      return;
+    }
+    opts->request.policies.clear();
+    for (const std::string& text : opts->policies) {
+      ops::OpPolicy policy;
+      if (!resolve_policy(text, policy, exit_code)) {
+        return;
+      }
+      opts->request.policies.emplace_back(text, policy);
+    }
+    mo.source.checkpoint_dir = mo.checkpoint;
+    const auto session = setup::open_model(mo.source, mo.load);
+    if (!session.ok()) {
+      exit_code = report_error(session.error());
+      return;
+    }
+    const SigintCancel sigint;
+    const base::ProgressClock clock(static_cast<std::int64_t>(opts->request.policies.size() *
+                                                              opts->request.batch_sizes.size()));
+    opts->request.progress = [&](int done, int total) {
+      draw_progress(clock.at(done, std::to_string(done) + "/" + std::to_string(total) + " cells"));
+      return !sigint.token()->cancelled();
+    };
+    const auto costs = setup::measure_policy_costs(*session.value().model, opts->request);
+    if (!costs.ok()) {
+      exit_code = report_error(costs.error());
+      return;
+    }
+    if (opts->json) {
+      std::cout << costs_json(costs.value()).dump(1) << "\n";
+    } else {
+      print_costs(costs.value(), mo.load.device);
+    }
+    exit_code = kExitOk;
+  });
+}
+
+}  // namespace batchlens::cli

@@ -1,0 +1,249 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <vector>
+
+#include "app/cli/cli_progress.h"
+#include "app/cli/command.h"
+#include "app/cli/spec_options.h"
+#include "core/analysis/sweep_merge.h"
+#include "core/analysis/sweep_records.h"
+#include "core/analysis/sweep_report.h"
+#include "core/analysis/sweep_slurm.h"
+#include "core/analysis/sweep_spec.h"
+#include "core/experiment/experiment.h"
+#include "core/experiment/runner.h"
+#include "core/io/experiment_file.h"
+#include "core/io/sweep_file.h"
+
+namespace batchlens::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct SweepOptions {
+  SpecOptions spec;
+  std::string prompts;
+  std::string seeds;
+  std::string shard;
+  bool keep = false;
+  bool resume = false;
+  // --slurm: write a job array instead of running.
+  std::string slurm;
+  int shards = 0;
+  int array_parallel = 0;
+  int gpus_per_task = 1;
+  std::vector<std::string> sbatch_options;
+};
+
+// The sweep `o` describes: from the spec options, or with --resume the one in --out's
+// sweep.json. Empty (exit code set, reason printed) when it must not start.
+std::optional<analysis::SweepSpec> sweep_of(SweepOptions& o, int& exit_code) {
+  if (o.resume) {
+    auto spec = analysis::read_sweep_spec(o.spec.out);  // no record read here
+    if (!spec.ok()) {
+      exit_code = report_error(spec.error());
+      return std::nullopt;
+    }
+    return std::move(spec).value();
+  }
+  if (!resolve_spec(o.spec, "sweep", exit_code, /*file_out=*/false)) {
+    return std::nullopt;
+  }
+  analysis::SweepSpec sweep;
+  sweep.base = o.spec.spec;
+  const auto& b = sweep.base;
+  if (!o.prompts.empty()) {
+    auto prompts = analysis::read_prompts(o.prompts);
+    if (!prompts.ok()) {
+      exit_code = report_error(prompts.error());
+      return std::nullopt;
+    }
+    sweep.prompts = std::move(prompts).value();
+  } else {
+    sweep.prompts = {{b.prompt, b.chat_template, b.prompt_ids}};
+  }
+  sweep.seeds = {b.seed};
+  if (!o.seeds.empty()) {
+    auto seeds = analysis::parse_seeds(o.seeds);
+    if (!seeds.ok()) {
+      std::cerr << "batchlens-cli sweep: " << seeds.error().message << "\n";
+      exit_code = kExitUsage;
+      return std::nullopt;
+    }
+    sweep.seeds = std::move(seeds).value();
+  }
+  if (auto v = analysis::validate(sweep); !v.ok()) {
+    exit_code = report_error(v.error());
+    return std::nullopt;
+  }
+  return sweep;
+}
+
+// --slurm: the sweep folder prepared and the job array's scripts written; nothing runs here.
+int write_slurm(const SweepOptions& o, analysis::SweepSpec sweep) {
+  std::error_code ec;
+  // The tasks run from wherever submit.sh was started: a checkpoint folder is made absolute.
+  auto& checkpoint = sweep.base.model.checkpoint_dir;
+  if (!checkpoint.empty()) {
+    checkpoint = fs::absolute(checkpoint, ec).string();
+  }
+  analysis::SlurmOptions so;
+  so.cli = fs::read_symlink("/proc/self/exe", ec);
+  so.sweep_dir = fs::absolute(o.spec.out, ec);
+  so.script_dir = fs::absolute(o.slurm, ec);
+  const int items = static_cast<int>(analysis::sweep_items(sweep).size());
+  so.shards = o.shards > 0 ? o.shards : std::min(items, 100);
+  so.array_parallel = o.array_parallel;
+  so.gpus_per_task = o.gpus_per_task;
+  so.sbatch_options = o.sbatch_options;
+  so.keep_experiments = o.keep;
+  auto id = analysis::prepare_sweep_dir(so.sweep_dir, sweep);
+  if (!id.ok()) {
+    return report_error(id.error());
+  }
+  so.sweep_id = id.value();
+  if (auto w = analysis::write_slurm_scripts(so); !w.ok()) {
+    return report_error(w.error());
+  }
+  std::cout << "sweep " << so.sweep_id << ": " << items << " item(s) in " << so.shards
+            << " shard(s); folder " << so.sweep_dir.string() << "\n"
+            << "scripts in " << so.script_dir.string()
+            << ": sweep-array.sbatch (the job array), sweep-merge.sbatch (afterok), submit.sh\n"
+            << "submit with: " << (so.script_dir / "submit.sh").string() << "\n"
+            << "the merged sweep file will be " << (so.sweep_dir / "sweep.h5").string() << "\n";
+  return kExitOk;
+}
+
+// Runs the sweep (or its --shard) here, then writes its sweep file: DIR/sweep.h5, or the shard's
+// file DIR/shards/shard-I-of-N.h5.
+int run_sweep_here(const SweepOptions& o, const analysis::SweepSpec& sweep) {
+  analysis::SweepRunOptions run;
+  run.dir = o.spec.out;
+  if (!o.shard.empty()) {
+    char slash = 0;
+    std::istringstream in(o.shard);
+    if (!(in >> run.shard.index >> slash >> run.shard.count) || slash != '/' || !in.eof() ||
+        run.shard.count < 1 || run.shard.index < 0 || run.shard.index >= run.shard.count) {
+      std::cerr << "batchlens-cli sweep: --shard must be I/N with 0 <= I < N\n";
+      return kExitUsage;
+    }
+  }
+  if (o.keep) {
+    run.keep = [dir = run.dir](const analysis::SweepItem& item,
+                               const experiment::ExperimentResult& r) {
+      std::error_code ec;
+      fs::create_directories(dir / "experiments", ec);
+      return io::write_experiment(analysis::kept_experiment(dir, item.index), r);
+    };
+  }
+  base::Result<analysis::SweepOutcome> outcome = base::Error{};
+  {
+    const SigintCancel sigint;
+    experiment::RunControl control;
+    control.cancel = sigint.token();
+    control.progress = draw_progress;
+    control.load_progress = draw_progress;
+    outcome = base::guarded([&] {
+      const auto items = analysis::sweep_items(sweep);
+      const setup::Session session = base::take(
+          experiment::open_session_for(analysis::item_spec(sweep, items.front()), control));
+      return base::take(analysis::run_sweep(session, sweep, run, control));
+    });
+  }
+  std::fprintf(stderr, "\n");
+  if (!outcome.ok()) {
+    return report_error(outcome.error());
+  }
+  std::cout << "sweep " << outcome.value().id << ": " << outcome.value().items_run
+            << " item(s) run, " << outcome.value().items_skipped
+            << " finished before and skipped\n";
+  const auto all = analysis::read_sweep_dir(run.dir);
+  if (!all.ok()) {
+    return report_error(all.error());
+  }
+  const analysis::SweepRecords part =
+      analysis::shard_records(all.value(), run.shard, outcome.value().provenance);
+  // A task of a job array (--shard, even 0/1) writes its own shard file for the merge job.
+  const fs::path file = o.shard.empty()
+                            ? run.dir / "sweep.h5"
+                            : analysis::shard_file(run.dir, run.shard.index, run.shard.count);
+  std::error_code ec;
+  fs::create_directories(file.parent_path(), ec);
+  if (auto w = io::write_sweep_file(file, part); !w.ok()) {
+    return report_error(w.error());
+  }
+  std::cout << analysis::sweep_text(part) << "\nsweep file: " << file.string() << "\n";
+  return kExitOk;
+}
+
+}  // namespace
+
+void register_sweep(CLI::App& app, int& exit_code) {
+  auto opts = std::make_shared<SweepOptions>();
+  auto* cmd = app.add_subcommand(
+      "sweep",
+      "Run the experiment over many prompts x seeds on one loaded model: per item and batch size, "
+      "whether row 0's text changed, how many tokens, the stop and steps, and where it first "
+      "diverged (every tap is compared to find it; only these rows are kept, the per-step arrays "
+      "only with --keep-experiments). Each finished item is committed to the sweep folder on its "
+      "own: the same command (or --resume) after a crash or Ctrl-C skips what is done. The rows "
+      "end in DIR/sweep.h5 (a shard: DIR/shards/shard-I-of-N.h5; sweep-merge joins them). "
+      "--slurm writes a Slurm job array instead of running. `summary` prints the statistics");
+  add_spec_options(cmd, opts->spec, /*workaround=*/true,
+                   "Sweep folder (sweep.json, one record per item, the sweep file; made when "
+                   "missing)");
+  cmd->add_option("--prompts", opts->prompts,
+                  "Prompt file: one prompt per line, or JSON Lines with \"prompt\" or "
+                  "\"prompt_ids\" and optional \"chat_template\" (default: --prompt alone)");
+  cmd->add_option("--seeds", opts->seeds, "Sampling seeds, e.g. 0-23 or 0,5,9-11 [--gen-seed]");
+  cmd->add_option("--shard", opts->shard,
+                  "I/N: run only the items whose index modulo N is I (one Slurm array task)");
+  cmd->add_flag("--keep-experiments", opts->keep,
+                "Also write each item's full experiment file (experiments/item-NNNNNN.h5)");
+  cmd->add_flag("--resume", opts->resume,
+                "Run the sweep described in --out's sweep.json (written by an earlier sweep or "
+                "--slurm); no spec options");
+  cmd->add_option("--slurm", opts->slurm,
+                  "Write a Slurm job array (one task per shard, one GPU each) and a merge job "
+                  "that depends on it into this folder, with submit.sh; run nothing here");
+  cmd->add_option("--shards", opts->shards, "With --slurm: array tasks [items, at most 100]");
+  cmd->add_option("--array-parallel", opts->array_parallel,
+                  "With --slurm: at most K tasks at once (#SBATCH --array=0-(N-1)%K)");
+  cmd->add_option("--gpus-per-task", opts->gpus_per_task,
+                  "With --slurm: --gres=gpu:N per task; 0 for CPU nodes")
+      ->capture_default_str();
+  cmd->add_option("--sbatch-option", opts->sbatch_options,
+                  "With --slurm: an extra #SBATCH line, e.g. --partition=gpu (repeatable)");
+  cmd->footer(kExitCodesHelp);
+  cmd->callback([opts, cmd, &exit_code] {
+    if (opts->resume) {
+      // The spec comes from the folder: an option that would change it is refused, not ignored.
+      for (const CLI::Option* option : cmd->get_options()) {
+        const std::string name = option->get_name();
+        const bool allowed = name == "--out" || name == "--resume" || name == "--shard" ||
+                             name == "--keep-experiments" || name == "--help";
+        if (option->count() > 0 && !allowed) {
+          std::cerr << "batchlens-cli sweep: --resume takes the spec from the folder's "
+                       "sweep.json; "
+                    << name << " cannot change it (give --out, --shard, --keep-experiments)\n";
+          exit_code = kExitUsage;
+          return;
+        }
+      }
+    }
+    const auto sweep = sweep_of(*opts, exit_code);
+    if (!sweep) {
+      return;
+    }
+    exit_code = opts->slurm.empty() ? run_sweep_here(*opts, *sweep) : write_slurm(*opts, *sweep);
+  });
+}
+
+}  // namespace batchlens::cli

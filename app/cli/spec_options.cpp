@@ -1,0 +1,222 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "app/cli/spec_options.h"
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <functional>
+#include <iomanip>
+#include <iostream>
+#include <sstream>
+
+#include "app/cli/cli_progress.h"
+#include "app/cli/command.h"
+#include "app/cli/model_options.h"
+#include "app/cli/preflight.h"
+#include "core/analysis/culprit.h"
+#include "core/analysis/summary.h"
+#include "core/base/atomic_file.h"
+#include "core/experiment/experiment.h"
+#include "core/experiment/runner.h"
+#include "core/io/experiment_file.h"
+
+namespace batchlens::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// The checks before a run: texts the file stores, --out, free space. False (with the exit code
+// set and the reason printed) when the run must not start.
+bool preflight(const experiment::ExperimentSpec& spec, const fs::path& out, int& exit_code) {
+  if (auto ok = check_spec_text(spec); !ok.ok()) {
+    std::cerr << "batchlens-cli run: " << ok.error().message << "\n";
+    exit_code = kExitUsage;
+    return false;
+  }
+  if (auto ok = check_output_path(out); !ok.ok()) {
+    std::cerr << "batchlens-cli run: " << ok.error().message << "\n";
+    exit_code = kExitUsage;
+    return false;
+  }
+  const auto estimate = estimate_file_size(spec);
+  const auto free = free_bytes_for(out);
+  if (!estimate || !free) {
+    return true;
+  }
+  const std::string folder = out.has_parent_path() ? out.parent_path().string() : ".";
+  if (*free < estimate->low) {
+    std::cerr << "batchlens-cli run: not enough space for " << out.string() << ": "
+              << format_bytes(*free) << " free in " << folder << ", the experiment file needs "
+              << "at least " << format_bytes(estimate->low) << " (" << base::errno_text(ENOSPC)
+              << "; IoFailed)\n";
+    exit_code = kExitFailure;
+    return false;
+  }
+  if (*free < estimate->high) {
+    std::cerr << "batchlens-cli run: warning: " << format_bytes(*free) << " free in " << folder
+              << "; the experiment file may need up to " << format_bytes(estimate->high)
+              << " (uncompressed bound). If it does not fit, the result is saved to "
+              << rescue_paths().front().parent_path().string() << " instead.\n";
+  }
+  return true;
+}
+
+// Writes `result` to `out`; when that fails, to the first rescue path that works, so a computed
+// result is never thrown away. Returns the path written, empty when every write failed.
+fs::path write_or_rescue(const fs::path& out, const experiment::ExperimentResult& result,
+                         const io::WriteOptions& options) {
+  const auto written = io::write_experiment(out, result, options);
+  if (written.ok()) {
+    return out;
+  }
+  report_error(written.error());
+  for (const fs::path& rescue : rescue_paths()) {
+    const auto saved = io::write_experiment(rescue, result, options);
+    if (saved.ok()) {
+      std::cerr << "batchlens-cli: the computed experiment was saved to " << rescue.string()
+                << " instead; move it where you want it\n";
+      return rescue;
+    }
+    std::cerr << "batchlens-cli: could not save it to " << rescue.string()
+              << " either: " << saved.error().message << "\n";
+  }
+  std::cerr << "batchlens-cli: the computed experiment could not be saved anywhere\n";
+  return {};
+}
+
+}  // namespace
+
+void add_spec_options(CLI::App* cmd, SpecOptions& o, bool workaround, const char* out_help) {
+  add_model_options(cmd, o.model);
+  auto& sp = o.spec;
+  auto& ov = sp.overrides;
+  auto* text =
+      cmd->add_option("--prompt", sp.prompt, "Prompt text (Gemma chat template unless --raw)")
+          ->capture_default_str();
+  auto* ids = cmd->add_option("--prompt-ids", o.prompt_ids, "Prompt token ids, comma-separated");
+  ids->excludes(text);
+  cmd->add_flag("--raw", o.raw, "Do not apply the chat template to --prompt");
+  cmd->add_option("--batch-sizes", o.batch_sizes, "Batched runs to compare with B=1")
+      ->capture_default_str();
+  cmd->add_option("--repeats", sp.repeats, "Extra B=1 runs (the noise floor)")
+      ->capture_default_str();
+  cmd->add_option("--gen-seed", sp.seed, "Sampling seed")->capture_default_str();
+  cmd->add_option("--steps", ov.max_denoising_steps, "max_denoising_steps [48]");
+  cmd->add_option("--max-new-tokens", ov.max_new_tokens, "max_new_tokens [256]");
+  cmd->add_option("--rng", o.rng, "per_row (BatchLens) or shared (the reference)")
+      ->capture_default_str();
+  cmd->add_option("--prefill", o.prefill, "copied (batch-1 cache in every row) or batched")
+      ->capture_default_str();
+  cmd->add_option("--mode", o.mode,
+                  "free (each run its own trajectory) or lockstep (batched runs forced onto the "
+                  "reference's canvas every step)")
+      ->capture_default_str();
+  cmd->add_option("--policy", o.policy,
+                  "Kernel policy of every run: default, emulated_split_k (CPU emulation), "
+                  "row_wise_all, batch_invariant, ... or a JSON file; join with +")
+      ->capture_default_str();
+  if (workaround) {
+    cmd->add_option("--workaround", o.workaround,
+                    "Also run everything with this policy added, e.g. issue_workaround");
+  }
+  cmd->add_option("--taps", o.taps,
+                  "Comma-separated tap names to compare, or none (tokens and sampler only) [all]");
+  cmd->add_flag("--no-kernels", o.no_kernels,
+                "Do not record which kernels each op family launched per engine (one extra "
+                "decoder pass per engine, with and without self-conditioning)");
+  cmd->add_option("--out", o.out, out_help)->required();
+}
+
+// Fills o.spec from the typed options and runs the checks before any work. False (with the
+// exit code set and the reason printed) when the command must not start.
+bool resolve_spec(SpecOptions& o, const char* command, int& exit_code, bool file_out) {
+  auto& mo = o.model;
+  auto& spec = o.spec;
+  if (mo.source.preset.empty() && mo.checkpoint.empty()) {
+    std::cerr << "batchlens-cli " << command << ": give --preset or --checkpoint\n";
+    exit_code = kExitUsage;
+    return false;
+  }
+  if (!parse_mode(o.rng, generation::parse_rng_mode, spec.rng, command, exit_code) ||
+      !parse_mode(o.prefill, generation::parse_prefill_mode, spec.prefill, command, exit_code) ||
+      !parse_mode(o.mode, experiment::parse_run_mode, spec.mode, command, exit_code) ||
+      !resolve_policy(o.policy, spec.policy, exit_code)) {
+    return false;
+  }
+  if (!o.workaround.empty()) {
+    spec.workaround.emplace();
+    if (!resolve_policy(o.workaround, *spec.workaround, exit_code)) {
+      return false;
+    }
+  }
+  std::string bad;
+  spec.batch_sizes.clear();
+  if (!parse_int_list(o.prompt_ids, spec.prompt_ids, bad) ||
+      !parse_int_list(o.batch_sizes, spec.batch_sizes, bad)) {
+    std::cerr << "batchlens-cli " << command << ": bad number '" << bad << "'\n";
+    exit_code = kExitUsage;
+    return false;
+  }
+  std::stringstream taps(o.taps);
+  for (std::string t; std::getline(taps, t, ',');) {
+    spec.taps.push_back(t);
+  }
+  mo.source.checkpoint_dir = mo.checkpoint;
+  spec.model = mo.source;
+  spec.load = mo.load;
+  spec.chat_template = !o.raw;
+  spec.kernels = !o.no_kernels;
+  if (!file_out) {
+    if (auto text = check_spec_text(spec); !text.ok()) {
+      exit_code = report_error(text.error());
+      return false;
+    }
+    return true;
+  }
+  // Everything the write needs is checked before the run, which may take hours.
+  return preflight(spec, o.out, exit_code);
+}
+
+// Runs `compute` under Ctrl-C cancellation with progress, prints the summary and writes the
+// file (or rescues it); sets the exit code.
+void compute_and_write(
+    const SpecOptions& o,
+    const std::function<base::Result<experiment::ExperimentResult>(const experiment::RunControl&)>&
+        compute,
+    int& exit_code) {
+  base::Result<experiment::ExperimentResult> result = base::Error{};
+  {
+    const SigintCancel sigint;
+    experiment::RunControl control;
+    control.cancel = sigint.token();
+    control.progress = draw_progress;
+    result = compute(control);
+  }
+  std::fprintf(stderr, "\n");
+  if (!result.ok()) {
+    exit_code = report_error(result.error());
+    return;
+  }
+  const fs::path out = o.out;
+  const auto write_start = std::chrono::steady_clock::now();
+  const auto written = write_or_rescue(out, result.value(), o.write);
+  const double write_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - write_start).count();
+  const auto& t = result.value().timings;
+  std::cout << analysis::summary_text(result.value()) << "\n";
+  if (written.empty()) {
+    exit_code = kExitFailure;
+    return;
+  }
+  std::cout << "wrote " << written.string() << "\n"
+            << std::fixed << std::setprecision(2) << "time: load " << t.load_s << " s, engines "
+            << t.engines_s << " s, per-tick copies and comparisons " << t.comparisons_s
+            << " s (read back per canvas " << t.readback_s << " s), results " << t.results_s
+            << " s, kernel provenance " << t.kernels_s << " s, file " << write_s << " s\n";
+  // A rescued result is kept, but the command did not do what it was asked.
+  exit_code = written == out ? kExitOk : kExitFailure;
+}
+
+}  // namespace batchlens::cli

@@ -1,0 +1,56 @@
+// SPDX-License-Identifier: Apache-2.0
+// The experiment-spec options that `run`, `culprit` and `sweep` share: declared on a command,
+// resolved into a typed ExperimentSpec with the checks before any work, and the common way to
+// compute a result under Ctrl-C with progress and write it (or rescue it).
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "app/cli/model_options.h"
+#include "core/base/error.h"
+#include "core/experiment/experiment.h"
+#include "core/experiment/runner.h"
+#include "core/io/experiment_file.h"
+
+namespace batchlens::cli {
+
+// The spec options `run` and `culprit` share, as typed, then resolved into `spec`.
+struct SpecOptions {
+  ModelOptions model;
+  experiment::ExperimentSpec spec;
+  std::string prompt_ids;
+  std::string batch_sizes = "2,3,4";
+  std::string taps;
+  std::string out;
+  std::string rng = "per_row";
+  std::string policy = "default";
+  std::string workaround;
+  // The program's edge: how files are written, as the environment sets it.
+  io::WriteOptions write = io::WriteOptions::from_environment();
+  std::string prefill = "copied";
+  std::string mode = "free";
+  bool raw = false;
+  bool no_kernels = false;
+};
+
+/// Declares the spec options on `cmd` (with --workaround when `workaround`).
+void add_spec_options(CLI::App* cmd, SpecOptions& o, bool workaround,
+                      const char* out_help = "Experiment file to write (.h5)");
+
+/// Fills o.spec from the typed options and runs the checks before any work (with `file_out`,
+/// those of --out too). False (with the exit code set and the reason printed) when the command
+/// must not start.
+bool resolve_spec(SpecOptions& o, const char* command, int& exit_code, bool file_out = true);
+
+/// Runs `compute` under Ctrl-C cancellation with progress, prints the summary and writes the
+/// file (or rescues it); sets the exit code.
+void compute_and_write(
+    const SpecOptions& o,
+    const std::function<base::Result<experiment::ExperimentResult>(const experiment::RunControl&)>&
+        compute,
+    int& exit_code);
+
+}  // namespace batchlens::cli

@@ -1,0 +1,355 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "core/analysis/culprit.h"
+
+#include <chrono>
+#include <cstdio>
+#include <sstream>
+
+#include "core/base/cancel.h"
+#include "core/model/diffusion_gemma.h"
+#include "core/model/tap_families.h"
+#include "core/probe/tap_names.h"
+#include "core/setup/front_door.h"
+#include "core/setup/policy_cost.h"
+
+namespace batchlens::analysis {
+
+using experiment::ComparisonResult;
+using experiment::CulpritCost;
+using experiment::CulpritReport;
+using experiment::CulpritTrial;
+using experiment::Divergence;
+using experiment::ExperimentResult;
+using experiment::ExperimentSpec;
+using experiment::RunControl;
+using experiment::RunMode;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using ops::FamilySet;
+using ops::OpFamily;
+
+// One rule per family, in the order the families were added: the fix as a policy.
+struct FixRule {
+  OpFamily family;
+  int first_layer = 0;
+  int last_layer = -1;
+};
+
+ops::OpPolicy fix_policy(const std::vector<FixRule>& rules, ops::Strategy strategy) {
+  ops::OpPolicy p;
+  p.name = "culprit_fix";
+  for (const FixRule& r : rules) {
+    p.rules.push_back(
+        ops::PolicyRule{ops::family_set({r.family}), r.first_layer, r.last_layer, strategy});
+  }
+  return p;
+}
+
+struct Outcome {
+  bool identical = false;
+  Divergence first;
+  std::string comparison;
+};
+
+// Row 0 of every batch size against B=1 (the row0 comparisons of the main group).
+Outcome outcome_of(const ExperimentResult& r) {
+  Outcome o;
+  o.identical = true;
+  for (const ComparisonResult& c : r.comparisons) {
+    if (c.kind != experiment::ComparisonKind::Row0 ||
+        c.reference != experiment::reference_run(experiment::RunGroup::Main) ||
+        experiment::role_of_run(c.run) == experiment::RunRole::Repeat) {
+      continue;
+    }
+    const bool differs = c.first.found() || !c.tokens_identical;
+    if (!differs) {
+      continue;
+    }
+    if (o.identical || (c.first.found() && (!o.first.found() || c.first.tick < o.first.tick))) {
+      o.first = c.first;
+      o.comparison = c.id;
+    }
+    o.identical = false;
+  }
+  return o;
+}
+
+class Finder {
+ public:
+  Finder(const setup::Session& session, const ExperimentSpec& spec, const CulpritOptions& options,
+         const RunControl& control)
+      : session_(session), spec_(spec), options_(options), control_(control) {}
+
+  CulpritReport run() {
+    const auto start = Clock::now();
+    report_.strategy = options_.strategy;
+    const int layers = static_cast<int>(session_.model->config().text.num_hidden_layers);
+
+    // 1. The spec as it is, free. Then the trials run in lockstep (faster, and every tap of
+    // every step compared on one canvas) if lockstep sees the divergence too: a divergence that
+    // only the sampler makes (e.g. a random stream shared across the batch) shows in free mode
+    // only, and then every trial runs free.
+    Outcome o = trial("baseline", {}, false);
+    bool lockstep = false;
+    if (!o.identical && options_.lockstep_trials) {
+      const Outcome locked = trial("baseline", {}, true);
+      if (!locked.identical) {
+        lockstep = true;
+        o = locked;
+      }
+    }
+    if (o.identical) {
+      report_.verdict = "no divergence: row 0 of every batch size is already bitwise B=1's";
+      report_.wall_s = seconds_since(start);
+      return report_;
+    }
+    report_.diverged = true;
+
+    // 2. Greedy: add the families behind each new first divergence.
+    std::vector<FixRule> rules;
+    FamilySet in_set;
+    const FamilySet everything = FamilySet().set();
+    while (!o.identical) {
+      FamilySet add = model::families_behind(o.first.tap) & ~in_set;
+      if (add.none()) {
+        // The ops behind the tap are fixed already (or it has none): the divergence enters
+        // upstream, e.g. through a prompt cache encoded at B. Try every family left.
+        add = everything & ~in_set;
+      }
+      if (add.none()) {
+        report_.verdict = "no op-level fix exists: with every op family " + strategy_word() +
+                          " row 0 still differs (first at " + where(o) +
+                          "), so the divergence comes from outside the op layer";
+        report_.wall_s = seconds_since(start);
+        return report_;
+      }
+      for (int f = 0; f < ops::kOpFamilyCount; ++f) {
+        if (add.test(static_cast<std::size_t>(f))) {
+          rules.push_back(FixRule{static_cast<OpFamily>(f), 0, -1});
+        }
+      }
+      in_set |= add;
+      o = trial("search", rules, lockstep);
+    }
+
+    // 3. Minimise and narrow, where only "identical or not" matters: the trials watch the
+    // logits alone (every op's difference reaches them, and the sampler's decisions are
+    // compared too), which keeps them light. The result is then verified on every tap; should
+    // a difference hide from the logits, it is done again on every tap.
+    const std::vector<FixRule> greedy = rules;
+    for (const bool light : {true, false}) {
+      rules = greedy;
+      light_ = light;
+      const std::size_t before = report_.trials.size();
+      minimise(rules, lockstep, layers);
+      light_ = false;
+      const bool tried = report_.trials.size() > before;  // a single family may need no trial
+      if (!light || !tried || trial("verify", rules, lockstep).identical) {
+        break;
+      }
+    }
+    report_.found = true;
+    report_.fix = fix_policy(rules, options_.strategy);
+
+    // 4. Confirm over the whole generation, trajectories free.
+    report_.confirmed = trial("confirm", rules, false).identical;
+    report_.verdict =
+        report_.confirmed
+            ? "minimal fix found and confirmed in free mode"
+            : "the fix makes lockstep trials identical but free mode still diverges: a longer "
+              "generation reaches ops the trials did not";
+    measure_costs();
+    report_.wall_s = seconds_since(start);
+    return report_;
+  }
+
+ private:
+  // 1-minimal: drop each family in turn, keep it dropped while the result stays identical; then
+  // each per-layer family's layer range: the latest first layer, then the earliest last layer,
+  // that keep it identical (binary search; a range that fixes it contains the layers that matter).
+  void minimise(std::vector<FixRule>& rules, bool lockstep, int layers) {
+    for (std::size_t i = 0; i < rules.size();) {
+      std::vector<FixRule> without = rules;
+      without.erase(without.begin() + static_cast<std::ptrdiff_t>(i));
+      if (!without.empty() && trial("minimise", without, lockstep).identical) {
+        rules = without;
+      } else {
+        ++i;
+      }
+    }
+    if (options_.narrow_layers && layers > 1) {
+      for (FixRule& r : rules) {
+        if (!ops::family_is_per_layer(r.family)) {
+          continue;
+        }
+        int lo = 0;
+        int hi = layers - 1;  // the answer for first_layer lies in [lo, hi]
+        while (lo < hi) {
+          const int mid = (lo + hi + 1) / 2;
+          r.first_layer = mid;
+          if (trial("narrow", rules, lockstep).identical) {
+            lo = mid;
+          } else {
+            hi = mid - 1;
+          }
+        }
+        r.first_layer = lo;
+        int a = lo;
+        int b = layers - 1;  // the answer for last_layer lies in [a, b]
+        while (a < b) {
+          const int mid = (a + b) / 2;
+          r.last_layer = mid;
+          if (trial("narrow", rules, lockstep).identical) {
+            b = mid;
+          } else {
+            a = mid + 1;
+          }
+        }
+        r.last_layer = b == layers - 1 ? -1 : b;
+      }
+    }
+  }
+
+  static double seconds_since(Clock::time_point t) {
+    return std::chrono::duration<double>(Clock::now() - t).count();
+  }
+
+  std::string strategy_word() const { return std::string(ops::strategy_name(options_.strategy)); }
+
+  static std::string where(const Outcome& o) {
+    if (!o.first.found()) {
+      return o.comparison + ": tokens";
+    }
+    std::string s = o.comparison + " canvas " + std::to_string(o.first.canvas + 1) + " step " +
+                    std::to_string(o.first.step) + " " + o.first.tap;
+    if (o.first.layer >= 0) {
+      s += " layer " + std::to_string(o.first.layer);
+    }
+    return s;
+  }
+
+  Outcome trial(const std::string& stage, const std::vector<FixRule>& rules, bool lockstep) {
+    if (control_.cancel != nullptr && control_.cancel->cancelled()) {
+      base::raise(base::ErrorCode::Cancelled, "culprit finder cancelled");
+    }
+    ExperimentSpec s = spec_;
+    s.workaround.reset();
+    // Every tap, so that the first divergence is seen where it starts; the logits alone where
+    // only "identical or not" is asked.
+    s.taps.clear();
+    if (light_) {
+      s.taps.emplace_back(probe::tap_name(probe::Tap::Logits));
+    }
+    s.repeats = 0;
+    s.mode = lockstep ? RunMode::Lockstep : RunMode::Free;
+    const ops::OpPolicy fix = fix_policy(rules, options_.strategy);
+    s.policy = rules.empty() ? spec_.policy : ops::combine(spec_.policy, fix);
+    const auto start = Clock::now();
+    RunControl rc;
+    rc.cancel = control_.cancel;
+    rc.stop_at_first_difference = true;  // a trial asks whether and where, not how far
+    rc.cuda_graphs = false;
+    const int index = static_cast<int>(report_.trials.size());
+    if (control_.progress) {
+      rc.progress = [&](const base::Progress& p) {
+        base::Progress q = p;
+        q.stage = "trial " + std::to_string(index + 1) + " (" + stage + "): " + p.stage;
+        control_.progress(q);
+      };
+    }
+    auto result = run_experiment(session_, s, rc);
+    if (!result.ok()) {
+      base::raise(result.error().code, result.error().message);
+    }
+    Outcome o = outcome_of(result.value());
+    CulpritTrial t;
+    t.stage = light_ ? stage + " (logits)" : stage;
+    t.fix = rules.empty() ? std::string("none") : ops::describe(fix);
+    t.identical = o.identical;
+    t.first = o.first;
+    t.comparison = o.comparison;
+    t.wall_s = seconds_since(start);
+    report_.trials.push_back(t);
+    return o;
+  }
+
+  // The fix's cost through the one cost measurement (setup/policy_cost.h): the spec's own
+  // policy and the policy with the fix, at each batch size of the spec.
+  void measure_costs() {
+    if (options_.cost_repeats <= 0) {
+      return;
+    }
+    if (control_.cancel != nullptr && control_.cancel->cancelled()) {
+      base::raise(base::ErrorCode::Cancelled, "culprit finder cancelled");
+    }
+    setup::PolicyCostRequest req;
+    req.policies = {{"default", spec_.policy}, {"fixed", ops::combine(spec_.policy, report_.fix)}};
+    req.batch_sizes = spec_.batch_sizes;
+    req.repeat = options_.cost_repeats;
+    req.progress = [this](int /*done*/, int /*total*/) {
+      return control_.cancel == nullptr || !control_.cancel->cancelled();
+    };
+    const setup::PolicyCosts costs = base::take(setup::measure_policy_costs(*session_.model, req));
+    for (std::size_t i = 0; i < costs.batch_sizes.size(); ++i) {
+      report_.costs.push_back(CulpritCost{static_cast<int>(costs.batch_sizes[i]),
+                                          costs.cells[0][i].median_ms,
+                                          costs.cells[1][i].median_ms});
+    }
+  }
+
+  const setup::Session& session_;
+  const ExperimentSpec& spec_;
+  const CulpritOptions& options_;
+  const RunControl& control_;
+  CulpritReport report_;
+  bool light_ = false;  // trials watch the logits only
+};
+
+}  // namespace
+
+base::Result<CulpritReport> find_culprit(const setup::Session& session, const ExperimentSpec& spec,
+                                         const CulpritOptions& options, const RunControl& control) {
+  return base::guarded([&]() -> CulpritReport {
+    if (options.strategy == ops::Strategy::Batched) {
+      base::raise(base::ErrorCode::InvalidArgument,
+                  "the culprit finder's strategy must be row_wise or batch_invariant");
+    }
+    if (!session.model) {
+      base::raise(base::ErrorCode::InvalidArgument, "the culprit finder needs an open model");
+    }
+    return Finder(session, spec, options, control).run();
+  });
+}
+
+base::Result<ExperimentResult> run_culprit_experiment(const ExperimentSpec& spec,
+                                                      const CulpritOptions& options,
+                                                      const RunControl& control) {
+  return base::guarded([&]() -> ExperimentResult {
+    auto session = open_session_for(spec, control);
+    if (!session.ok()) {
+      throw base::ErrorException(session.error());
+    }
+    auto report = find_culprit(session.value(), spec, options, control);
+    if (!report.ok()) {
+      throw base::ErrorException(report.error());
+    }
+    ExperimentSpec shown = spec;
+    shown.workaround.reset();
+    if (report.value().found) {
+      shown.workaround = report.value().fix;
+      shown.workaround->name = "culprit";
+    }
+    auto result = run_experiment(session.value(), shown, control);
+    if (!result.ok()) {
+      throw base::ErrorException(result.error());
+    }
+    ExperimentResult out = std::move(result).value();
+    out.timings.load_s = session.value().load_s;
+    out.culprit = std::move(report).value();
+    return out;
+  });
+}
+
+}  // namespace batchlens::analysis

@@ -1,0 +1,49 @@
+// SPDX-License-Identifier: Apache-2.0
+// The culprit finder: which op families, at least, must change (row-wise or batch-invariant) for
+// row 0 of every batch size to be bitwise B=1's at every step and tap, and what that fix costs.
+// Greedy from the first divergence, then 1-minimal, then each family's layer range narrowed,
+// then confirmed in free mode over the whole generation. Trials share one loaded model.
+// Torch-free header.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/base/error.h"
+#include "core/experiment/culprit_report.h"
+#include "core/experiment/experiment.h"
+#include "core/experiment/runner.h"
+#include "core/ops/policy.h"
+
+namespace batchlens::setup {
+struct Session;
+}
+
+namespace batchlens::analysis {
+
+struct CulpritOptions {
+  ops::Strategy strategy = ops::Strategy::RowWise;  ///< RowWise or BatchInvariant
+  bool lockstep_trials = true;  ///< search and minimise in lockstep (fast); confirm is free
+  bool narrow_layers = true;
+  int cost_repeats = 5;  ///< decoder passes timed per batch size and policy; 0: no costs
+};
+
+/// Runs the finder for `spec` on `session` (its model, device and precision). The spec's
+/// policy (e.g. an emulation profile) stays under every trial; its workaround is ignored.
+/// Errors: those of run_experiment (Cancelled included), InvalidArgument for a strategy other
+/// than row_wise and batch_invariant. Never throws.
+base::Result<experiment::CulpritReport> find_culprit(const setup::Session& session,
+                                                     const experiment::ExperimentSpec& spec,
+                                                     const CulpritOptions& options = {},
+                                                     const experiment::RunControl& control = {});
+
+/// Opens a session for `spec` (as run_experiment(spec) does), finds the culprit, then runs
+/// `spec` once more in its own mode with the minimal fix as its workaround (when one was found)
+/// and returns that experiment with the report in `culprit`: one file shows the divergence,
+/// the fix and the finder's trials. Errors: those of open_session, find_culprit, run_experiment.
+base::Result<experiment::ExperimentResult> run_culprit_experiment(
+    const experiment::ExperimentSpec& spec, const CulpritOptions& options = {},
+    const experiment::RunControl& control = {});
+
+}  // namespace batchlens::analysis

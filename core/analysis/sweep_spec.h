@@ -1,0 +1,78 @@
+// SPDX-License-Identifier: Apache-2.0
+// A sweep's spec (issue #19): one experiment spec over many prompts and seeds, "how often does
+// the batch size change the text": the spec and its JSON, its id, its items (prompt x seed) and
+// shards, and the command line's seed lists and prompt files. Running it is sweep_records.h.
+// Torch-free header.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "core/base/error.h"
+#include "core/experiment/experiment.h"
+
+namespace batchlens::analysis {
+
+/// One prompt of a sweep: text (through the chat template unless told not) or exact ids.
+struct SweepPrompt {
+  std::string text;
+  bool chat_template = true;
+  std::vector<std::int64_t> ids;  ///< used instead of `text` when not empty
+};
+
+/// What a sweep runs: `base` (model, load, batch sizes, policy, workaround, mode, generation
+/// overrides, taps) for every prompt × seed. Its prompt and seed are the item's; its repeats are
+/// 0 (the sweep asks "does B change the text", the noise floor is per experiment) and no kernel
+/// provenance is recorded.
+struct SweepSpec {
+  experiment::ExperimentSpec base;
+  std::vector<SweepPrompt> prompts;
+  std::vector<std::uint64_t> seeds{0};
+};
+
+/// One item: a prompt and a seed. Items are numbered prompt-major: index = p * seeds + s.
+struct SweepItem {
+  int index = 0;
+  int prompt = 0;
+  std::uint64_t seed = 0;
+};
+
+/// A slice of the items for one process of several (a Slurm array task): items whose index
+/// modulo `count` is `index`.
+struct Shard {
+  int index = 0;
+  int count = 1;
+};
+
+/// InvalidArgument naming the first bad field (the base spec as validate(), no prompts, no seeds,
+/// more than 1,000,000 items). Never throws.
+base::Result<void> validate(const SweepSpec& spec);
+nlohmann::json to_json(const SweepSpec& spec);
+/// FileCorrupted (or InvalidArgument for a bad base spec) naming the field. Never throws.
+base::Result<SweepSpec> sweep_spec_from_json(const nlohmann::json& doc);
+
+/// A digest of everything that decides what a sweep computes (its JSON): records and shards of
+/// another sweep carry another id. 16 hex digits.
+std::string sweep_id(const SweepSpec& spec);
+
+/// Every item, prompt-major.
+std::vector<SweepItem> sweep_items(const SweepSpec& spec);
+/// The experiment spec of one item.
+experiment::ExperimentSpec item_spec(const SweepSpec& spec, const SweepItem& item);
+bool in_shard(const SweepItem& item, const Shard& shard);
+
+/// "0-23", "0,5,9-11": seeds, ascending, each once. InvalidArgument on anything else or more
+/// than 100000 seeds. Never throws.
+base::Result<std::vector<std::uint64_t>> parse_seeds(const std::string& text);
+
+/// Prompts from a file: JSON Lines (every non-empty line an object with "prompt" or
+/// "prompt_ids", optional "chat_template") when the first non-empty line starts with '{', else
+/// one prompt per non-empty line. InvalidArgument naming the line for bad lines; at most 100000
+/// prompts of 1 MiB each. Never throws.
+base::Result<std::vector<SweepPrompt>> read_prompts(const std::filesystem::path& path);
+
+}  // namespace batchlens::analysis

@@ -1,0 +1,210 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "core/experiment/kernel_capture.h"
+
+#include <chrono>
+#include <map>
+#include <set>
+#include <utility>
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include "core/base/cancel.h"
+#include "core/base/system_info.h"
+#include "core/experiment/plan.h"
+#include "core/experiment/run_vocabulary.h"
+#include "core/model/diffusion_gemma.h"
+#include "core/ops/op_observer.h"
+#include "core/ops/op_profile.h"
+#include "core/setup/front_door.h"
+
+namespace batchlens::experiment {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+// Collects the op layer's calls of one pass, one entry per (family, layer) in first-call order.
+class Collector final : public ops::OpObserver {
+ public:
+  // `library` names who computes ATen's own GEMM calls here ("cuBLAS", "oneDNN", ...).
+  Collector(bool marks, std::string library) : marks_(marks), library_(std::move(library)) {}
+
+  void on_op(const ops::OpCall& call) override {
+    ops::OpCall c = call;
+    if (c.path == "at::linear" || c.path == "at::matmul") {
+      c.path += " → " + library_;  // the library behind ATen's own call
+    }
+    const std::string family(ops::family_name(c.family));
+    const auto key = std::make_pair(family, c.layer);
+    auto it = index_.find(key);
+    if (it == index_.end()) {
+      it = index_.emplace(key, ops_.size()).first;
+      OpKernels o;
+      o.family = family;
+      o.layer = c.layer;
+      o.op = c.op;
+      o.strategy = std::string(ops::strategy_name(c.strategy));
+      o.m = c.m;
+      o.n = c.n;
+      o.k = c.k;
+      o.dtype = c.dtype;
+      o.path = c.path;
+      ops_.push_back(std::move(o));
+      paths_.emplace_back();
+      paths_.back().insert(c.path);
+    } else if (paths_[it->second].insert(c.path).second) {
+      ops_[it->second].path += " | " + c.path;
+    }
+    ops_[it->second].calls += c.calls;
+  }
+  bool marks() const override { return marks_; }
+
+  std::vector<OpKernels>& ops() { return ops_; }
+  OpKernels* find(const std::string& family, int layer) {
+    const auto it = index_.find({family, layer});
+    return it == index_.end() ? nullptr : &ops_[it->second];
+  }
+
+ private:
+  bool marks_;
+  std::string library_;
+  std::vector<OpKernels> ops_;
+  std::vector<std::set<std::string>> paths_;
+  std::map<std::pair<std::string, int>, std::size_t> index_;
+};
+
+// "bl/<family>/<layer>" back to its parts.
+bool parse_scope(const std::string& scope, std::string& family, int& layer) {
+  if (scope.rfind("bl/", 0) != 0) {
+    return false;
+  }
+  const std::size_t slash = scope.rfind('/');
+  if (slash <= 3) {
+    return false;
+  }
+  family = scope.substr(3, slash - 3);
+  try {
+    layer = std::stoi(scope.substr(slash + 1));
+  } catch (...) {
+    return false;
+  }
+  return true;
+}
+
+// Who computes "at::linear" / "at::matmul" on this device and dtype.
+std::string library_of(const at::Device& device, at::ScalarType dtype) {
+  if (device.is_cuda()) {
+    return "cuBLAS";
+  }
+  if (dtype == at::kBFloat16 || dtype == at::kHalf) {
+    return base::query_cpu_isa().bf16_matmul;  // "oneDNN" or "ATen"
+  }
+  return "BLAS (" + std::string(at::hasMKL() ? "MKL" : "LibTorch's") + ")";
+}
+
+// One pass of `run`: prefill as the spec makes it, then the decoder over a seeded canvas.
+EngineKernels capture_one(const model::DiffusionGemma& model, const ExperimentSpec& spec,
+                          const at::Tensor& prompt, const PlannedRun& run, bool sc) {
+  const auto start = Clock::now();
+  const at::Device device = model.device();
+  const std::int64_t b = run.batch_size;
+  const std::int64_t c = model.config().canvas_length;
+  const std::int64_t vocab = model.config().text.vocab_size;
+  const model::ForwardContext plain{&run.policy, nullptr};
+  model::KvCache cache;
+  if (spec.prefill == generation::PrefillMode::Copied) {
+    model::KvCache one;
+    model.encode(prompt, one, plain);
+    cache = one.repeat_rows(b);
+  } else {
+    model.encode(prompt.expand({b, -1}).contiguous(), cache, plain);
+  }
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(spec.seed + 0x9e3779b97f4a7c15ULL);
+  const at::Tensor canvas = at::randint(vocab, {1, c}, gen, at::TensorOptions().dtype(at::kLong))
+                                .to(device)
+                                .expand({b, -1})
+                                .contiguous();  // [B, C] int64
+  at::Tensor sc_logits;
+  if (sc) {
+    sc_logits = at::randn({1, c, vocab}, gen)
+                    .to(model.weights().embed.scalar_type())
+                    .to(device)
+                    .expand({b, -1, -1})
+                    .contiguous();  // [B, C, V] in the embedding's dtype, as the engine passes
+  }
+  Collector collector(device.is_cuda(), library_of(device, model.dtype()));
+  const model::ForwardContext observed{&run.policy, nullptr, /*check_id_range=*/false,
+                                       /*fused_kernels=*/true, &collector};
+  EngineKernels e;
+  e.run = run.id;
+  e.batch_size = static_cast<int>(b);
+  e.policy = ops::policy_text(run.policy);
+  e.self_conditioning = sc;
+  e.device = device.str();
+  if (device.is_cuda() && ops::kernel_profiler_available()) {
+    // A warm-up first: library handles and heuristics caches are made outside the trace.
+    (void)model.decode(canvas, cache, sc_logits,
+                       model::ForwardContext{&run.policy, nullptr, false});
+    const std::vector<ops::KernelSeen> launched = ops::profile_marked_kernels(
+        [&] { (void)model.decode(canvas, cache, sc_logits, observed); });
+    for (const ops::KernelSeen& k : launched) {
+      std::string family;
+      int layer = -1;
+      if (!parse_scope(k.scope, family, layer)) {
+        continue;  // elementwise work outside the op layer
+      }
+      OpKernels* op = collector.find(family, layer);
+      if (op == nullptr) {
+        continue;
+      }
+      auto same = std::find_if(op->kernels.begin(), op->kernels.end(), [&](const KernelLaunch& x) {
+        return x.name == k.name && x.grid == k.grid && x.block == k.block;
+      });
+      if (same == op->kernels.end()) {
+        op->kernels.push_back(KernelLaunch{k.name, k.grid, k.block, 0, 0.0});
+        same = op->kernels.end() - 1;
+      }
+      ++same->calls;
+      same->total_us += k.duration_us;
+    }
+  } else {
+    (void)model.decode(canvas, cache, sc_logits, observed);
+  }
+  e.ops = std::move(collector.ops());
+  e.seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  return e;
+}
+
+}  // namespace
+
+KernelProvenance capture_kernels(const setup::Session& session, const ExperimentSpec& spec,
+                                 const std::vector<std::int64_t>& prompt_ids,
+                                 const std::vector<PlannedGroup>& groups,
+                                 const base::CancelToken* cancel) {
+  const auto start = Clock::now();
+  const model::DiffusionGemma& model = *session.model;
+  KernelProvenance k;
+  k.source = model.device().is_cuda() && ops::kernel_profiler_available()
+                 ? "profiler (Kineto): one uncaptured decoder pass per engine"
+                 : "op layer paths: one decoder pass per engine";
+  const at::Tensor prompt = at::tensor(prompt_ids, at::TensorOptions().dtype(at::kLong))
+                                .view({1, -1})
+                                .to(model.device());  // [1, L] int64
+  for (const PlannedGroup& g : groups) {
+    for (const PlannedRun& run : g.runs) {
+      if (role_of_run(run.id) == RunRole::Repeat) {
+        continue;  // the reference's engine again
+      }
+      for (const bool sc : {false, true}) {
+        if (cancel != nullptr && cancel->cancelled()) {
+          base::raise(base::ErrorCode::Cancelled, "kernel provenance cancelled");
+        }
+        k.engines.push_back(capture_one(model, spec, prompt, run, sc));
+      }
+    }
+  }
+  k.wall_s = std::chrono::duration<double>(Clock::now() - start).count();
+  return k;
+}
+
+}  // namespace batchlens::experiment

@@ -1,0 +1,203 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "core/analysis/culprit.h"
+
+#include <filesystem>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "core/analysis/summary.h"
+#include "core/experiment/runner.h"
+#include "core/io/experiment_file.h"
+#include "core/model/tap_families.h"
+#include "core/setup/front_door.h"
+
+#include <unistd.h>
+
+namespace batchlens::experiment {
+namespace {
+
+using namespace batchlens::analysis;  // NOLINT(google-build-using-namespace): the units under test
+
+namespace fs = std::filesystem;
+
+// The demo preset, one canvas of 32 tokens, 4 steps, B=1 against B=2.
+ExperimentSpec small_spec(const std::string& policy) {
+  ExperimentSpec s;
+  s.model.preset = "demo";
+  s.seed = 3;
+  s.overrides.max_denoising_steps = 4;
+  s.overrides.max_new_tokens = 32;
+  s.batch_sizes = {2};
+  s.repeats = 0;
+  s.policy = ops::policy_from_text(policy).value();
+  return s;
+}
+
+// One loaded demo model for every trial of every test (the reusable runner pieces).
+const setup::Session& session() {
+  static const setup::Session s = [] {
+    auto opened = open_session_for(small_spec("default"));
+    EXPECT_TRUE(opened.ok()) << (opened.ok() ? "" : opened.error().message);
+    return std::move(opened).value();
+  }();
+  return s;
+}
+
+CulpritReport find(const ExperimentSpec& spec, ops::Strategy strategy) {
+  CulpritOptions o;
+  o.strategy = strategy;
+  o.cost_repeats = 1;
+  auto r = find_culprit(session(), spec, o);
+  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
+  return r.ok() ? r.value() : CulpritReport{};
+}
+
+ops::FamilySet fix_families(const CulpritReport& r) {
+  ops::FamilySet f;
+  for (const ops::PolicyRule& rule : r.fix.rules) {
+    f |= rule.families;
+  }
+  return f;
+}
+
+ops::FamilySet of(std::initializer_list<ops::OpFamily> families) {
+  ops::FamilySet f;
+  for (const auto family : families) {
+    f.set(static_cast<std::size_t>(family));
+  }
+  return f;
+}
+
+TEST(Culprit, FindsExactlyTheFamiliesTheEmulationSplits) {
+  const CulpritReport r = find(small_spec("emulated_h100_report"), ops::Strategy::RowWise);
+  EXPECT_TRUE(r.diverged);
+  ASSERT_TRUE(r.found) << r.verdict;
+  EXPECT_TRUE(r.confirmed) << r.verdict;
+  EXPECT_EQ(fix_families(r), of({ops::OpFamily::RouterProj, ops::OpFamily::SelfCondMatmul}));
+  for (const ops::PolicyRule& rule : r.fix.rules) {
+    EXPECT_EQ(rule.strategy, ops::Strategy::RowWise);
+    EXPECT_EQ(rule.first_layer, 0);  // emulated in every layer: no narrower range fixes it
+    EXPECT_EQ(rule.last_layer, -1);
+  }
+  ASSERT_GE(r.trials.size(), 4U);
+  EXPECT_EQ(r.trials.front().stage, "baseline");
+  EXPECT_FALSE(r.trials.front().identical);
+  EXPECT_EQ(r.trials.back().stage, "confirm");
+  EXPECT_TRUE(r.trials.back().identical);
+  // Minimising watched the logits only; the result was then verified on every tap.
+  int light = 0;
+  for (const CulpritTrial& t : r.trials) {
+    light += t.stage == "minimise (logits)" ? 1 : 0;
+  }
+  EXPECT_EQ(light, 2);  // each of the two families dropped once, and needed
+  ASSERT_GE(r.trials.size(), 5U);
+  EXPECT_EQ(r.trials[r.trials.size() - 2].stage, "verify");
+  EXPECT_TRUE(r.trials[r.trials.size() - 2].identical);
+  ASSERT_EQ(r.costs.size(), 1U);
+  EXPECT_EQ(r.costs[0].batch_size, 2);
+  EXPECT_GT(r.costs[0].default_ms, 0.0);
+  EXPECT_GT(r.costs[0].fixed_ms, 0.0);
+  EXPECT_NE(r.headline({2}).find("Culprit: {router_proj, selfcond_matmul} row_wise — with it "
+                                 "B=2 are bitwise identical to B=1; cost "),
+            std::string::npos)
+      << r.headline({2});
+}
+
+TEST(Culprit, BatchInvariantStrategyFixesTheH200ProfileWithOneFamily) {
+  const CulpritReport r = find(small_spec("emulated_h200"), ops::Strategy::BatchInvariant);
+  ASSERT_TRUE(r.found) << r.verdict;
+  EXPECT_TRUE(r.confirmed);
+  EXPECT_EQ(fix_families(r), of({ops::OpFamily::SelfCondMatmul}));
+  ASSERT_EQ(r.fix.rules.size(), 1U);
+  EXPECT_EQ(r.fix.rules[0].strategy, ops::Strategy::BatchInvariant);
+}
+
+TEST(Culprit, StopsAfterOneRunWhenNothingDiverges) {
+  const CulpritReport r = find(small_spec("default"), ops::Strategy::RowWise);
+  EXPECT_FALSE(r.diverged);
+  EXPECT_FALSE(r.found);
+  EXPECT_EQ(r.trials.size(), 1U);
+  EXPECT_NE(r.verdict.find("no divergence"), std::string::npos) << r.verdict;
+}
+
+TEST(Culprit, SaysPlainlyWhenNoOpLevelFixExists) {
+  // One random stream shared by the batch (the reference's sampler): row 0 draws other numbers
+  // at B=2, whatever the ops compute.
+  ExperimentSpec s = small_spec("default");
+  s.rng = generation::RngMode::Shared;
+  const CulpritReport r = find(s, ops::Strategy::RowWise);
+  EXPECT_TRUE(r.diverged);
+  EXPECT_FALSE(r.found);
+  EXPECT_NE(r.verdict.find("no op-level fix exists"), std::string::npos) << r.verdict;
+  EXPECT_TRUE(r.fix.rules.empty());
+}
+
+TEST(Culprit, ATrialStopsAtTheFirstDifferenceWhereTheWholeRunSeesIt) {
+  const ExperimentSpec spec = small_spec("emulated_h200");
+  auto whole = run_experiment(session(), spec);
+  RunControl stop;
+  stop.stop_at_first_difference = true;
+  auto stopped = run_experiment(session(), spec, stop);
+  ASSERT_TRUE(whole.ok() && stopped.ok());
+  const auto row0 = [](const ExperimentResult& r) -> const ComparisonResult& {
+    for (const ComparisonResult& c : r.comparisons) {
+      if (c.kind == experiment::ComparisonKind::Row0 && c.run == "b2") {
+        return c;
+      }
+    }
+    ADD_FAILURE() << "no row-0 comparison of b2";
+    return r.comparisons.front();
+  };
+  const ComparisonResult& w = row0(whole.value());
+  const ComparisonResult& s = row0(stopped.value());
+  ASSERT_TRUE(w.first.found());
+  ASSERT_TRUE(s.first.found());
+  EXPECT_EQ(s.first.tick, w.first.tick);
+  EXPECT_EQ(s.first.tap, w.first.tap);
+  EXPECT_EQ(s.first.layer, w.first.layer);
+  EXPECT_EQ(s.frac_differ.shape[0], w.first.tick + 1);  // nothing ran past it
+  EXPECT_LT(s.frac_differ.shape[0], w.frac_differ.shape[0]);
+}
+
+TEST(Culprit, TapsLeadToTheOpsBehindThem) {
+  EXPECT_EQ(model::families_behind("router.scores"), of({ops::OpFamily::RouterProj}));
+  EXPECT_EQ(model::families_behind("mlp.out"),
+            of({ops::OpFamily::MlpGate, ops::OpFamily::MlpUp, ops::OpFamily::MlpDown}));
+  EXPECT_EQ(model::families_behind("selfcond.soft_embed"), of({ops::OpFamily::SelfCondMatmul}));
+  EXPECT_TRUE(model::families_behind("layer.out").none());
+  EXPECT_TRUE(model::families_behind("tokens").none());
+  EXPECT_TRUE(model::families_behind("no.such.tap").none());
+}
+
+TEST(Culprit, TheReportTravelsInTheExperimentFile) {
+  CulpritOptions o;
+  o.cost_repeats = 1;
+  const ExperimentSpec spec = small_spec("emulated_h200");
+  auto r = run_culprit_experiment(spec, o);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_TRUE(r.value().culprit.has_value());
+  ASSERT_TRUE(r.value().spec.workaround.has_value());  // the fix ran as the workaround group
+  EXPECT_NE(r.value().comparison("wa.ref__wa.b2"), nullptr);
+  EXPECT_FALSE(r.value().comparison("wa.ref__wa.b2")->first.found());
+  const fs::path path =
+      fs::path(::testing::TempDir()) / ("culprit_" + std::to_string(::getpid()) + ".h5");
+  ASSERT_TRUE(io::write_experiment(path, r.value()).ok());
+  const auto back = io::read_experiment(path);
+  fs::remove(path);
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  ASSERT_TRUE(back.value().culprit.has_value());
+  const CulpritReport& a = *r.value().culprit;
+  const CulpritReport& b = *back.value().culprit;
+  EXPECT_EQ(b.trials.size(), a.trials.size());
+  EXPECT_EQ(b.fix, a.fix);
+  EXPECT_EQ(b.headline({2}), a.headline({2}));
+  EXPECT_EQ(summary_json(back.value())["culprit"]["headline"], a.headline({2}));
+  // Malformed reports are refused as such.
+  EXPECT_FALSE(culprit_from_json(nlohmann::json::parse(R"({"trials": 3, "fix": {}})")).ok());
+  EXPECT_FALSE(
+      culprit_from_json(nlohmann::json::parse(R"({"trials": [], "fix": {"rules": 1}})")).ok());
+}
+
+}  // namespace
+}  // namespace batchlens::experiment

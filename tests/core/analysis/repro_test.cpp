@@ -1,0 +1,330 @@
+// SPDX-License-Identifier: Apache-2.0
+// The minimal repro export (issue #18): what the folder holds, and the exported script run with
+// Debian's PyTorch (skipped only where python3-torch is missing).
+#include "core/analysis/repro.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "core/base/sha256.h"
+#include "core/experiment/runner.h"
+#include "core/model/diffusion_gemma.h"
+#include "core/model/safetensors.h"
+#include "core/ops/op_runner.h"
+#include "core/setup/front_door.h"
+#include "tests/support/process.h"
+
+#include <unistd.h>
+
+namespace batchlens::experiment {
+namespace {
+
+using namespace batchlens::analysis;  // NOLINT(google-build-using-namespace): the units under test
+
+namespace fs = std::filesystem;
+using batchlens::testing::run_process;
+
+constexpr const char* kPython = "/usr/bin/python3";
+
+// The demo preset, one canvas of 32 tokens, 4 steps, B=1 against B=2.
+ExperimentSpec small_spec(const std::string& policy, const std::string& dtype = "bf16") {
+  ExperimentSpec s;
+  s.model.preset = "demo";
+  s.seed = 5;
+  s.overrides.max_denoising_steps = 4;
+  s.overrides.max_new_tokens = 32;
+  s.batch_sizes = {2};
+  s.repeats = 0;
+  s.load.dtype = dtype;
+  s.policy = ops::policy_from_text(policy).value();
+  s.kernels = true;
+  return s;
+}
+
+const setup::Session& session() {
+  static const setup::Session s = [] {
+    auto opened = open_session_for(small_spec("default"));
+    EXPECT_TRUE(opened.ok()) << (opened.ok() ? "" : opened.error().message);
+    return std::move(opened).value();
+  }();
+  return s;
+}
+
+const ExperimentResult& emulated() {
+  static const ExperimentResult r = [] {
+    auto run = run_experiment(session(), small_spec("emulated_h200"));
+    EXPECT_TRUE(run.ok()) << (run.ok() ? "" : run.error().message);
+    return run.ok() ? std::move(run).value() : ExperimentResult{};
+  }();
+  return r;
+}
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path p =
+      fs::path(::testing::TempDir()) / ("bl_repro_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  return p;
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+bool python_has_torch() {
+  return fs::exists(kPython) && run_process({kPython, "-c", "import torch"}).exit_code == 0;
+}
+
+testing::ProcessResult script(const fs::path& dir, std::vector<std::string> args) {
+  args.insert(args.begin(), {kPython, (dir / "repro.py").string()});
+  return run_process(args);
+}
+
+ReproExport export_to(const ExperimentResult& r, const fs::path& dir,
+                      std::uint64_t cap = 64U << 20U) {
+  ReproRequest req;
+  req.out = dir;
+  req.max_bytes = cap;
+  req.source_file = "demo.h5";
+  auto e = export_repro(session(), r, req);
+  EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().message);
+  return e.ok() ? std::move(e).value() : ReproExport{};
+}
+
+TEST(Repro, EmbeddedScriptIsTheResourceFile) {
+  EXPECT_EQ(std::string(repro_script()),
+            read_text(fs::path(BL_SOURCE_DIR) / "resources" / "repro" / "repro.py"));
+}
+
+TEST(Repro, Sha256MatchesKnownDigests) {
+  EXPECT_EQ(base::sha256_hex("", 0),
+            "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(base::sha256_hex("abc", 3),
+            "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  const std::string million(1000000, 'a');
+  base::Sha256 h;
+  h.update(million.data(), 999999);
+  h.update(million.data(), 1);
+  EXPECT_EQ(h.hex(), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+// The default: the first op behind the first divergence that differs alone, with its captured
+// row-0 inputs, the weight named by checkpoint key and sha256.
+TEST(Repro, ExportsTheFirstDivergentOpWithItsCapturedInputs) {
+  const ExperimentResult& r = emulated();
+  const ComparisonResult* c = r.comparison("ref__b2");
+  ASSERT_NE(c, nullptr);
+  ASSERT_TRUE(c->first.found());
+  const fs::path dir = fresh_dir("first");
+  const ReproExport e = export_to(r, dir);
+  EXPECT_EQ(e.comparison, "ref__b2");
+  EXPECT_EQ(e.family, "selfcond_matmul");
+  EXPECT_EQ(e.op, "matmul");
+  EXPECT_EQ(e.layer, -1);
+  EXPECT_EQ(e.step, c->first.step);
+  EXPECT_EQ(e.canvas, c->first.canvas);
+  EXPECT_EQ(e.batch, 2);
+  EXPECT_TRUE(e.emulated);
+  EXPECT_TRUE(e.reproduces);
+  EXPECT_GT(e.frac_differ, 0.0);
+  EXPECT_GE(e.max_ulp, 1);
+  for (const char* f : {"repro.py", "inputs.safetensors", "op.json", "README.md"}) {
+    EXPECT_TRUE(fs::exists(dir / f)) << f;
+  }
+  const auto op = nlohmann::json::parse(read_text(dir / "op.json"));
+  EXPECT_EQ(op.at("format"), "batchlens-repro/1");
+  EXPECT_EQ(op.at("family"), "selfcond_matmul");
+  ASSERT_EQ(e.inputs.size(), 2U);
+  const ReproInput& x = e.inputs[0];
+  const ReproInput& w = e.inputs[1];
+  EXPECT_TRUE(x.included);
+  EXPECT_TRUE(w.included);
+  EXPECT_EQ(x.random, "softmax");  // the self-conditioning probabilities
+  EXPECT_EQ(w.key, "model.decoder.embed_tokens.weight");
+  // The weight is the model's, bit for bit; the input is row 0's probabilities.
+  const at::Tensor embed = session().model->weights().embed.contiguous();
+  EXPECT_EQ(w.sha256, base::sha256_hex(embed.data_ptr(), embed.numel() * embed.element_size()));
+  const at::Tensor x_file = model::SafetensorsFile::open(dir / "inputs.safetensors")->tensor("x");
+  EXPECT_EQ(x_file.sizes().vec(), x.shape);
+  EXPECT_NEAR(x_file.to(at::kFloat).sum(-1).mean().item<double>(), 1.0, 1e-2);
+  const std::string readme = read_text(dir / "README.md");
+  EXPECT_NE(readme.find("python3 repro.py --emulate"), std::string::npos) << readme;
+  EXPECT_NE(readme.find("Emulated split-K"), std::string::npos);
+  EXPECT_NE(readme.find("batchlens-cli run "), std::string::npos);
+  EXPECT_NE(readme.find("selfcond_matmul, B=1: emulated split-K: 4 K-chunks"), std::string::npos)
+      << readme;
+  // A second export replaces the first.
+  EXPECT_TRUE(export_to(r, dir).reproduces);
+  fs::remove_all(dir);
+}
+
+// What the script computes without emulation, by the same LibTorch: the op at B=1 and B=2.
+bool differs_without_emulation(const fs::path& dir) {
+  const auto st = model::SafetensorsFile::open(dir / "inputs.safetensors");
+  const at::Tensor x = st->tensor("x");
+  const at::Tensor w = st->tensor("w");
+  const ops::OpPolicy plain;
+  const ops::OpSite site{ops::OpFamily::SelfCondMatmul, -1};
+  const at::Tensor y1 = ops::OpRunner(plain, 1).matmul(x, w, site);
+  const at::Tensor y2 =
+      ops::OpRunner(plain, 2).matmul(x.repeat({2, 1, 1}), w, site).narrow(0, 0, 1);
+  return !at::equal(y1.view(at::kShort), y2.view(at::kShort));
+}
+
+// The acceptance on a CPU: the demo's emulated split-K reproduces only with --emulate (and the
+// script says so); captured and seeded random inputs; the row-wise fix is bitwise equal.
+TEST(Repro, ScriptReproducesTheEmulatedDivergenceOnlyWhenToldToEmulate) {
+  if (!python_has_torch()) {
+    GTEST_SKIP() << "python3-torch is not installed (scripts/install-deps.sh installs it)";
+  }
+  const fs::path dir = fresh_dir("script");
+  ASSERT_TRUE(export_to(emulated(), dir).reproduces);
+  const auto emulate = script(dir, {"--emulate"});
+  EXPECT_EQ(emulate.exit_code, 1) << emulate.out << emulate.err;
+  EXPECT_NE(emulate.out.find("DIFFERS"), std::string::npos) << emulate.out;
+  EXPECT_NE(emulate.out.find("x captured, w captured"), std::string::npos) << emulate.out;
+  EXPECT_NE(emulate.out.find("emulated split-K"), std::string::npos) << emulate.out;
+
+  const auto plain = script(dir, {});
+  EXPECT_EQ(plain.exit_code, differs_without_emulation(dir) ? 1 : 0) << plain.out << plain.err;
+  EXPECT_NE(plain.out.find("the experiment ran this op with emulated split-K"), std::string::npos)
+      << plain.out;
+
+  const auto random = script(dir, {"--emulate", "--random", "--seed", "3"});
+  EXPECT_EQ(random.exit_code, 1) << random.out << random.err;
+  EXPECT_NE(random.out.find("seeded random (seed 3)"), std::string::npos) << random.out;
+
+  const auto fixed = script(dir, {"--emulate", "--strategy", "row_wise"});
+  EXPECT_EQ(fixed.exit_code, 0) << fixed.out << fixed.err;
+  EXPECT_NE(fixed.out.find("bitwise EQUAL"), std::string::npos) << fixed.out;
+
+  const auto invariant = script(dir, {"--strategy", "batch_invariant"});
+  EXPECT_EQ(invariant.exit_code, 2) << invariant.out;
+  EXPECT_NE(invariant.out.find("not part of PyTorch"), std::string::npos) << invariant.out;
+
+  const auto one = script(dir, {"--emulate", "--batch", "1"});
+  EXPECT_EQ(one.exit_code, 0) << one.out << one.err;
+  fs::remove_all(dir);
+}
+
+// Beyond the cap the operands are named, not copied, and the script draws stand-ins.
+TEST(Repro, OperandsOverTheCapBecomeSeededStandIns) {
+  const fs::path dir = fresh_dir("cap");
+  const ReproExport e = export_to(emulated(), dir, 1024);
+  ASSERT_EQ(e.inputs.size(), 2U);
+  EXPECT_FALSE(e.inputs[0].included);
+  EXPECT_FALSE(e.inputs[1].included);
+  EXPECT_EQ(e.inputs[1].key, "model.decoder.embed_tokens.weight");
+  EXPECT_NE(read_text(dir / "README.md").find("over the 1024 bytes cap"), std::string::npos);
+  EXPECT_LT(fs::file_size(dir / "inputs.safetensors"), 1024U);
+  if (python_has_torch()) {
+    const auto r = script(dir, {"--emulate"});
+    EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+    EXPECT_NE(r.out.find("x seeded random (seed 0), w seeded random (seed 0)"), std::string::npos)
+        << r.out;
+  }
+  fs::remove_all(dir);
+}
+
+// A chosen op at a chosen step, and requests that cannot be met, each with its reason; a folder
+// that holds something else is left as it was.
+TEST(Repro, ChosenOpsAndRefusals) {
+  const ExperimentResult& r = emulated();
+  const fs::path dir = fresh_dir("chosen");
+  ReproRequest req;
+  req.out = dir;
+  req.family = "q_proj";
+  req.layer = 1;
+  req.step = 2;
+  req.canvas = 0;
+  auto q = export_repro(session(), r, req);
+  ASSERT_TRUE(q.ok()) << q.error().message;
+  EXPECT_EQ(q.value().family, "q_proj");
+  EXPECT_EQ(q.value().layer, 1);
+  EXPECT_EQ(q.value().op, "linear");
+  EXPECT_FALSE(q.value().reproduces);  // not emulated: this CPU's GEMM is the same at B=2
+  EXPECT_EQ(q.value().inputs[1].key, "model.decoder.layers.1.self_attn.q_proj.weight");
+
+  const auto refused = [&](ReproRequest bad, const std::string& says) {
+    const auto e = export_repro(session(), r, bad);
+    ASSERT_FALSE(e.ok());
+    EXPECT_NE(e.error().message.find(says), std::string::npos) << e.error().message;
+  };
+  ReproRequest bad = req;
+  bad.comparison = "ref__b9";
+  refused(bad, "no row-0 comparison 'ref__b9'");
+  bad = req;
+  bad.family = "no_such_op";
+  refused(bad, "unknown op family");
+  bad = req;
+  bad.layer = -1;
+  refused(bad, "is per layer");
+  bad = req;
+  bad.step = 40;
+  refused(bad, "never reaches canvas 1 step 40");
+  bad = req;
+  bad.family = "attention";
+  refused(bad, "attention is not exported");
+
+  const fs::path other = fresh_dir("other");
+  fs::create_directories(other);
+  std::ofstream(other / "notes.txt") << "mine";
+  bad = req;
+  bad.out = other;
+  refused(bad, "is not a BatchLens repro folder");
+  EXPECT_EQ(read_text(other / "notes.txt"), "mine");
+
+  // An experiment whose row 0 never diverges has nothing to export by default.
+  auto plain = run_experiment(session(), small_spec("default"));
+  ASSERT_TRUE(plain.ok());
+  ReproRequest none;
+  none.out = dir;
+  const auto e = export_repro(session(), plain.value(), none);
+  if (!plain.value().comparison("ref__b2")->first.found()) {
+    ASSERT_FALSE(e.ok());
+    EXPECT_NE(e.error().message.find("nothing to reproduce"), std::string::npos);
+  }
+  fs::remove_all(dir);
+  fs::remove_all(other);
+}
+
+// The real CPU source (fp32, no emulation): where this CPU's fp32 GEMM takes another path at
+// B=2 than at B=1, the exported script reproduces it with plain PyTorch.
+TEST(Repro, RealCpuDivergenceReproducesWithoutEmulation) {
+  ExperimentSpec spec = small_spec("default", "fp32");
+  spec.batch_sizes = {2, 8};
+  auto opened = open_session_for(spec);
+  ASSERT_TRUE(opened.ok()) << opened.error().message;
+  auto run = run_experiment(opened.value(), spec);
+  ASSERT_TRUE(run.ok()) << run.error().message;
+  ReproRequest req;
+  req.out = fresh_dir("fp32");
+  const auto e = export_repro(opened.value(), run.value(), req);
+  if (!e.ok() && e.error().message.find("nothing to reproduce") != std::string::npos) {
+    GTEST_SKIP() << "this CPU's fp32 kernels are batch invariant at the demo's shapes (B=1, 2, "
+                    "8): no real divergence to reproduce here";
+  }
+  ASSERT_TRUE(e.ok()) << e.error().message;
+  if (!e.value().reproduces) {
+    GTEST_SKIP() << "the first divergence here does not come from one op alone";
+  }
+  EXPECT_FALSE(e.value().emulated);
+  if (!python_has_torch()) {
+    GTEST_SKIP() << "python3-torch is not installed";
+  }
+  const auto r = script(req.out, {});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  fs::remove_all(req.out);
+}
+
+}  // namespace
+}  // namespace batchlens::experiment

@@ -1,0 +1,396 @@
+// SPDX-License-Identifier: Apache-2.0
+// Sweeps (issue #19): statistics on a known set, prompt and seed parsing, and runs that commit
+// every item on its own, resume, shard and refuse another sweep's folder.
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "core/analysis/sweep_merge.h"
+#include "core/analysis/sweep_records.h"
+#include "core/analysis/sweep_report.h"
+#include "core/analysis/sweep_slurm.h"
+#include "core/analysis/sweep_spec.h"
+#include "core/analysis/sweep_stats.h"
+#include "core/base/cancel.h"
+#include "core/experiment/runner.h"
+#include "core/io/sweep_file.h"
+#include "core/setup/front_door.h"
+
+#include <unistd.h>
+
+namespace batchlens::experiment {
+namespace {
+
+using namespace batchlens::analysis;  // NOLINT(google-build-using-namespace): the units under test
+
+namespace fs = std::filesystem;
+
+fs::path fresh_dir(const std::string& name) {
+  const fs::path p =
+      fs::path(::testing::TempDir()) / ("bl_sweep_" + name + "_" + std::to_string(::getpid()));
+  fs::remove_all(p);
+  return p;
+}
+
+std::string read_text(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+SweepRow row(int item, int b, bool changed, std::int64_t tokens, int step,
+             const std::string& families) {
+  SweepRow r;
+  r.item = item;
+  r.batch_size = b;
+  r.text_changed = changed;
+  r.tokens_changed = tokens;
+  r.tokens_total = 32;
+  r.stop_changed = tokens > 10;
+  r.first_canvas = step > 0 ? 0 : -1;
+  r.first_step = step;
+  r.first_families = families;
+  return r;
+}
+
+TEST(Sweep, WilsonIntervalMatchesKnownValues) {
+  const Interval a = wilson_interval(22, 24);  // the original report's count
+  EXPECT_NEAR(a.lo, 0.741512, 1e-6);
+  EXPECT_NEAR(a.hi, 0.976841, 1e-6);
+  const Interval none = wilson_interval(0, 24);
+  EXPECT_NEAR(none.lo, 0.0, 1e-12);
+  EXPECT_NEAR(none.hi, 0.137976, 1e-6);
+  const Interval all = wilson_interval(24, 24);
+  EXPECT_NEAR(all.lo, 0.862024, 1e-6);
+  EXPECT_DOUBLE_EQ(all.hi, 1.0);
+  const Interval nothing = wilson_interval(0, 0);
+  EXPECT_EQ(nothing.lo, 0.0);
+  EXPECT_EQ(nothing.hi, 1.0);
+}
+
+TEST(Sweep, StatisticsOfAKnownSet) {
+  std::vector<SweepRow> rows{row(0, 2, true, 12, 2, "selfcond_matmul"),
+                             row(1, 2, true, 3, 2, "selfcond_matmul"),
+                             row(2, 2, false, 0, -1, ""),
+                             row(3, 2, true, 20, 5, "router_proj"),
+                             row(0, 4, true, 7, 2, "selfcond_matmul"),
+                             row(1, 4, false, 0, -1, "")};
+  SweepRow fixed = row(0, 2, false, 0, -1, "");
+  fixed.group = experiment::RunGroup::Workaround;
+  rows.push_back(fixed);
+  const std::vector<SweepStats> s = sweep_stats(rows);
+  ASSERT_EQ(s.size(), 3U);
+  EXPECT_EQ(s[0].group, experiment::RunGroup::Main);
+  EXPECT_EQ(s[0].batch_size, 2);
+  EXPECT_EQ(s[0].n, 4);
+  EXPECT_EQ(s[0].text_changed, 3);
+  EXPECT_DOUBLE_EQ(s[0].tokens_changed_median, 7.5);  // 0, 3, 12, 20
+  EXPECT_EQ(s[0].tokens_changed_max, 20);
+  EXPECT_EQ(s[0].stop_changed, 2);
+  EXPECT_EQ(s[0].diverged, 3);
+  EXPECT_EQ((s[0].first_steps.at({0, 2})), 2);
+  EXPECT_EQ((s[0].first_steps.at({0, 5})), 1);
+  EXPECT_EQ(s[0].first_families.at("selfcond_matmul"), 2);
+  EXPECT_EQ(s[0].first_families.at("router_proj"), 1);
+  EXPECT_NEAR(s[0].changed_ci.lo, wilson_interval(3, 4).lo, 1e-12);
+  EXPECT_EQ(s[1].batch_size, 4);
+  EXPECT_EQ(s[1].text_changed, 1);
+  EXPECT_DOUBLE_EQ(s[1].tokens_changed_median, 3.5);
+  EXPECT_EQ(s[2].group, experiment::RunGroup::Workaround);
+  EXPECT_EQ(s[2].text_changed, 0);
+  // Rows survive their JSON; bad rows are refused.
+  const auto back = sweep_row_from_json(to_json(rows[3]));
+  ASSERT_TRUE(back.ok());
+  EXPECT_EQ(to_json(back.value()), to_json(rows[3]));
+  nlohmann::json bad = to_json(rows[3]);
+  bad["tokens_changed"] = -1;
+  EXPECT_EQ(sweep_row_from_json(bad).error().code, base::ErrorCode::FileCorrupted);
+  // More tokens changed than the reference has is an outcome (the run wrote a longer text).
+  bad["tokens_changed"] = 99;
+  EXPECT_TRUE(sweep_row_from_json(bad).ok());
+  bad = to_json(rows[3]);
+  bad["group"] = "other";
+  EXPECT_FALSE(sweep_row_from_json(bad).ok());
+  bad = to_json(rows[3]);
+  bad.erase("seed");
+  EXPECT_NE(sweep_row_from_json(bad).error().message.find("'seed'"), std::string::npos);
+}
+
+TEST(Sweep, SeedsAndPromptFilesParse) {
+  EXPECT_EQ(parse_seeds("0-3,7").value(), (std::vector<std::uint64_t>{0, 1, 2, 3, 7}));
+  EXPECT_EQ(parse_seeds("5,5,2").value(), (std::vector<std::uint64_t>{2, 5}));
+  for (const char* bad : {"", "3-1", "x", "1,,2", "0-100000", "-3"}) {
+    EXPECT_FALSE(parse_seeds(bad).ok()) << bad;
+  }
+  const fs::path dir = fresh_dir("prompts");
+  fs::create_directories(dir);
+  std::ofstream(dir / "lines.txt") << "Write about Lisbon.\n\n  \nExplain tides.\r\n";
+  auto lines = read_prompts(dir / "lines.txt");
+  ASSERT_TRUE(lines.ok()) << lines.error().message;
+  ASSERT_EQ(lines.value().size(), 2U);
+  EXPECT_EQ(lines.value()[1].text, "Explain tides.");
+  EXPECT_TRUE(lines.value()[1].chat_template);
+  std::ofstream(dir / "p.jsonl") << R"({"prompt": "a"})"
+                                 << "\n"
+                                 << R"({"prompt_ids": [2, 105, 7], "chat_template": false})"
+                                 << "\n";
+  auto jsonl = read_prompts(dir / "p.jsonl");
+  ASSERT_TRUE(jsonl.ok()) << jsonl.error().message;
+  EXPECT_EQ(jsonl.value()[1].ids, (std::vector<std::int64_t>{2, 105, 7}));
+  EXPECT_FALSE(jsonl.value()[1].chat_template);
+  std::ofstream(dir / "bad.jsonl") << R"({"prompt": "a"})"
+                                   << "\n"
+                                   << R"({"text": 3})"
+                                   << "\n";
+  const auto bad = read_prompts(dir / "bad.jsonl");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("line 2"), std::string::npos) << bad.error().message;
+  std::ofstream(dir / "empty.txt") << "\n\n";
+  EXPECT_FALSE(read_prompts(dir / "empty.txt").ok());
+  EXPECT_FALSE(read_prompts(dir / "missing.txt").ok());
+  fs::remove_all(dir);
+}
+
+// The tiny preset, two prompts x two seeds, B=2 under the emulated split-K (texts change).
+SweepSpec tiny_sweep() {
+  SweepSpec s;
+  s.base.model.preset = "tiny";
+  s.base.overrides.max_denoising_steps = 3;
+  s.base.overrides.max_new_tokens = 16;
+  s.base.batch_sizes = {2};
+  s.base.policy = ops::OpPolicy::emulation_profile("emulated_h200");
+  s.prompts = {{"Write about Lisbon.", true, {}}, {"Explain tides.", true, {}}};
+  s.seeds = {0, 1};
+  return s;
+}
+
+const setup::Session& session() {
+  static const setup::Session s = [] {
+    const SweepSpec sweep = tiny_sweep();
+    auto opened = open_session_for(item_spec(sweep, sweep_items(sweep).front()));
+    EXPECT_TRUE(opened.ok()) << (opened.ok() ? "" : opened.error().message);
+    return std::move(opened).value();
+  }();
+  return s;
+}
+
+std::vector<nlohmann::json> without_times(const std::vector<SweepRow>& rows) {
+  std::vector<nlohmann::json> out;
+  for (const SweepRow& r : rows) {
+    nlohmann::json j = to_json(r);
+    j.erase("wall_s");
+    out.push_back(j);
+  }
+  return out;
+}
+
+TEST(Sweep, EveryItemIsCommittedAndARunAgainSkipsWhatIsDone) {
+  const SweepSpec spec = tiny_sweep();
+  const fs::path dir = fresh_dir("resume");
+  SweepRunOptions opt;
+  opt.dir = dir;
+  auto first = run_sweep(session(), spec, opt);
+  ASSERT_TRUE(first.ok()) << first.error().message;
+  EXPECT_EQ(first.value().items_run, 4);
+  EXPECT_EQ(first.value().rows.size(), 4U);  // one batch size, one group
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_TRUE(fs::exists(dir / "items" / ("item-00000" + std::to_string(i) + ".json"))) << i;
+  }
+  const std::string kept = read_text(dir / "items" / "item-000000.json");
+  // A run again does nothing and rewrites nothing.
+  auto again = run_sweep(session(), spec, opt);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again.value().items_run, 0);
+  EXPECT_EQ(again.value().items_skipped, 4);
+  EXPECT_EQ(without_times(again.value().rows), without_times(first.value().rows));
+  // A lost item is run again, alone; the others stay as they were.
+  fs::remove(dir / "items" / "item-000002.json");
+  auto third = run_sweep(session(), spec, opt);
+  ASSERT_TRUE(third.ok());
+  EXPECT_EQ(third.value().items_run, 1);
+  EXPECT_EQ(without_times(third.value().rows), without_times(first.value().rows));
+  EXPECT_EQ(read_text(dir / "items" / "item-000000.json"), kept);
+  // The folder reads back with its statistics.
+  const auto records = read_sweep_dir(dir);
+  ASSERT_TRUE(records.ok()) << records.error().message;
+  EXPECT_EQ(records.value().items_done, 4);
+  EXPECT_EQ(records.value().id, sweep_id(spec));
+  const std::string text = sweep_text(records.value());
+  EXPECT_NE(text.find("B=2: text changed "), std::string::npos) << text;
+  EXPECT_NE(text.find("/4 ("), std::string::npos) << text;
+
+  // Another sweep may not write into this folder; a damaged record is named.
+  SweepSpec other = spec;
+  other.seeds = {7};
+  const auto refused = run_sweep(session(), other, opt);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.error().message.find("not this one"), std::string::npos);
+  std::ofstream(dir / "items" / "item-000001.json") << "{\"format\": 3";
+  const auto damaged = run_sweep(session(), spec, opt);
+  ASSERT_FALSE(damaged.ok());
+  EXPECT_EQ(damaged.error().code, base::ErrorCode::FileCorrupted);
+  EXPECT_NE(damaged.error().message.find("item-000001.json"), std::string::npos);
+  fs::remove_all(dir);
+}
+
+// Shards of one sweep together hold exactly what one process computes.
+TEST(Sweep, ShardsTogetherEqualOneProcess) {
+  const SweepSpec spec = tiny_sweep();
+  const fs::path one = fresh_dir("one");
+  const fs::path split = fresh_dir("split");
+  SweepRunOptions opt;
+  opt.dir = one;
+  auto whole = run_sweep(session(), spec, opt);
+  ASSERT_TRUE(whole.ok());
+  std::vector<SweepRow> parts;
+  for (int i = 0; i < 3; ++i) {
+    SweepRunOptions s;
+    s.dir = split;
+    s.shard = {i, 3};
+    auto part = run_sweep(session(), spec, s);
+    ASSERT_TRUE(part.ok()) << part.error().message;
+    parts.insert(parts.end(), part.value().rows.begin(), part.value().rows.end());
+  }
+  EXPECT_EQ(parts.size(), whole.value().rows.size());
+  const auto merged = read_sweep_dir(split);
+  ASSERT_TRUE(merged.ok());
+  EXPECT_EQ(without_times(merged.value().rows), without_times(whole.value().rows));
+
+  // Each shard's file (as a Slurm task writes it), merged, equals the one-process sweep file.
+  std::vector<SweepRecords> files;
+  std::vector<std::string> names;
+  Provenance elsewhere;
+  elsewhere.host = "node-b";
+  elsewhere.device_name = "another GPU";
+  for (int i = 0; i < 3; ++i) {
+    const fs::path f = shard_file(split, i, 3);
+    fs::create_directories(f.parent_path());
+    Provenance p = whole.value().provenance;
+    ASSERT_TRUE(
+        io::write_sweep_file(f, shard_records(merged.value(), {i, 3}, i == 2 ? elsewhere : p))
+            .ok());
+    auto back = io::read_sweep_file(f);
+    ASSERT_TRUE(back.ok()) << back.error().message;
+    files.push_back(std::move(back).value());
+    names.push_back(f.filename().string());
+  }
+  const auto all = merge_sweeps(files, names);
+  ASSERT_TRUE(all.ok()) << all.error().message;
+  EXPECT_TRUE(missing_items(all.value()).empty());
+  EXPECT_EQ(without_times(all.value().rows), without_times(whole.value().rows));
+  EXPECT_EQ(all.value().shards.size(), 3U);
+  // A mixed cluster shows: two hosts, the shard of node-b named.
+  EXPECT_NE(sweep_text(all.value()).find("computed on"), std::string::npos);
+  EXPECT_NE(sweep_text(all.value()).find("2/3 (1 items, node-b)"), std::string::npos)
+      << sweep_text(all.value());
+  // Shards of another sweep, a shard given twice and an item that differs are refused.
+  SweepRecords foreign = files[1];
+  foreign.spec.seeds = {0, 7};
+  foreign.id = sweep_id(foreign.spec);
+  const auto mixed = merge_sweeps({files[0], foreign}, {"a.h5", "b.h5"});
+  ASSERT_FALSE(mixed.ok());
+  EXPECT_NE(mixed.error().message.find("b.h5 holds sweep"), std::string::npos)
+      << mixed.error().message;
+  EXPECT_FALSE(merge_sweeps({files[0], files[0]}, {"a.h5", "a2.h5"}).ok());
+  SweepRecords changed = files[1];
+  changed.shards.clear();
+  changed.rows.front().tokens_changed += 1;
+  const auto differs = merge_sweeps({files[1], changed}, {"a.h5", "c.h5"});
+  ASSERT_FALSE(differs.ok());
+  EXPECT_NE(differs.error().message.find("differs between a.h5 and c.h5"), std::string::npos);
+  // Two of three shards: the third shard's items are missing.
+  const auto two = merge_sweeps({files[0], files[1]}, {"a.h5", "b.h5"});
+  ASSERT_TRUE(two.ok());
+  EXPECT_EQ(missing_items(two.value()), (std::vector<int>{2}));
+  SweepRunOptions bad;
+  bad.dir = split;
+  bad.shard = {3, 3};
+  EXPECT_FALSE(run_sweep(session(), spec, bad).ok());
+  fs::remove_all(one);
+  fs::remove_all(split);
+}
+
+// Cancelled in the middle: what finished is committed, the next run does the rest.
+TEST(Sweep, CancelKeepsFinishedItems) {
+  const SweepSpec spec = tiny_sweep();
+  const fs::path dir = fresh_dir("cancel");
+  base::CancelToken cancel;
+  RunControl control;
+  control.cancel = &cancel;
+  control.progress = [&](const base::Progress& p) {
+    if (p.stage.rfind("item 3/", 0) == 0) {
+      cancel.cancel();
+    }
+  };
+  SweepRunOptions opt;
+  opt.dir = dir;
+  const auto stopped = run_sweep(session(), spec, opt, control);
+  ASSERT_FALSE(stopped.ok());
+  EXPECT_EQ(stopped.error().code, base::ErrorCode::Cancelled);
+  EXPECT_TRUE(fs::exists(dir / "items" / "item-000001.json"));
+  EXPECT_FALSE(fs::exists(dir / "items" / "item-000002.json"));
+  auto rest = run_sweep(session(), spec, opt);
+  ASSERT_TRUE(rest.ok());
+  EXPECT_EQ(rest.value().items_skipped, 2);
+  EXPECT_EQ(rest.value().items_run, 2);
+  fs::remove_all(dir);
+}
+
+// The job array and merge scripts of --slurm.
+TEST(Sweep, SlurmScriptsRunShardsAndMergeAfterThem) {
+  SlurmOptions o;
+  o.cli = "/opt/bl/batchlens-cli";
+  o.sweep_dir = "/shared/my-sweep";
+  o.script_dir = "/shared/slurm";
+  o.sweep_id = "0123456789abcdef";
+  o.shards = 24;
+  o.array_parallel = 8;
+  o.sbatch_options = {"--partition=gpu", "--time=02:00:00"};
+  auto s = slurm_scripts(o);
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  const std::string& a = s.value().array;
+  EXPECT_NE(a.find("#SBATCH --array=0-23%8\n"), std::string::npos) << a;
+  EXPECT_NE(a.find("#SBATCH --gres=gpu:1\n"), std::string::npos) << a;
+  EXPECT_NE(a.find("#SBATCH --partition=gpu\n#SBATCH --time=02:00:00\n"), std::string::npos);
+  EXPECT_NE(a.find("#SBATCH --output=/shared/slurm/logs/shard-%a.out"), std::string::npos);
+  EXPECT_NE(a.find("exec /opt/bl/batchlens-cli sweep --resume --out /shared/my-sweep --shard "
+                   "\"${SLURM_ARRAY_TASK_ID}/24\""),
+            std::string::npos)
+      << a;
+  EXPECT_NE(
+      s.value().merge.find(
+          "sweep-merge --out /shared/my-sweep/sweep.h5 /shared/my-sweep/shards/shard-*-of-24.h5"),
+      std::string::npos)
+      << s.value().merge;
+  EXPECT_NE(s.value().submit.find("--dependency=afterok:\"$array\""), std::string::npos);
+  o.gpus_per_task = 0;
+  o.array_parallel = 0;
+  const auto cpu = slurm_scripts(o);
+  ASSERT_TRUE(cpu.ok());
+  EXPECT_EQ(cpu.value().array.find("--gres"), std::string::npos);
+  EXPECT_NE(cpu.value().array.find("#SBATCH --array=0-23\n"), std::string::npos);
+  SlurmOptions bad = o;
+  bad.sbatch_options = {"--x\n#SBATCH --y"};
+  EXPECT_FALSE(slurm_scripts(bad).ok());
+  bad = o;
+  bad.shards = 0;
+  EXPECT_FALSE(slurm_scripts(bad).ok());
+  bad = o;
+  bad.sweep_dir = "relative";
+  EXPECT_FALSE(slurm_scripts(bad).ok());
+  // #SBATCH lines cannot quote: spaces and Slurm's % patterns in paths are refused.
+  for (const char* path : {"/shared/my sweep", "/shared/100%", "/shared/a\nb"}) {
+    bad = o;
+    bad.sweep_dir = path;
+    EXPECT_FALSE(slurm_scripts(bad).ok()) << path;
+  }
+}
+
+}  // namespace
+}  // namespace batchlens::experiment
