@@ -5,9 +5,10 @@
 #   1. format check   2. layer check   3. ci build (warnings as errors)
 #   4. cli-only build with Qt hidden (the ci flags: its objects come from ccache)
 #   5. clang-tidy on project sources (files known clean are skipped: tools/tidy_cached.py)
-#   6. the CLI tests of the cli-only build, then all tests of the ci build (label gpu excluded)
+#   6. the CLI tests (label cli) against the cli-only build, then every other test of the ci build
+#      (labels gpu and cli excluded): each test runs in one build, not two
 #   7. asan build (clang-14, AddressSanitizer + UBSan, libFuzzer targets) and its tests
-#   8. every fuzz target for BL_FUZZ_SECONDS (default 25) seconds from libFuzzer seed BL_FUZZ_SEED
+#   8. every fuzz target for BL_FUZZ_SECONDS (default 25) seconds, two at a time, from libFuzzer seed BL_FUZZ_SEED
 #      (default 1: a CI run does not turn red on a find that depends on its random seed; new
 #      finds come from longer runs, tools/fuzz.sh) (docs/reliability.md)
 # Set BL_SKIP_TIDY=1 to skip step 5, BL_SKIP_ASAN=1 steps 7-8, BL_FUZZ_SECONDS=0 step 8
@@ -74,12 +75,13 @@ fi
 
 # The core and unit tests of the cli-only build are the ci build's sources with the ci flags
 # (their objects come from the same ccache entries) and run in the next step; here the CLI
-# end-to-end tests check the command-line tool as it is built without Qt (GPU servers).
-step "cli-only tests (the CLI built without Qt, label integration)"
-ctest --preset cli-only -L integration
+# end-to-end tests check the command-line tool as it is built without Qt (GPU servers), and
+# only here: the next step leaves them out.
+step "CLI tests (the CLI built without Qt, label cli)"
+ctest --preset cli-only -L cli
 
-step "all tests (ci preset, label gpu excluded)"
-ctest --preset ci
+step "all other tests (ci preset, labels gpu and cli excluded)"
+ctest --preset ci-without-cli
 
 if [ "${BL_SKIP_ASAN:-0}" != "1" ]; then
   step "asan build (clang-14, AddressSanitizer + UBSan, fuzz targets)"
@@ -91,7 +93,8 @@ if [ "${BL_SKIP_ASAN:-0}" != "1" ]; then
 
   if [ "${BL_FUZZ_SECONDS:-25}" != "0" ]; then
     step "fuzz (${BL_FUZZ_SECONDS:-25} s per target)"
-    BL_FUZZ_NO_BUILD=1 BL_FUZZ_WORK=build/asan/fuzz-ci tools/fuzz.sh all "${BL_FUZZ_SECONDS:-25}" \
+    BL_FUZZ_NO_BUILD=1 BL_FUZZ_JOBS=2 BL_FUZZ_WORK=build/asan/fuzz-ci \
+      tools/fuzz.sh all "${BL_FUZZ_SECONDS:-25}" \
       -seed="${BL_FUZZ_SEED:-1}"
   fi
 fi

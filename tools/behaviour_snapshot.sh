@@ -2,7 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # Writes what a refactoring must not change into OUT_DIR, with the given batchlens-cli: experiment
 # files of the tiny and demo presets (default and emulated split-K policies, free and lockstep
-# modes, with and without the issue's workaround), `generate --json` and `forward` outputs.
+# modes, with and without the issue's workaround), `generate --json` and `forward` outputs, and
+# what is built on the runner (issue #31): `summary` text and JSON, a culprit run, a sweep with
+# its summary, a minimal repro (wall times and the host masked where they are printed).
 # Compare two snapshots with tools/compare_snapshots.py (issue #15: behaviour unchanged, shown).
 # Usage: tools/behaviour_snapshot.sh CLI OUT_DIR [--quick]
 set -euo pipefail
@@ -39,3 +41,25 @@ for preset in tiny demo; do
   "$cli" save-model --preset "$preset" --seed 2 --out "$out/model.$preset" >/dev/null
 done
 echo "snapshot in $out" >&2
+
+# Built on the runner: summaries, the culprit finder, a sweep, a repro (core/analysis).
+mask() {  # wall times, the build and the snapshot's folder vary between two snapshots
+  sed -E 's/[0-9]+\.[0-9]+ s\b/T s/g; s/"(wall_s|wall_time_s|created_utc|seconds|host)": [^,}]*/"\1": X/g
+          s/[0-9.]+ \([0-9a-f]{12}\)/VERSION/g; s#'"$out"'#OUT#g'
+}
+for f in run.tiny.emulated_split_k.lockstep.issue_workaround.h5 run.demo.emulated_split_k.free.issue_workaround.h5; do
+  "$cli" summary "$out/$f" | mask >"$out/summary.$f.txt"
+  "$cli" summary --json "$out/$f" | mask >"$out/summary.$f.json.txt"
+done
+"$cli" culprit --preset tiny --policy emulated_h100_report --steps 6 --max-new-tokens 24 \
+  --batch-sizes 2,3 --gen-seed 3 --cost-repeats 0 --out "$out/culprit.tiny.h5" | mask \
+  >"$out/culprit.tiny.txt"
+"$cli" summary --json "$out/culprit.tiny.h5" | mask >"$out/summary.culprit.tiny.json.txt"
+printf 'Hello there\nWrite a long essay about Portugal.\n' >"$out/prompts.txt"
+"$cli" sweep --preset tiny --policy emulated_split_k --steps 6 --max-new-tokens 24 \
+  --batch-sizes 2,3 --workaround issue_workaround --prompts "$out/prompts.txt" --seeds 0-1 \
+  --out "$out/sweep.tiny" 2>/dev/null | mask >"$out/sweep.tiny.txt"
+"$cli" summary "$out/sweep.tiny/sweep.h5" | mask >"$out/summary.sweep.tiny.txt"
+"$cli" summary --json "$out/sweep.tiny/sweep.h5" | mask >"$out/summary.sweep.tiny.json.txt"
+rm -rf "$out/sweep.tiny"
+"$cli" repro "$out/run.tiny.emulated_split_k.free.none.h5" --out "$out/repro.tiny" >/dev/null

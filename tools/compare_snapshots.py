@@ -16,7 +16,24 @@ import struct
 import sys
 
 # Attributes that differ between two runs of the same code: (group suffix, name).
-VOLATILE = {"created_utc", "tool_version", "wall_time_s"}
+VOLATILE = {"created_utc", "tool_version", "wall_time_s", "host"}
+# JSON attributes whose text holds timings (kernel provenance, the culprit report): compared as
+# parsed JSON without these keys.
+JSON_ATTRIBUTES = {"provenance_json", "report_json", "culprit_json"}
+TIMING_KEYS = {"seconds", "wall_s", "total_us"}
+
+
+def without_timings(value):
+    if isinstance(value, dict):
+        return {k: without_timings(v) for k, v in value.items() if k not in TIMING_KEYS}
+    if isinstance(value, list):
+        return [without_timings(v) for v in value]
+    return value
+
+
+def json_attribute(value):
+    text = value.decode() if isinstance(value, bytes) else str(value)
+    return without_timings(json.loads(text))
 
 
 def h5_differences(a_path, b_path):
@@ -27,12 +44,13 @@ def h5_differences(a_path, b_path):
     def attrs(obj):
         keys = set(obj.attrs.keys())
         volatile = keys & VOLATILE
+        timed = keys & JSON_ATTRIBUTES
         kept = {}
         for k in keys - VOLATILE:
             # A group's digest covers its attributes; it moves with the volatile ones.
-            if k == "attrs_crc32" and volatile:
+            if k == "attrs_crc32" and (volatile or timed):
                 continue
-            kept[k] = obj.attrs[k]
+            kept[k] = json_attribute(obj.attrs[k]) if k in timed else obj.attrs[k]
         return kept
 
     with h5py.File(a_path, "r") as a, h5py.File(b_path, "r") as b:
@@ -52,8 +70,9 @@ def h5_differences(a_path, b_path):
                 out.append(f"{name}: attributes {sorted(xa)} before, {sorted(xb)} after")
             for k in sorted(set(xa) & set(xb)):
                 va, vb = xa[k], xb[k]
-                same = (getattr(va, "tobytes", lambda: repr(va))() ==
-                        getattr(vb, "tobytes", lambda: repr(vb))())
+                same = va == vb if k in JSON_ATTRIBUTES else (
+                    getattr(va, "tobytes", lambda: repr(va))() ==
+                    getattr(vb, "tobytes", lambda: repr(vb))())
                 if not same:
                     out.append(f"{name}@{k}: {str(va)[:60]!r} before, {str(vb)[:60]!r} after")
             if isinstance(oa, h5py.Dataset):

@@ -62,12 +62,15 @@ while IFS='=' read -r key value; do
   fi
 done <<<"$preset_env"
 
-failed=()
-summary=()
-for t in "${targets[@]}"; do
-  bin=$build/tests/fuzz/fuzz_$t
-  dir=$work/$t
-  mkdir -p "$dir/corpus" "$dir/artifacts"
+# One target for `seconds`; its summary line in $work/TARGET/summary.txt, the report of a failure
+# in $work/TARGET/failure.txt (exit 1).
+fuzz_one() {
+  local t=$1
+  shift
+  local bin=$build/tests/fuzz/fuzz_$t
+  local dir=$work/$t
+  local rc before execs rate last cov ft corp new found crashes line
+  local args
   args=(-max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1
         -artifact_prefix="$dir/artifacts/")
   if [ "$t" = experiment_file ] || [ "$t" = sweep_file ]; then
@@ -81,7 +84,6 @@ for t in "${targets[@]}"; do
     args+=(-dict="$root/tests/fuzz/dict/$t.dict")
   fi
   before=$(find "$dir/artifacts" -type f | sort)
-  echo "--- fuzz $t: $seconds s (log $dir/fuzz.log)"
   rc=0
   "$bin" "${args[@]}" "$@" "$dir/corpus" "$root/tests/fuzz/corpus/$t" >"$dir/fuzz.log" 2>&1 || rc=$?
   execs=$(sed -n 's/^stat::number_of_executed_units: *//p' "$dir/fuzz.log" | tail -1)
@@ -94,14 +96,51 @@ for t in "${targets[@]}"; do
   found=$(comm -13 <(echo "$before") <(find "$dir/artifacts" -type f | sort) | sed '/^$/d')
   crashes=$(grep -c . <<<"$found" || true)
   line="$t: ${execs:-?} executions (${rate:-?}/s), cov ${cov:-?} ft ${ft:-?}, corpus ${corp:-?} ($new in $dir/corpus), crashes $crashes"
+  echo "$line" >"$dir/summary.txt"
+  if [ "$rc" -ne 0 ] || [ "$crashes" -gt 0 ]; then
+    {
+      echo "fuzz $t FAILED (exit $rc); the report:"
+      grep -vE '^#[0-9]+|^INFO:' "$dir/fuzz.log" | tail -60
+      sed 's/^/  artifact: /' <<<"$found"
+    } >"$dir/failure.txt"
+    return 1
+  fi
+  return 0
+}
+
+# BL_FUZZ_JOBS targets at a time (default 1): libFuzzer runs one process per target, so on two
+# cores two targets take the time of one (CI, scripts/run-tests.sh).
+jobs=${BL_FUZZ_JOBS:-1}
+failed=()
+summary=()
+pids=()
+names=()
+finish() {  # waits for the oldest running target and reports it
+  local t=${names[0]} rc=0
+  wait "${pids[0]}" || rc=$?
+  pids=("${pids[@]:1}")
+  names=("${names[@]:1}")
+  line=$(cat "$work/$t/summary.txt" 2>/dev/null || echo "$t: no summary")
   echo "$line"
   summary+=("$line")
-  if [ "$rc" -ne 0 ] || [ "$crashes" -gt 0 ]; then
+  if [ "$rc" -ne 0 ]; then
     failed+=("$t")
-    echo "fuzz $t FAILED (exit $rc); the report:" >&2
-    grep -vE '^#[0-9]+|^INFO:' "$dir/fuzz.log" | tail -60 >&2
-    sed 's/^/  artifact: /' <<<"$found" >&2
+    cat "$work/$t/failure.txt" >&2 2>/dev/null || true
   fi
+}
+for t in "${targets[@]}"; do
+  mkdir -p "$work/$t/corpus" "$work/$t/artifacts"
+  rm -f "$work/$t/summary.txt" "$work/$t/failure.txt"
+  echo "--- fuzz $t: $seconds s (log $work/$t/fuzz.log)"
+  fuzz_one "$t" "$@" &
+  pids+=($!)
+  names+=("$t")
+  if [ ${#pids[@]} -ge "$jobs" ]; then
+    finish
+  fi
+done
+while [ ${#pids[@]} -gt 0 ]; do
+  finish
 done
 
 if [ ${#targets[@]} -gt 1 ]; then
