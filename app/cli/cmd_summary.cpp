@@ -15,12 +15,6 @@
 
 namespace batchlens::cli {
 
-namespace {
-
-namespace fs = std::filesystem;
-
-}  // namespace
-
 void register_summary(CLI::App& app, int& exit_code) {
   struct Options {
     std::string file;

@@ -18,7 +18,6 @@ namespace {
 
 using base::ErrorCode;
 using nlohmann::json;
-namespace fs = std::filesystem;
 
 [[noreturn]] void corrupt(const std::string& what) {
   base::raise(ErrorCode::FileCorrupted, what);

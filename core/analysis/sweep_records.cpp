@@ -172,7 +172,7 @@ base::Result<SweepRow> sweep_row_from_json(const json& doc) {
     r.item = base::json_field<int>(doc, "item", where);
     r.prompt = base::json_field<int>(doc, "prompt", where);
     r.seed = base::json_field<std::uint64_t>(doc, "seed", where);
-    const std::string group = base::json_field<std::string>(doc, "group", where);
+    const auto group = base::json_field<std::string>(doc, "group", where);
     const auto parsed = experiment::parse_run_group(group);
     if (!parsed.ok()) {
       corrupt(where + ": group '" + group.substr(0, 64) + "'");

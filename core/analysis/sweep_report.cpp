@@ -17,9 +17,7 @@ using experiment::Provenance;
 
 namespace {
 
-using base::ErrorCode;
 using nlohmann::json;
-namespace fs = std::filesystem;
 
 }  // namespace
 

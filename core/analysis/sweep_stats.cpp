@@ -4,17 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include <nlohmann/json.hpp>
-
 namespace batchlens::analysis {
-
-namespace {
-
-using base::ErrorCode;
-using nlohmann::json;
-namespace fs = std::filesystem;
-
-}  // namespace
 
 Interval wilson_interval(int k, int n) {
   if (n <= 0) {
