@@ -34,7 +34,7 @@ void register_summary(CLI::App& app, int& exit_code) {
   cmd->callback([opts, &exit_code] {
     // A sweep's folder or file.
     std::error_code ec;
-    if (fs::is_directory(opts->file, ec) || io::is_sweep_file(opts->file)) {
+    if (std::filesystem::is_directory(opts->file, ec) || io::is_sweep_file(opts->file)) {
       const auto s = io::read_sweep(opts->file);
       if (!s.ok()) {
         exit_code = report_error(s.error());
