@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # One command on a fresh Debian 12 machine: install what is missing, build and run every test
-# that needs no GPU. This is exactly what CI runs (.ci/run). Steps, in order:
-#   1. format check   2. layer check   3. ci build (warnings as errors)
-#   4. cli-only build with Qt hidden (the ci flags: its objects come from ccache)
+# that needs no GPU. This is exactly what CI runs (.ci/run). Each test runs once, in one build
+# (issue #31, docs/build.md). Steps, in order:
+#   1. format check   2. layer check   3. ci build (GCC, warnings as errors, every target)
+#   4. cli-only build with Qt hidden: the CLI and its tests (the ci flags: objects from ccache)
 #   5. clang-tidy on project sources (files known clean are skipped: tools/tidy_cached.py)
-#   6. the CLI tests (label cli) against the cli-only build, then every other test of the ci build
-#      (labels gpu and cli excluded): each test runs in one build, not two
-#   7. asan build (clang-14, AddressSanitizer + UBSan, libFuzzer targets) and its tests
-#   8. every fuzz target for BL_FUZZ_SECONDS (default 25) seconds, two at a time, from libFuzzer seed BL_FUZZ_SEED
+#   6. the CLI tests (label cli) against the CLI built without Qt, as GPU servers build it
+#   7. the integration and ui tests (whole model runs, windows) in the ci build
+#   8. asan build (clang-14, AddressSanitizer + UBSan) of the unit suites and the libFuzzer
+#      targets; the unit tests and the fuzz regression replays under it
+#   9. every fuzz target for BL_FUZZ_SECONDS (default 25) seconds, two at a time, from libFuzzer seed BL_FUZZ_SEED
 #      (default 1: a CI run does not turn red on a find that depends on its random seed; new
 #      finds come from longer runs, tools/fuzz.sh) (docs/reliability.md)
-# Set BL_SKIP_TIDY=1 to skip step 5, BL_SKIP_ASAN=1 steps 7-8, BL_FUZZ_SECONDS=0 step 8
-# locally (CI always runs them all). Step times are printed at the end (docs/build.md).
+# Builds, clang-tidy and ctest run BL_JOBS jobs (default twice the cores): on a machine that
+# other work shares, more jobs than cores keep this run's share of the CPU (docs/build.md).
+# Set BL_SKIP_TIDY=1 to skip step 5, BL_SKIP_ASAN=1 steps 8-9 (the unit tests then run in the
+# ci build), BL_FUZZ_SECONDS=0 step 9 locally (CI always runs them all). Step times are printed
+# at the end (docs/build.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 start=$(date +%s)
@@ -60,36 +65,39 @@ tools/check_format.sh
 step "layer check"
 /usr/bin/python3 tools/check_layers.py
 
+jobs=${BL_JOBS:-$(( $(nproc) * 2 ))}
+export BL_TIDY_JOBS=${BL_TIDY_JOBS:-$jobs}
+
 step "ci build"
 cmake --preset ci
-cmake --build --preset ci
+cmake --build --preset ci -j "$jobs"
 
-step "cli-only build (no Qt)"
+step "cli-only build (no Qt): the CLI and its tests"
 cmake --preset cli-only
-cmake --build --preset cli-only
+cmake --build --preset cli-only -j "$jobs" --target batchlens_cli_tests
 
 if [ "${BL_SKIP_TIDY:-0}" != "1" ]; then
   step "clang-tidy"
   tools/run_tidy.sh build/ci
 fi
 
-# The core and unit tests of the cli-only build are the ci build's sources with the ci flags
-# (their objects come from the same ccache entries) and run in the next step; here the CLI
-# end-to-end tests check the command-line tool as it is built without Qt (GPU servers), and
-# only here: the next step leaves them out.
+# The CLI end-to-end tests check the command-line tool as it is built without Qt (GPU servers).
 step "CLI tests (the CLI built without Qt, label cli)"
-ctest --preset cli-only -L cli
+ctest --preset cli-only -L cli -j "$jobs"
 
-step "all other tests (ci preset, labels gpu and cli excluded)"
-ctest --preset ci-without-cli
+step "integration and ui tests (ci build, labels integration and ui; not cli)"
+ctest --preset ci-integration -j "$jobs"
 
-if [ "${BL_SKIP_ASAN:-0}" != "1" ]; then
-  step "asan build (clang-14, AddressSanitizer + UBSan, fuzz targets)"
+if [ "${BL_SKIP_ASAN:-0}" == "1" ]; then
+  step "unit tests (ci build: BL_SKIP_ASAN=1)"
+  ctest --preset ci -L unit -j "$jobs"
+else
+  step "asan build (clang-14, AddressSanitizer + UBSan): the unit suites and the fuzz targets"
   cmake --preset asan
-  cmake --build --preset asan
+  cmake --build --preset asan -j "$jobs" --target batchlens_unit_tests fuzz_all
 
-  step "asan tests (labels gpu and fuzz excluded; fuzz regressions replayed)"
-  ctest --preset asan
+  step "unit tests and fuzz regression replays under the sanitizers"
+  ctest --preset asan-unit -j "$jobs"
 
   if [ "${BL_FUZZ_SECONDS:-25}" != "0" ]; then
     step "fuzz (${BL_FUZZ_SECONDS:-25} s per target)"

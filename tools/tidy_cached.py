@@ -58,6 +58,23 @@ def project_headers(path, build, seen):
                 break
 
 
+def without_pch(args):
+    """A compile command without CMake's precompiled header (-include .../cmake_pch.hxx)."""
+    out = []
+    skip = False
+    for i, a in enumerate(args):
+        if skip:
+            skip = False
+            continue
+        if a == "-include" and i + 1 < len(args) and "cmake_pch" in args[i + 1]:
+            skip = True
+            continue
+        if a == "-Winvalid-pch" or (a.startswith("-include") and "cmake_pch" in a):
+            continue
+        out.append(a)
+    return out
+
+
 def tidy_configs(path):
     parts = []
     d = os.path.dirname(path)
@@ -78,10 +95,19 @@ def main():
     build = os.path.abspath(sys.argv[1])
     files = [os.path.abspath(f) for f in sys.argv[2:]]
     commands = {}
-    for entry in json.load(open(os.path.join(build, "compile_commands.json"))):
+    entries = json.load(open(os.path.join(build, "compile_commands.json")))
+    for entry in entries:
         path = os.path.normpath(os.path.join(entry["directory"], entry["file"]))
-        cmd = entry.get("command") or shlex.join(entry["arguments"])
-        commands[path] = cmd.replace(build, "<build>").replace(ROOT, "<src>")
+        args = without_pch(entry.get("arguments") or shlex.split(entry["command"]))
+        entry.pop("command", None)
+        entry["arguments"] = args
+        commands[path] = shlex.join(args).replace(build, "<build>").replace(ROOT, "<src>")
+    # clang-tidy reads the database without GCC's precompiled header (clang would take the
+    # .gch for its own format): every file is checked as it includes what it uses.
+    database = os.path.join(build, "tidy")
+    os.makedirs(database, exist_ok=True)
+    with open(os.path.join(database, "compile_commands.json"), "w") as f:
+        json.dump(entries, f)
     cache = os.environ.get("BL_TIDY_CACHE") or os.path.expanduser("~/.cache/batchlens-tidy")
     use_cache = os.environ.get("BL_TIDY_NO_CACHE", "0") != "1"
     os.makedirs(cache, exist_ok=True)
@@ -102,7 +128,7 @@ def main():
 
     def check(f):
         t0 = time.monotonic()
-        p = subprocess.run(["clang-tidy", "-p", build, "--quiet", f], capture_output=True)
+        p = subprocess.run(["clang-tidy", "-p", database, "--quiet", f], capture_output=True)
         out = p.stdout.decode(errors="replace")
         clean = p.returncode == 0 and not re.search(r"(warning|error):", out)
         return f, clean, out, time.monotonic() - t0
