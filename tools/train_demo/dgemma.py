@@ -145,12 +145,25 @@ class Router(nn.Module):
         self.root = h ** -0.5
 
     def forward(self, x):
+        w, idx = self.route(x)
+        return w * self.per_expert_scale[idx], idx
+
+    def route(self, x):
+        """The normalised top-k weights before the per-expert scale, and the experts."""
         xf = x.float()
         n = (xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + self.eps, -0.5)).to(x.dtype)
         probs = torch.softmax(self.proj(n * self.scale * self.root), -1, dtype=torch.float32)
         w, idx = torch.topk(probs, self.top_k, -1)
-        w = w / w.sum(-1, keepdim=True)
-        return w * self.per_expert_scale[idx], idx
+        return w / w.sum(-1, keepdim=True), idx
+
+    def dense_weights(self, x):
+        """[N, E]: each token's weight per expert, 0 where not picked, the per-expert scale
+        applied densely (the same products as forward's; no indexing whose gradient
+        serialises)."""
+        w, idx = self.route(x)
+        picked = torch.zeros(x.shape[0], self.per_expert_scale.shape[0], dtype=w.dtype,
+                             device=x.device).scatter(1, idx, w)
+        return picked * self.per_expert_scale
 
 
 class Experts(nn.Module):
@@ -162,6 +175,10 @@ class Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h))
         self.down_proj = nn.Parameter(torch.empty(e, h, i))
 
+    # Training on a GPU (train.py --fast): every expert on every token, weighted 0 where the
+    # router did not pick it: no host sync (torch.where) and one batched product per projection.
+    dense = False
+
     def forward(self, x, idx, w):
         out = torch.zeros_like(x)
         for e in range(self.gate_up_proj.shape[0]):
@@ -172,6 +189,16 @@ class Experts(nn.Module):
             h = F.linear(F.gelu(gate, approximate="tanh") * up, self.down_proj[e])
             out = out.index_add(0, tok, (h * w[tok, slot, None]).to(out.dtype))
         return out
+
+
+    def forward_dense(self, x, weights):
+        """The eager loop's sum over the top-k experts, in exact arithmetic: the experts not
+        picked have weight 0. x [N, H], weights [N, E] (Router.dense_weights)."""
+        gate_up = torch.einsum("nh,eih->eni", x, self.gate_up_proj)  # [E, N, 2I]
+        gate, up = gate_up.chunk(2, -1)
+        h = torch.einsum("eni,ehi->enh", F.gelu(gate, approximate="tanh") * up,
+                         self.down_proj)  # [E, N, H]
+        return torch.einsum("enh,ne->nh", h, weights.to(h.dtype)).to(x.dtype)
 
 
 class Layer(nn.Module):
@@ -203,8 +230,12 @@ class Layer(nn.Module):
         h1 = self.post_feedforward_layernorm_1(
             gated(m.gate_proj, m.up_proj, m.down_proj, self.pre_feedforward_layernorm(x)))
         flat = residual.reshape(-1, residual.shape[-1])
-        w, idx = self.router(flat)
-        h2 = self.experts(self.pre_feedforward_layernorm_2(flat), idx, w).view_as(residual)
+        if self.experts.dense:
+            h2 = self.experts.forward_dense(self.pre_feedforward_layernorm_2(flat),
+                                            self.router.dense_weights(flat)).view_as(residual)
+        else:
+            w, idx = self.router(flat)
+            h2 = self.experts(self.pre_feedforward_layernorm_2(flat), idx, w).view_as(residual)
         h = self.post_feedforward_layernorm(h1 + self.post_feedforward_layernorm_2(h2))
         return (residual + h) * layer_scalar, new_cache
 

@@ -100,10 +100,23 @@ def write_atomic(path, text):
 def prepare(args):
     work = args.work
     os.makedirs(work, exist_ok=True)
-    verses = dump_kjv()
-    write_atomic(os.path.join(work, "kjv.jsonl"), "".join(
-        json.dumps({"book": b, "chapter": c, "verse": v, "text": t}) + "\n"
-        for b, c, v, t in verses))
+    corpus = os.path.join(work, "kjv.jsonl")
+    if args.corpus_only or not os.path.exists(corpus) or shutil.which("bible") is not None:
+        verses = dump_kjv()
+        write_atomic(corpus, "".join(
+            json.dumps({"book": b, "chapter": c, "verse": v, "text": t}) + "\n"
+            for b, c, v, t in verses))
+        if args.corpus_only:
+            print("corpus: %d verses -> %s" % (len(verses), corpus))
+            return
+    else:
+        # A machine without Debian's bible-kjv (the GPU server): the corpus dumped elsewhere.
+        with open(corpus, encoding="utf-8") as f:
+            verses = [(v["book"], v["chapter"], v["verse"], v["text"])
+                      for v in map(json.loads, f)]
+        if len(verses) != 31102:
+            raise SystemExit("%s: expected the 31102 verses of the KJV, got %d" %
+                             (corpus, len(verses)))
     texts = [t for _, _, _, t in verses] + ["user", "model", "thought", "system"] * 1000
     tok = bpe.train(texts, VOCAB, progress=lambda n, v: print("  %d merges" % n, flush=True))
     write_atomic(os.path.join(work, "tokenizer.json"), tok.to_json())
@@ -246,6 +259,31 @@ class Batches:
         return [self.exs[first]] + [self.exs[rng.choice(pool)] for _ in range(size - 1)]
 
 
+class GpuBatches:
+    """Batches as Batches draws them, from pools that live on the GPU (train.py --fast): the
+    length and the first example come from the step's Python generator, the rest are indices
+    drawn on the device from the step's torch generator. No copy from the host per step."""
+
+    def __init__(self, torch, batches, device):
+        self.exs = batches.exs
+        self.pools = {}
+        self.where = {}
+        for length, members in batches.by_len.items():
+            ctx = torch.tensor([self.exs[i][0] for i in members], device=device).view(
+                len(members), length)
+            tgt = torch.tensor([self.exs[i][1] for i in members], device=device)
+            self.pools[length] = (ctx, tgt)
+            for k, i in enumerate(members):
+                self.where[i] = (length, k)
+
+    def draw(self, torch, rng, gen, size):
+        length, first = self.where[rng.randrange(len(self.exs))]
+        ctx, tgt = self.pools[length]
+        rest = torch.randint(0, ctx.shape[0], (size - 1,), generator=gen, device=ctx.device)
+        pick = torch.cat([torch.tensor([first], device=ctx.device), rest])
+        return ctx.index_select(0, pick), tgt.index_select(0, pick)
+
+
 def corrupt(torch, target, gen, vocab):
     """Uniform-state corruption: per example a noise level t ~ U(0,1); each position replaced,
     with probability t, by a uniform token over the whole vocabulary; at least one position is
@@ -261,7 +299,9 @@ def corrupt(torch, target, gen, vocab):
     return torch.where(mask, noise, target), mask
 
 
-def diffusion_loss(torch, model, ctx, target, gen, vocab, self_cond):
+def diffusion_loss(torch, model, ctx, target, gen, vocab, self_cond, masked_mean=False):
+    """masked_mean: the same mean over the corrupted positions without selecting them (a boolean
+    index waits for the GPU to count them: --fast)."""
     import torch.nn.functional as F
     canvas, mask = corrupt(torch, target, gen, vocab)
     sc_logits = sc_mask = None
@@ -273,7 +313,18 @@ def diffusion_loss(torch, model, ctx, target, gen, vocab, self_cond):
         sc_logits = (first.float() / temp).to(torch.bfloat16).float().detach()
         sc_mask = torch.rand(ctx.shape[0], generator=gen, device=ctx.device) < 0.5
     logits = forward(model, ctx, canvas, sc_logits, sc_mask)
+    if masked_mean:
+        each = F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), reduction="none")
+        weight = mask.flatten().float()
+        return (each * weight).sum() / weight.sum()
     return F.cross_entropy(logits[mask].float(), target[mask])
+
+
+def warmup_steps(args, total):
+    """--warmup steps, or --warmup-share of the schedule once its length is known."""
+    if args.warmup_share is not None and total:
+        return max(1, int(args.warmup_share * total))
+    return args.warmup
 
 
 def lr_at(step, total, peak, warmup):
@@ -326,7 +377,18 @@ def train(args):
     held_b = Batches([e for e in exs if e[2]] or exs[:200])
     model = build_model(args, device)
     n_params = sum(p.numel() for _, p in trained_parameters(model))
-    opt = torch.optim.AdamW(param_groups(model), lr=args.lr, betas=(0.9, 0.95))
+    # --fast (the H200 run): the port with dense experts, batches drawn on the GPU, the loss
+    # without a boolean index, AdamW fused, the host waiting for the GPU only every --log-every
+    # steps: no host sync per step.
+    fast = args.fast and getattr(model, "is_port", False)
+    if fast:
+        import dgemma
+        for m in model.modules():
+            if isinstance(m, dgemma.Experts):
+                m.dense = True
+        gpu_b = GpuBatches(torch, train_b, device)
+    opt = torch.optim.AdamW(param_groups(model), lr=args.lr, betas=(0.9, 0.95),
+                            **({"fused": True} if fast else {}))
     state_path = os.path.join(args.work, "state-smoke.pt" if args.smoke else "state.pt")
     log_path = os.path.join(args.work, "log-smoke.jsonl" if args.smoke else "log.jsonl")
     step, elapsed, total = 0, 0.0, args.steps
@@ -361,6 +423,28 @@ def train(args):
     t10 = None
     log = open(log_path, "a", encoding="utf-8")
     model.train()
+    pending = []  # (step, loss on the device, lr) not yet written (--fast)
+    base = elapsed
+
+    def flush():
+        """Writes the records of the pending steps (one wait for the GPU for all of them)."""
+        nonlocal elapsed
+        if not pending:
+            return
+        losses = torch.stack([p[1] for p in pending]).tolist()
+        if fast:
+            torch.cuda.synchronize()
+            elapsed = base + time.time() - start
+        for (st, _, lr, held), value in zip(pending, losses):
+            rec = {"step": st, "loss": value, "lr": lr, "seconds": round(elapsed, 2),
+                   "total": total}
+            if held is not None:
+                rec["held_out"] = held
+                print("step %d  loss %.3f  held-out %.3f  %.0f s" % (st, value, held, elapsed),
+                      flush=True)
+            log.write(json.dumps(rec) + "\n")
+        pending.clear()
+
     while total is None or step < total:
         if time.time() - start > args.max_seconds or (args.stop_at and step >= args.stop_at):
             break
@@ -368,42 +452,48 @@ def train(args):
             # The schedule's length, fixed once from the measured step time (steps 10-40) so
             # that training takes --budget-seconds; stored in state.pt and the log, so a
             # resumed run keeps it and `--steps N` reproduces it.
+            flush()
             per_step = (elapsed - t10) / 30 if t10 is not None else elapsed / 40
             total = int(args.budget_seconds / per_step)
-            print("schedule: %d steps for a %.0f s budget" % (total, args.budget_seconds),
-                  flush=True)
+            print("schedule: %d steps for a %.0f s budget (%.1f steps/s)"
+                  % (total, args.budget_seconds, 1.0 / per_step), flush=True)
         if step == 10:
+            flush()
             t10 = elapsed
         t0 = time.time()
         rng = random.Random(args.seed * 1000003 + step)
         gen = torch.Generator(device=device)
         gen.manual_seed(args.seed * 1000003 + step)
-        ex = train_b.draw(rng, args.batch)
-        ctx = torch.tensor([e[0] for e in ex], device=device)
-        tgt = torch.tensor([e[1] for e in ex], device=device)
+        if fast:
+            ctx, tgt = gpu_b.draw(torch, rng, gen, args.batch)
+        else:
+            ex = train_b.draw(rng, args.batch)
+            ctx = torch.tensor([e[0] for e in ex], device=device)
+            tgt = torch.tensor([e[1] for e in ex], device=device)
         for g in opt.param_groups:
-            g["lr"] = lr_at(step, total or 10**9, args.lr, args.warmup)
+            g["lr"] = lr_at(step, total or 10**9, args.lr, warmup_steps(args, total))
         with autocast():
-            loss = diffusion_loss(torch, model, ctx, tgt, gen, VOCAB, True)
+            loss = diffusion_loss(torch, model, ctx, tgt, gen, VOCAB, True, masked_mean=fast)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         step += 1
-        elapsed += time.time() - t0
-        rec = {"step": step, "loss": float(loss), "lr": opt.param_groups[0]["lr"],
-               "seconds": round(elapsed, 2), "total": total}
+        if not fast:
+            elapsed += time.time() - t0
+        held = None
         if step % args.eval_every == 0 or step == total:
-            rec["held_out"] = held_out_loss(torch, model, held_b, device, autocast,
-                                            count=2 if args.smoke else 16,
-                                            size=16 if args.smoke else 128)
-            print("step %d  loss %.3f  held-out %.3f  %.0f s" %
-                  (step, rec["loss"], rec["held_out"], elapsed), flush=True)
+            held = held_out_loss(torch, model, held_b, device, autocast,
+                                 count=2 if args.smoke else 16, size=16 if args.smoke else 128)
+        pending.append((step, loss.detach(), opt.param_groups[0]["lr"], held))
+        if not fast or held is not None or step % args.log_every == 0:
+            flush()
             log.flush()
-        log.write(json.dumps(rec) + "\n")
         if step % args.save_every == 0:
+            flush()
             log.flush()
             save()
+    flush()
     log.close()
     save()
     print("stopped at step %d of %s (%.0f s trained)" % (step, total, elapsed), flush=True)
@@ -656,6 +746,9 @@ def main():
     ap.add_argument("--smoke", action="store_true",
                     help="tiny config, few steps, CPU-sized: checks the pipeline in seconds")
     ap.add_argument("--fresh", action="store_true", help="ignore WORK/state.pt")
+    ap.add_argument("--corpus-only", action="store_true",
+                    help="prepare: only dump the corpus to WORK/kjv.jsonl (a machine without "
+                         "bible-kjv then trains the tokenizer from it)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=None,
                     help="total steps of the schedule (default: as many as --budget-seconds "
@@ -669,6 +762,14 @@ def main():
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--warmup", type=int, default=300)
+    ap.add_argument("--warmup-share", type=float, default=None,
+                    help="warm-up as a share of the schedule's steps (e.g. 0.03); wins over "
+                         "--warmup once the schedule's length is fixed")
+    ap.add_argument("--fast", action="store_true",
+                    help="GPU training of the port: dense experts, batches drawn on the GPU, "
+                         "no host sync per step (the H200 run)")
+    ap.add_argument("--log-every", type=int, default=50,
+                    help="--fast: steps between waits for the GPU (log records are written then)")
     ap.add_argument("--eval-every", type=int, default=250)
     ap.add_argument("--save-every", type=int, default=500)
     ap.add_argument("--device-name", default="an NVIDIA H200", help="plot: where it trained")
