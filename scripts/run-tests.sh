@@ -7,7 +7,7 @@
 #   4. cli-only build with Qt hidden: the CLI and its tests (the ci flags: objects from ccache)
 #   5. clang-tidy on project sources (files known clean are skipped: tools/tidy_cached.py)
 #   6. the CLI tests (label cli) against the CLI built without Qt, as GPU servers build it
-#   7. the integration and ui tests (whole model runs, windows) in the ci build
+#   7. the integration, ui and slow tests (whole model runs, windows, file mutations) in the ci build
 #   8. asan build (clang-14, AddressSanitizer + UBSan) of the unit suites and the libFuzzer
 #      targets; the unit tests and the fuzz regression replays under it
 #   9. every fuzz target for BL_FUZZ_SECONDS (default 25) seconds, two at a time, from libFuzzer seed BL_FUZZ_SEED
@@ -85,7 +85,7 @@ fi
 step "CLI tests (the CLI built without Qt, label cli)"
 ctest --preset cli-only -L cli -j "$jobs"
 
-step "integration and ui tests (ci build, labels integration and ui; not cli)"
+step "integration, ui and slow tests (ci build; not cli)"
 ctest --preset ci-integration -j "$jobs"
 
 if [ "${BL_SKIP_ASAN:-0}" == "1" ]; then

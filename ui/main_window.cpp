@@ -478,6 +478,10 @@ base::Result<QStringList> MainWindow::exportReportTo(const QString& dir) {
                        {QStringLiteral("routing"), routing_}});
 }
 
+base::Result<QStringList> MainWindow::exportSweepReportTo(const QString& dir) {
+  return exportSweepReport(dir, *sweep_);
+}
+
 void MainWindow::runFromPanel() {
   auto spec = run_panel_->spec();
   if (!spec.ok()) {

@@ -65,6 +65,8 @@ class MainWindow : public QMainWindow {
   bool savingShown() const;
   /// Writes the report of the current comparison into `dir` (GUI thread, synchronous).
   base::Result<QStringList> exportReportTo(const QString& dir);
+  /// The shown sweep's report into `dir` (exportSweepReport).
+  base::Result<QStringList> exportSweepReportTo(const QString& dir);
   /// File > Export minimal repro into `dir` (made; a previous repro there is replaced): the
   /// first divergence of the selected comparison (or of the first that diverges), in the
   /// background with progress and Cancel in the run panel (analysis::export_repro). False,

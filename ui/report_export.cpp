@@ -16,12 +16,14 @@
 
 #include "core/analysis/story.h"
 #include "core/analysis/summary.h"
+#include "core/analysis/sweep_report.h"
 #include "core/base/atomic_file.h"
 #include "core/base/input.h"
 #include "core/base/version.h"
 #include "core/experiment/command_line.h"
 #include "ui/heatmap_plot.h"
 #include "ui/report_render.h"
+#include "ui/sweep_view.h"
 #include "ui/views.h"
 
 namespace batchlens::ui {
@@ -589,6 +591,58 @@ base::Result<QStringList> exportReport(const QString& dir, const ExplorerState& 
     QStringList written;
     for (const auto& [name, bytes] : files) {
       if (auto ok = writeBytes(folder.path() / localPath(name), bytes); !ok.ok()) {
+        return ok.error();
+      }
+      written << QDir(target).filePath(name);
+    }
+    folder.commit();
+    return written;
+  });
+}
+
+base::Result<QStringList> exportSweepReport(const QString& dir, SweepView& view) {
+  const auto& sweep = view.document().sweep;
+  if (sweep == nullptr) {
+    return base::Error{base::ErrorCode::InvalidArgument, "no sweep to export"};
+  }
+  const QString target = QDir::cleanPath(QFileInfo(dir).absoluteFilePath());
+  if (auto ok = checkReportFolder(target); !ok.ok()) {
+    return ok.error();
+  }
+  const QString parent = QFileInfo(target).absolutePath();
+  if (!QDir().mkpath(parent)) {
+    return base::Error{base::ErrorCode::IoFailed,
+                       "cannot create the folder " + parent.toStdString()};
+  }
+  QByteArray png;
+  QBuffer buffer(&png);
+  buffer.open(QIODevice::WriteOnly);
+  if (const QPixmap page = view.renderReport(reportSize());
+      page.isNull() || !page.save(&buffer, "PNG")) {
+    return base::Error{base::ErrorCode::IoFailed, "could not render the sweep view"};
+  }
+  auto texts = base::guarded([&] {
+    nlohmann::json summary = analysis::sweep_json(*sweep);
+    summary["tool_version"] = base::build_info().tool_version;
+    summary["images"] = nlohmann::json::array({"sweep.png"});
+    const std::string md = "# BatchLens sweep report: " + sweep->id +
+                           "\n\n![sweep](sweep.png)\n\n" + "```text\n" +
+                           analysis::sweep_text(*sweep) + "```\n";
+    return std::make_pair(base::dump_json_lossy(summary, 2) + "\n", md);
+  });
+  if (!texts.ok()) {
+    return texts.error();
+  }
+  const std::vector<std::pair<QString, std::string>> files{
+      {QStringLiteral("sweep.png"),
+       std::string(png.constData(), static_cast<std::size_t>(png.size()))},
+      {QStringLiteral("summary.md"), texts.value().second},
+      {QStringLiteral("summary.json"), texts.value().first}};
+  return base::guarded([&]() -> base::Result<QStringList> {
+    base::AtomicDir folder(localPath(target));
+    QStringList written;
+    for (const auto& [name, bytes] : files) {
+      if (auto ok = base::write_file_atomic(folder.path() / localPath(name), bytes); !ok.ok()) {
         return ok.error();
       }
       written << QDir(target).filePath(name);

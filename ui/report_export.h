@@ -14,6 +14,8 @@
 
 namespace batchlens::ui {
 
+class SweepView;
+
 class CoalescedView;
 
 /// A view and the file stem of its page ("layer_step").
@@ -29,6 +31,11 @@ using ReportView = std::pair<QString, CoalescedView*>;
 /// (with the system's reason). Never throws. GUI thread only.
 base::Result<QStringList> exportReport(const QString& dir, const ExplorerState& state,
                                        const std::vector<ReportView>& views);
+
+/// Writes a sweep's report into the folder `dir`, as exportReport does for an experiment:
+/// `sweep.png` (the Sweep view as a report page), `summary.md` (batchlens-cli summary's text)
+/// and `summary.json` (its --json). Same folder rules, atomicity and errors. GUI thread only.
+base::Result<QStringList> exportSweepReport(const QString& dir, SweepView& view);
 
 /// Whether `dir` can receive a report: it does not exist, or is an empty folder. Errors:
 /// InvalidArgument naming `dir` and what is in the way.

@@ -18,6 +18,7 @@
 #include <QToolTip>
 #include <QVBoxLayout>
 
+#include "core/base/input.h"
 #include "core/experiment/provenance.h"
 #include "core/ops/policy.h"
 #include "ui/qcp.h"
@@ -411,7 +412,8 @@ void SweepView::fillItems() {
     items_->setItem(
         i, 11,
         cell(p != nullptr ? qs(p->host + ": " + p->device_name) : QStringLiteral("?"),
-             p != nullptr ? qs(experiment::provenance_to_json(*p).dump(1)) : QString()));
+             p != nullptr ? qs(base::dump_json_lossy(experiment::provenance_to_json(*p), 1))
+                          : QString()));
     items_->setItem(i, 12, cell(QString::number(r.wall_s, 'f', 1)));
   }
   items_->resizeColumnsToContents();

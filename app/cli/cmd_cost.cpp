@@ -9,6 +9,7 @@
 #include "app/cli/cli_progress.h"
 #include "app/cli/command.h"
 #include "app/cli/model_options.h"
+#include "core/base/input.h"
 #include "core/base/system_info.h"
 #include "core/setup/front_door.h"
 #include "core/setup/policy_cost.h"
@@ -140,7 +141,7 @@ void register_cost(CLI::App& app, int& exit_code) {
       return;
     }
     if (opts->json) {
-      std::cout << costs_json(costs.value()).dump(1) << "\n";
+      std::cout << base::dump_json_lossy(costs_json(costs.value()), 1) << "\n";
     } else {
       print_costs(costs.value(), mo.load.device);
     }

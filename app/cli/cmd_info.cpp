@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "app/cli/command.h"
+#include "core/base/input.h"
 #include "core/base/system_info.h"
 #include "core/base/version.h"
 
@@ -72,7 +73,7 @@ void register_info(CLI::App& app, int& exit_code) {
       return;
     }
     if (*json) {
-      std::cout << to_json(info.value()).dump(2) << "\n";
+      std::cout << base::dump_json_lossy(to_json(info.value()), 2) << "\n";
     } else {
       std::cout << version_text() << "\n";
     }

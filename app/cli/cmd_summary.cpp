@@ -10,6 +10,7 @@
 #include "core/analysis/summary.h"
 #include "core/analysis/sweep_records.h"
 #include "core/analysis/sweep_report.h"
+#include "core/base/input.h"
 #include "core/io/experiment_file.h"
 #include "core/io/sweep_file.h"
 
@@ -40,7 +41,7 @@ void register_summary(CLI::App& app, int& exit_code) {
         exit_code = report_error(s.error());
         return;
       }
-      std::cout << (opts->json ? analysis::sweep_json(s.value()).dump(2) + "\n"
+      std::cout << (opts->json ? base::dump_json_lossy(analysis::sweep_json(s.value()), 2) + "\n"
                                : analysis::sweep_text(s.value()));
       exit_code = kExitOk;
       return;
@@ -50,7 +51,7 @@ void register_summary(CLI::App& app, int& exit_code) {
       exit_code = report_error(r.error());
       return;
     }
-    std::cout << (opts->json ? analysis::summary_json(r.value()).dump(2) + "\n"
+    std::cout << (opts->json ? base::dump_json_lossy(analysis::summary_json(r.value()), 2) + "\n"
                              : analysis::summary_text(r.value()));
     if (opts->kernels && !opts->json) {
       std::cout << "\n" << analysis::kernels_text(r.value());

@@ -96,7 +96,9 @@ bool help_or_version(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+// An exception escaping Qt's event loop ends the program as in any Qt program (std::terminate
+// names it); every expected failure is an Error shown in a dialog or printed.
+int main(int argc, char** argv) {  // NOLINT(bugprone-exception-escape)
   using namespace batchlens;
   // A SIGINT or SIGTERM while a file or report folder is being written removes its temporary
   // and exits 130 / 143: no half file is ever left under the name the user chose.
@@ -201,9 +203,11 @@ int main(int argc, char** argv) {
   }
   if (parser.isSet(report)) {
     const QString dir = parser.value(report);
-    QObject::connect(&window, &ui::MainWindow::documentShown, &window, [&window, dir] {
-      QTimer::singleShot(0, &window, [&window, dir] {
-        auto written = window.exportReportTo(dir);
+    // An experiment's report or a sweep's (a sweep file never showed an experiment, and the
+    // program waited forever: issue #32).
+    const auto export_then = [&window, dir](bool sweep) {
+      QTimer::singleShot(0, &window, [&window, dir, sweep] {
+        auto written = sweep ? window.exportSweepReportTo(dir) : window.exportReportTo(dir);
         if (!written.ok()) {
           std::fprintf(stderr, "batchlens: %s\n", written.error().message.c_str());
           QApplication::exit(1);
@@ -214,7 +218,11 @@ int main(int argc, char** argv) {
         }
         QApplication::exit(0);
       });
-    });
+    };
+    QObject::connect(&window, &ui::MainWindow::documentShown, &window,
+                     [export_then] { export_then(false); });
+    QObject::connect(&window, &ui::MainWindow::sweepShown, &window,
+                     [export_then] { export_then(true); });
     QObject::connect(&window, &ui::MainWindow::errorShown, &window, [](const QString& message) {
       std::fprintf(stderr, "batchlens: %s\n", qPrintable(message));
       QApplication::exit(1);

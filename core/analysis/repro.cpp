@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -15,6 +14,7 @@
 
 #include "core/analysis/kernel_evidence.h"
 #include "core/base/atomic_file.h"
+#include "core/base/input.h"
 #include "core/base/sha256.h"
 #include "core/base/version.h"
 #include "core/experiment/command_line.h"
@@ -453,9 +453,16 @@ void check_is_previous_export(const std::filesystem::path& dir) {
   if (std::filesystem::is_empty(dir, ec)) {
     return;
   }
-  std::ifstream in(dir / "op.json");
-  nlohmann::json doc = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (!doc.is_object() || doc.value("format", std::string()) != kFormat) {
+  // op.json read as untrusted input: a FIFO of that name blocked the export forever (issue #32);
+  // anything but a small regular file with our format means "not ours".
+  auto text = base::read_input_file(dir / "op.json", "op.json", std::uint64_t{16} << 20);
+  auto doc = text.ok() ? base::parse_json(text.value(), "op.json")
+                       : base::Result<nlohmann::json>(text.error());
+  const auto format = doc.ok() && doc.value().is_object() && doc.value().contains("format") &&
+                              doc.value()["format"].is_string()
+                          ? doc.value()["format"].get<std::string>()
+                          : std::string();
+  if (format != kFormat) {
     base::raise(ErrorCode::InvalidArgument,
                 dir.string() +
                     " exists and is not a BatchLens repro folder: choose another "
@@ -509,7 +516,7 @@ void write_folder(const ReproRequest& req, const ReproExport& r, const Experimen
   base::AtomicDir dir(req.out);
   model::write_safetensors(dir.path() / "inputs.safetensors", tensors, {{"format", kFormat}});
   check(base::write_file_atomic(dir.path() / "op.json",
-                                to_json(r, shown, kernel_lines).dump(2) + "\n"));
+                                base::dump_json_lossy(to_json(r, shown, kernel_lines), 2) + "\n"));
   check(base::write_file_atomic(dir.path() / "repro.py", repro_script()));
   check(base::write_file_atomic(dir.path() / "README.md", readme(r, shown, req, kernel_lines)));
   std::error_code ec;

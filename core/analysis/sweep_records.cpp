@@ -228,8 +228,9 @@ base::Result<std::string> prepare_sweep_dir(const fs::path& dir, const SweepSpec
       }
     } else {
       base::take(base::write_file_atomic(
-          head,
-          json{{"format", kSweepFormat}, {"id", id}, {"spec", to_json(spec)}}.dump(1) + "\n"));
+          head, base::dump_json_lossy(
+                    json{{"format", kSweepFormat}, {"id", id}, {"spec", to_json(spec)}}, 1) +
+                    "\n"));
     }
     return id;
   });
@@ -302,7 +303,8 @@ base::Result<SweepOutcome> run_sweep(const setup::Session& session, const SweepS
       for (const SweepRow& row : rows) {
         rec["rows"].push_back(to_json(row));
       }
-      base::take(base::write_file_atomic(item_path(dir, item.index), rec.dump(1) + "\n"));
+      base::take(base::write_file_atomic(item_path(dir, item.index),
+                                         base::dump_json_lossy(rec, 1) + "\n"));
       out.provenance = r.provenance;
       out.rows.insert(out.rows.end(), rows.begin(), rows.end());
       ++out.items_run;

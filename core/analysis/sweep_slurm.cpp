@@ -71,6 +71,12 @@ base::Result<SlurmScripts> slurm_scripts(const SlurmOptions& o) {
       }
     }
   }
+  // The id comes from a sweep folder on disk (sweep.json): only the characters a computed id
+  // has, so it can never break out of the comment and #SBATCH lines it is written into.
+  if (o.sweep_id.empty() || o.sweep_id.size() > 64 ||
+      o.sweep_id.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos) {
+    return bad("the sweep id must be 1 to 64 hexadecimal digits");
+  }
   for (const std::string& opt : o.sbatch_options) {
     if (opt.find_first_of("\r\n") != std::string::npos || opt.empty()) {
       return bad("an --sbatch-option is empty or holds a line break");

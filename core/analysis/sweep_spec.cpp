@@ -2,7 +2,6 @@
 #include "core/analysis/sweep_spec.h"
 
 #include <algorithm>
-#include <fstream>
 #include <limits>
 #include <set>
 #include <sstream>
@@ -27,6 +26,9 @@ constexpr std::size_t kMaxItems = 1000000;
 constexpr std::size_t kMaxPrompts = 100000;
 constexpr std::size_t kMaxSeeds = 100000;
 constexpr std::size_t kMaxPromptBytes = std::size_t{1} << 20;
+// A prompt file whole: 100,000 prompts of a few hundred bytes fit; a 100 MB line is refused
+// before it is read.
+constexpr std::uint64_t kMaxPromptFileBytes = std::uint64_t{64} << 20;
 
 [[noreturn]] void corrupt(const std::string& what) {
   base::raise(ErrorCode::FileCorrupted, what);
@@ -121,7 +123,7 @@ base::Result<SweepSpec> sweep_spec_from_json(const json& doc) {
 }
 
 std::string sweep_id(const SweepSpec& spec) {
-  const std::string text = to_json(spec).dump();
+  const std::string text = base::dump_json_lossy(to_json(spec));
   return base::sha256_hex(text.data(), text.size()).substr(0, 16);
 }
 
@@ -186,10 +188,9 @@ base::Result<std::vector<std::uint64_t>> parse_seeds(const std::string& text) {
 
 base::Result<std::vector<SweepPrompt>> read_prompts(const fs::path& path) {
   return base::guarded([&] {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) {
-      base::raise(ErrorCode::InvalidArgument, path.string() + ": cannot open the prompt file");
-    }
+    // A FIFO, device or folder is refused before any read (it blocked forever, issue #32).
+    std::istringstream in(
+        base::take(base::read_input_file(path, "prompt file", kMaxPromptFileBytes)));
     std::vector<SweepPrompt> out;
     std::string line;
     int number = 0;

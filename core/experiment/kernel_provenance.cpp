@@ -233,6 +233,7 @@ std::vector<std::string> kernel_differences(const OpKernels& a, const OpKernels&
   }
   const auto names = [](const OpKernels& o) {
     std::vector<std::string> n;
+    n.reserve(o.kernels.size());
     for (const KernelLaunch& l : o.kernels) {
       n.push_back(l.name);
     }

@@ -8,6 +8,7 @@
 
 #include <ATen/ATen.h>
 
+#include "core/base/input.h"
 #include "core/experiment/comparator.h"
 #include "core/experiment/kernel_capture.h"
 #include "core/experiment/plan.h"
@@ -326,7 +327,7 @@ std::vector<std::string> extension_mismatches(const ExperimentResult& shown,
     for (const PlannedRun& planned : g.runs) {
       const RunResult* ran = shown.run(planned.id);
       if (ran != nullptr && ran->group == RunGroup::Main &&
-          !same_json(ran->policy_json, ops::to_json(planned.policy).dump())) {
+          !same_json(ran->policy_json, base::dump_json_lossy(ops::to_json(planned.policy)))) {
         out.push_back("policy " + ops::policy_text(planned.policy) + " " + ran->policy_text +
                       " there, " + ops::describe(planned.policy) + " here");
         return out;

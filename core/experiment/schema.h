@@ -39,6 +39,8 @@ enum class Axis : std::uint8_t {
   Taps,         ///< T: the spec's taps, in their order
   Any,          ///< any length (tokens, steps, prompt ids, token edits)
   EditColumns,  ///< 3: a token edit's op, reference position and run position
+  Edits,        ///< a token diff's rows: at most the two runs' tokens together (checked before
+                ///< the read: a file claiming 2,000,000 rows is refused, issue #32)
 };
 /// An array's shape, outermost dimension first.
 using Shape = std::vector<Axis>;
@@ -225,7 +227,7 @@ void visit_fields(C& c, V&& v) {
   v.array("routing_flips", c.routing_flips, {A::Ticks, A::Layers, A::Canvas}, row0);  // uint8
   v.array("router_margin", c.router_margin, {A::Ticks, A::Layers, A::Canvas}, row0);  // float32
   v.array("sampler_diff", c.sampler_diff, {A::Ticks, A::Canvas}, row0);               // uint8
-  v.array("token_diff", c.token_diff, {A::Any, A::EditColumns}, row0);                // int64
+  v.array("token_diff", c.token_diff, {A::Edits, A::EditColumns}, row0);              // int64
 }
 
 }  // namespace batchlens::experiment::schema

@@ -6,6 +6,8 @@
 
 #include <ATen/ATen.h>
 
+#include "core/base/input.h"
+
 namespace batchlens::experiment {
 
 namespace {
@@ -43,7 +45,7 @@ Engine::Engine(const PlannedRun& run, const model::DiffusionGemma& model, const 
   result_.id = run.id;
   result_.batch_size = run.batch_size;
   result_.group = run.group;
-  result_.policy_json = ops::to_json(policy_).dump();
+  result_.policy_json = base::dump_json_lossy(ops::to_json(policy_));
   result_.policy_text = ops::describe(policy_);
   result_.emulated = policy_.emulate_split_k.any();
   options.batch_size = run.batch_size;

@@ -200,7 +200,7 @@ std::string to_json(const GenerationConfig& c) {
       {"confidence_threshold", c.sampler.confidence_threshold},
       {"eos_token_id", c.eos_token_ids},
       {"pad_token_id", c.pad_token_id}};
-  return j.dump(2) + "\n";
+  return base::dump_json_lossy(j, 2) + "\n";
 }
 
 }  // namespace batchlens::generation

@@ -514,6 +514,14 @@ GroupReader Reader::group(const GroupReader& parent, const std::string& name) co
   return {*this, g, where};
 }
 
+// An expected dimension is exact (>= 0), any (-1) or "at most n" (at_most_expect(n) <= -2).
+constexpr std::int64_t at_most_expect(std::int64_t n) {
+  return -2 - n;
+}
+constexpr std::int64_t at_most(std::int64_t expect) {
+  return expect <= -2 ? -2 - expect : -1;
+}
+
 std::vector<hsize_t> Reader::checked_dims(hid_t ds, const std::string& at,
                                           const std::vector<std::int64_t>& expect) const {
   const Hid space(H5Dget_space(ds));
@@ -529,6 +537,11 @@ std::vector<hsize_t> Reader::checked_dims(hid_t ds, const std::string& at,
     if (expect[k] >= 0 && dims[k] != static_cast<hsize_t>(expect[k])) {
       fail(at + " dimension " + std::to_string(k) + " is " + std::to_string(dims[k]) +
            ", expected " + std::to_string(expect[k]));
+    }
+    if (const std::int64_t most = at_most(expect[k]);
+        most >= 0 && dims[k] > static_cast<hsize_t>(most)) {
+      fail(at + " dimension " + std::to_string(k) + " is " + std::to_string(dims[k]) +
+           ", at most " + std::to_string(most) + " expected");
     }
     if (dims[k] > static_cast<hsize_t>(kMaxElements)) {
       fail(at + " claims an absurd size");
@@ -590,6 +603,7 @@ struct Extents {
   std::int64_t canvas = 0;
   std::int64_t layers = 0;
   std::int64_t taps = 0;
+  std::int64_t edits = -1;  // a comparison's token diff rows at most; -1: no comparison
 };
 
 Extents extents_of(const ExperimentResult& r, std::int64_t ticks) {
@@ -751,6 +765,8 @@ class FieldReader {
         return x_.taps;
       case Axis::EditColumns:
         return 3;
+      case Axis::Edits:
+        return x_.edits >= 0 ? at_most_expect(x_.edits) : -1;
       case Axis::Any:
         break;
     }
@@ -819,7 +835,10 @@ ComparisonResult read_comparison(Reader& rd, const GroupReader& comps, const std
   if (ref == nullptr || res.run(c.run) == nullptr) {
     rd.fail(g.where() + " names a run that is not in /runs");
   }
-  fields.arrays(c, extents_of(res, static_cast<std::int64_t>(ref->tick_canvas.size())));
+  Extents x = extents_of(res, static_cast<std::int64_t>(ref->tick_canvas.size()));
+  // Each row of a token diff takes at least one token of either run.
+  x.edits = static_cast<std::int64_t>(ref->tokens.size() + res.run(c.run)->tokens.size());
+  fields.arrays(c, x);
   return c;
 }
 

@@ -236,12 +236,14 @@ void write_groups(hid_t fid, const SweepRecords& s) {
              steps.data());
     write_1d(rows.get(), "wall_s", H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE, wall.size(), wall.data());
     std::vector<std::string> groups;
+    groups.reserve(s.rows.size());
     for (const SweepRow& r : s.rows) {
       groups.emplace_back(experiment::name(r.group));
     }
     write_strings(rows.get(), "group", groups);
     for (const StrColumn& col : kStrColumns) {
       std::vector<std::string> v;
+      v.reserve(s.rows.size());
       for (const SweepRow& r : s.rows) {
         v.push_back(r.*col.member);
       }
@@ -251,6 +253,7 @@ void write_groups(hid_t fid, const SweepRecords& s) {
   {
     const Hid prov(make_group(fid, "provenance"));
     std::vector<std::string> docs;
+    docs.reserve(s.provenances.size());
     for (const experiment::Provenance& p : s.provenances) {
       docs.push_back(base::dump_json_lossy(experiment::provenance_to_json(p)));
     }

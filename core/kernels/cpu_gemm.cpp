@@ -420,7 +420,8 @@ struct PackKey {
   }
 };
 
-struct PackEntry {
+// Built whole by brace initialisation only (weak_intrusive_ptr has no default).
+struct PackEntry {  // NOLINT(cppcoreguidelines-pro-type-member-init)
   c10::weak_intrusive_ptr<c10::StorageImpl> storage;
   std::uint32_t version;
   std::shared_ptr<const std::vector<float>> packed;

@@ -208,6 +208,7 @@ class FieldReader {
       fail(path(key), expected, describe(v));
     }
     std::vector<std::int64_t> ids;
+    ids.reserve(v->size());
     for (std::size_t i = 0; i < v->size(); ++i) {
       ids.push_back(as_int((*v)[i], path(key) + "[" + std::to_string(i) + "]"));
     }

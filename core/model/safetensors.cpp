@@ -656,7 +656,7 @@ void write_safetensors(const std::filesystem::path& path,
   }
   std::string text;
   try {
-    text = header.dump();
+    text = header.dump();  // throws on a name that is not UTF-8: refused, never replaced
   } catch (const Json::type_error& e) {
     raise(ErrorCode::InvalidArgument,
           path.string() + ": tensor names and metadata must be UTF-8 (" + e.what() + ")");
@@ -733,7 +733,7 @@ void write_checkpoint(const std::filesystem::path& dir,
   Json index = Json::object();
   index["metadata"] = Json{{"total_size", total}};
   index["weight_map"] = std::move(weight_map);
-  write_text_atomically(dir / kIndexFileName, index.dump(2) + "\n");
+  write_text_atomically(dir / kIndexFileName, base::dump_json_lossy(index, 2) + "\n");
 }
 
 std::string safetensors_dtype_name(c10::ScalarType dtype) {

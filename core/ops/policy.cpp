@@ -236,6 +236,17 @@ nlohmann::json to_json(const OpPolicy& policy) {
 
 namespace {
 
+// A layer index of a rule: -1 (first_layer: never used; last_layer: the last layer) up to a
+// bound far above any model's depth.
+constexpr int kMaxLayerIndex = 1 << 20;
+bool fits_layer(const nlohmann::json& v) {
+  if (v.is_number_unsigned()) {
+    return v.get<std::uint64_t>() <= static_cast<std::uint64_t>(kMaxLayerIndex);
+  }
+  const auto i = v.get<std::int64_t>();
+  return i >= -1 && i <= kMaxLayerIndex;
+}
+
 base::Result<OpPolicy> policy_from_json_or_throw(const nlohmann::json& doc) {
   const auto bad = [](const std::string& what) {
     return base::Error{base::ErrorCode::InvalidArgument, "op policy: " + what};
@@ -258,14 +269,16 @@ base::Result<OpPolicy> policy_from_json_or_throw(const nlohmann::json& doc) {
     PolicyRule rule;
     rule.families = families.value();
     if (r.contains("first_layer")) {
-      if (!r["first_layer"].is_number_integer()) {
-        return bad("first_layer must be an integer");
+      // Checked before the conversion: 2^31 and above wrapped silently (issue #32).
+      if (!r["first_layer"].is_number_integer() || !fits_layer(r["first_layer"])) {
+        return bad("first_layer must be an integer from -1 to " + std::to_string(kMaxLayerIndex));
       }
       rule.first_layer = r["first_layer"].get<int>();
     }
     if (r.contains("last_layer")) {
-      if (!r["last_layer"].is_number_integer()) {
-        return bad("last_layer must be an integer");
+      // Checked before the conversion: 2^31 and above wrapped silently (issue #32).
+      if (!r["last_layer"].is_number_integer() || !fits_layer(r["last_layer"])) {
+        return bad("last_layer must be an integer from -1 to " + std::to_string(kMaxLayerIndex));
       }
       rule.last_layer = r["last_layer"].get<int>();
     }
@@ -309,7 +322,10 @@ base::Result<OpPolicy> policy_from_json(const nlohmann::json& doc) {
   }
 }
 
-base::Result<OpPolicy> policy_from_text(const std::string& text) {
+namespace {
+
+// One part of a policy text (no '+' outside inline JSON): a name, a family list or JSON.
+base::Result<OpPolicy> policy_part_from_text(const std::string& text) {
   if (!text.empty() && text.front() == '{') {
     // Inline policy JSON (the GUI's per-family, per-layer-range workaround editor).
     auto doc = base::parse_json(text, "inline policy");
@@ -317,17 +333,6 @@ base::Result<OpPolicy> policy_from_text(const std::string& text) {
       return doc.error();
     }
     return policy_from_json(doc.value());
-  }
-  if (const auto plus = text.find('+'); plus != std::string::npos) {
-    auto a = policy_from_text(text.substr(0, plus));
-    if (!a.ok()) {
-      return a;
-    }
-    auto b = policy_from_text(text.substr(plus + 1));
-    if (!b.ok()) {
-      return b;
-    }
-    return combine(a.value(), b.value());
   }
   if (const auto colon = text.find(':'); colon != std::string::npos) {
     // A family list: "row_wise:selfcond_matmul,router_proj", "batch_invariant:selfcond_matmul".
@@ -369,11 +374,55 @@ base::Result<OpPolicy> policy_from_text(const std::string& text) {
                          "joined with + or a JSON file"};
 }
 
+}  // namespace
+
+base::Result<OpPolicy> policy_from_text(const std::string& text) {
+  // Texts come from other people's experiment files: bounded, and split without recursion (a
+  // chain of 20,000 parts joined with + overflowed the stack, issue #32).
+  if (text.size() > kMaxPolicyTextBytes) {
+    return base::Error{base::ErrorCode::InvalidArgument,
+                       "policy text of " + std::to_string(text.size()) + " bytes (at most " +
+                           std::to_string(kMaxPolicyTextBytes) + ")"};
+  }
+  // Parts joined with +, left to right; inline JSON runs to the end (it may hold a '+').
+  std::vector<std::string> parts;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t plus = text.find('+', start);
+    if ((start < text.size() && text[start] == '{') || plus == std::string::npos) {
+      parts.push_back(text.substr(start));
+      break;
+    }
+    parts.push_back(text.substr(start, plus - start));
+    start = plus + 1;
+    if (parts.size() >= kMaxPolicyParts) {
+      return base::Error{base::ErrorCode::InvalidArgument,
+                         "policy '" + text.substr(0, 60) + "...': more than " +
+                             std::to_string(kMaxPolicyParts) + " parts joined with +"};
+    }
+  }
+  std::vector<OpPolicy> parsed;
+  parsed.reserve(parts.size());
+  for (const std::string& part : parts) {
+    auto p = policy_part_from_text(part);
+    if (!p.ok()) {
+      return p;
+    }
+    parsed.push_back(std::move(p.value()));
+  }
+  // Folded from the right, as "a+(b+c)": names and rules exactly as before.
+  OpPolicy out = std::move(parsed.back());
+  for (std::size_t i = parsed.size() - 1; i-- > 0;) {
+    out = combine(parsed[i], out);
+  }
+  return out;
+}
+
 std::string policy_text(const OpPolicy& policy) {
   if (auto named = policy_from_text(policy.name); named.ok() && named.value() == policy) {
     return policy.name;
   }
-  return to_json(policy).dump();
+  return base::dump_json_lossy(to_json(policy));
 }
 
 base::Result<OpPolicy> policy_from_argument(const std::string& text_or_file) {

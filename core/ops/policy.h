@@ -127,7 +127,10 @@ base::Result<OpPolicy> policy_from_json(const nlohmann::json& doc);
 /// "emulated_h200", "emulated_h100_report", "emulated_split_k"), inline policy
 /// JSON (text starting with '{': to_json's format, nesting limited, never echoed in messages),
 /// or such parts joined with "+" (combined left to right, e.g.
-/// "emulated_split_k+issue_workaround"). InvalidArgument otherwise. Never throws.
+/// "emulated_split_k+issue_workaround"; at most kMaxPolicyParts parts, kMaxPolicyTextBytes
+/// bytes). InvalidArgument otherwise. Never throws, never recurses per part.
+inline constexpr std::size_t kMaxPolicyParts = 256;
+inline constexpr std::size_t kMaxPolicyTextBytes = std::size_t{1} << 20;
 base::Result<OpPolicy> policy_from_text(const std::string& text);
 /// Inverse of policy_from_text: the policy's name when policy_from_text(name) gives the policy
 /// back (every named policy and their combinations), else its compact to_json.

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <system_error>
 
+#include "core/base/input.h"
 #include "core/model/config.h"
 #include "core/model/diffusion_gemma.h"
 #include "core/text/chat_template.h"
@@ -152,7 +153,7 @@ void load_into(Session& s, model::LoadOptions load) {
   const auto start = std::chrono::steady_clock::now();
   s.model = take(model::load_model(s.source, load));
   s.load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  s.config_json = model::to_json(s.model->config()).dump(2);
+  s.config_json = base::dump_json_lossy(model::to_json(s.model->config()), 2);
   load.progress = nullptr;
   load.cancel = nullptr;
   load.free_memory = nullptr;

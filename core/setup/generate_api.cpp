@@ -7,6 +7,7 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include "core/base/input.h"
 #include "core/generation/engine.h"
 #include "core/model/diffusion_gemma.h"
 #include "core/model/safetensors.h"
@@ -160,7 +161,7 @@ std::string report_json(const GenerateReport& r) {
     o["steps"] = row.steps;
     j["rows"].push_back(std::move(o));
   }
-  return j.dump(2) + "\n";
+  return base::dump_json_lossy(j, 2) + "\n";
 }
 
 }  // namespace batchlens::setup

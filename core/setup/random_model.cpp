@@ -8,6 +8,7 @@
 #include <ATen/ATen.h>
 
 #include "core/base/atomic_file.h"
+#include "core/base/input.h"
 #include "core/generation/generation_config.h"
 #include "core/model/config.h"
 #include "core/model/safetensors.h"
@@ -83,7 +84,7 @@ base::Result<void> save_random_model(const std::string& preset, std::uint64_t se
     for (const auto& [name, content] :
          {std::pair<const char*, std::string>{"tokenizer.json", tokenizer.value()},
           {"generation_config.json", generation::to_json(generation::GenerationConfig{})},
-          {"config.json", model::to_json(config.value()).dump(2) + "\n"}}) {
+          {"config.json", base::dump_json_lossy(model::to_json(config.value()), 2) + "\n"}}) {
       if (auto w = base::write_file_atomic(out.path() / name, content); !w.ok()) {
         throw base::ErrorException(w.error());
       }

@@ -13,6 +13,7 @@ std::vector<TokenEdit> positional(const std::vector<std::int64_t>& a,
                                   const std::vector<std::int64_t>& b) {
   std::vector<TokenEdit> out;
   const std::size_t n = std::min(a.size(), b.size());
+  out.reserve(std::max(a.size(), b.size()));
   for (std::size_t i = 0; i < n; ++i) {
     out.push_back({a[i] == b[i] ? Op::Equal : Op::Replace, static_cast<std::int64_t>(i),
                    static_cast<std::int64_t>(i)});

@@ -31,57 +31,127 @@ def fail(message):
     sys.exit(2)
 
 
+MAX_ELEMENTS = 1 << 31  # per operand: far above any op BatchLens exports
+MAX_HEADER = 100 << 20
+
+
+def count_of(shape, where):
+    """The element count of `shape` (a list of non-negative integers), refused above
+    MAX_ELEMENTS before anything of that size is allocated."""
+    if not isinstance(shape, list) or len(shape) > 8 or not all(
+            isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_ELEMENTS
+            for d in shape):
+        fail("%s: shape %r is not a list of at most 8 sizes" % (where, shape))
+    count = 1
+    for d in shape:
+        count *= d
+    if count > MAX_ELEMENTS:
+        fail("%s: shape %r holds more than %d elements" % (where, shape, MAX_ELEMENTS))
+    return count
+
+
+def check_op(op, path):
+    """op.json comes with the folder from someone else: every field this script reads is checked
+    for its type (and every shape for its size) before it is used."""
+    def need(obj, key, types, where):
+        if not isinstance(obj, dict) or key not in obj or not isinstance(obj[key], types) or (
+                isinstance(obj[key], bool) and bool not in (types if isinstance(types, tuple)
+                                                            else (types,))):
+            fail("%s: %s%s is missing or of the wrong type" % (path, where, key))
+        return obj[key]
+    for key, types in (("family", str), ("layer", int), ("canvas", int), ("step", int),
+                       ("op", str), ("batch", int), ("dtype", str), ("device", str),
+                       ("emulated", bool), ("comparison", str), ("inputs", list)):
+        need(op, key, types, "")
+    if not 1 <= op["batch"] <= 4096:
+        fail("%s: batch %d is not 1 to 4096" % (path, op["batch"]))
+    if len(op["inputs"]) > 16:
+        fail("%s: more than 16 inputs" % path)
+    for i, spec in enumerate(op["inputs"]):
+        where = "inputs[%d]." % i
+        for key, types in (("name", str), ("role", str), ("dtype", str), ("random", str),
+                           ("transposed", bool), ("shape", list), ("mean", (int, float)),
+                           ("std", (int, float))):
+            need(spec, key, types, where)
+        if spec["dtype"] not in DTYPES:
+            fail("%s: %sdtype %r is not one of %s" % (path, where, spec["dtype"],
+                                                      ", ".join(sorted(DTYPES))))
+        if spec["random"] not in ("copy", "softmax", "normal"):
+            fail("%s: %srandom %r is not copy, softmax or normal" % (path, where, spec["random"]))
+        if spec["transposed"] and len(spec["shape"]) < 2:
+            fail("%s: %stransposed needs two dimensions" % (path, where))
+        count_of(spec["shape"], path + ": " + where + "shape")
+    return op
+
+
 def load_op():
     path = os.path.join(HERE, "op.json")
     try:
+        if not os.path.isfile(path) or os.path.getsize(path) > (16 << 20):
+            fail("%s is not a small regular file" % path)
         with open(path, encoding="utf-8") as f:
             op = json.load(f)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError, RecursionError) as e:
         fail("cannot read %s: %s" % (path, e))
     if not isinstance(op, dict) or op.get("format") != FORMAT:
         fail("%s is not a BatchLens repro description (%s)" % (path, FORMAT))
     if op.get("op") not in ("linear", "matmul", "grouped_mm"):
         fail("unknown op %r in op.json" % op.get("op"))
-    return op
+    return check_op(op, path)
 
 
 def read_safetensors(torch, path):
     """The tensors of a .safetensors file (its own small reader: 8-byte header length, JSON
-    header, raw little-endian data), each checked against the file's size."""
+    header, raw little-endian data). The header length, every dtype, shape and byte range are
+    checked against the file's size before anything is allocated; then only those ranges are
+    read."""
     out = {}
     if not os.path.exists(path):
         return out
+    if not os.path.isfile(path):
+        fail("%s is not a regular file" % path)
+    size = os.path.getsize(path)
     with open(path, "rb") as f:
-        data = f.read()
-    if len(data) < 8:
-        fail("%s is truncated" % path)
-    (n,) = struct.unpack("<Q", data[:8])
-    if n > len(data) - 8:
-        fail("%s: header of %d bytes in a file of %d" % (path, n, len(data)))
-    try:
-        header = json.loads(data[8:8 + n].decode("utf-8"))
-    except ValueError as e:
-        fail("%s: header is not JSON: %s" % (path, e))
-    body = data[8 + n:]
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        dtype = DTYPES.get(info.get("dtype"))
-        if dtype is None:
-            fail("%s: %s has dtype %s" % (path, name, info.get("dtype")))
-        dtype = getattr(torch, dtype)
-        begin, end = info["data_offsets"]
-        shape = [int(d) for d in info["shape"]]
-        count = 1
-        for d in shape:
-            count *= d
-        size = torch.tensor([], dtype=dtype).element_size()
-        if not 0 <= begin <= end <= len(body) or end - begin != count * size:
-            fail("%s: %s's bytes [%d, %d) do not hold %s %s" % (path, name, begin, end, shape,
-                                                               info["dtype"]))
-        raw = bytearray(body[begin:end])
-        t = torch.frombuffer(raw, dtype=dtype) if count > 0 else torch.empty(0, dtype=dtype)
-        out[name] = t.reshape(shape)
+        if size < 8:
+            fail("%s is truncated" % path)
+        (n,) = struct.unpack("<Q", f.read(8))
+        if n > size - 8 or n > MAX_HEADER:
+            fail("%s: header of %d bytes in a file of %d" % (path, n, size))
+        try:
+            header = json.loads(f.read(n).decode("utf-8"))
+        except (ValueError, RecursionError) as e:
+            fail("%s: header is not JSON: %s" % (path, e))
+        if not isinstance(header, dict):
+            fail("%s: header is not a JSON object" % path)
+        body_start, body_len = 8 + n, size - 8 - n
+        ranges = []
+        for name, info in header.items():
+            if name == "__metadata__":
+                continue
+            where = "%s: %s" % (path, name)
+            if not isinstance(info, dict):
+                fail("%s is not described by an object" % where)
+            dtype = DTYPES.get(info.get("dtype")) if isinstance(info.get("dtype"), str) else None
+            if dtype is None:
+                fail("%s has dtype %r" % (where, info.get("dtype")))
+            dtype = getattr(torch, dtype)
+            offsets = info.get("data_offsets")
+            if not isinstance(offsets, list) or len(offsets) != 2 or not all(
+                    isinstance(o, int) and not isinstance(o, bool) for o in offsets):
+                fail("%s: data_offsets %r are not two integers" % (where, offsets))
+            begin, end = offsets
+            shape = info.get("shape")
+            count = count_of(shape, where + " shape")
+            element = torch.tensor([], dtype=dtype).element_size()
+            if not 0 <= begin <= end <= body_len or end - begin != count * element:
+                fail("%s's bytes [%d, %d) do not hold %s %s" % (where, begin, end, shape,
+                                                              info["dtype"]))
+            ranges.append((begin, end, name, dtype, shape, count))
+        for begin, end, name, dtype, shape, count in sorted(ranges):
+            f.seek(body_start + begin)
+            raw = bytearray(f.read(end - begin))
+            t = torch.frombuffer(raw, dtype=dtype) if count > 0 else torch.empty(0, dtype=dtype)
+            out[name] = t.reshape(shape)
     return out
 
 

@@ -16,6 +16,7 @@
 
 #include "tests/support/process.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace batchlens {
@@ -106,6 +107,19 @@ nlohmann::json outcome(const fs::path& sweep_file) {
   j.erase("provenances");
   j.erase("shards");
   return j;
+}
+
+// A FIFO given as --prompts is refused at once instead of blocking on its read (issue #32).
+TEST_F(CliSweep, PromptsFromAFifoAreRefusedWithoutBlocking) {
+  const fs::path fifo = dir_ / "prompts.fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const auto start = std::chrono::steady_clock::now();
+  const auto r =
+      run_process({BL_CLI_PATH, "sweep", "--preset", "tiny", "--prompts", fifo.string(), "--seeds",
+                   "0", "--batch-sizes", "2", "--out", (dir_ / "sweep").string()});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("FIFO"), std::string::npos) << r.err;
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(30));
 }
 
 TEST_F(CliSweep, SlurmJobArrayOnARealClusterEqualsOneProcess) {

@@ -81,6 +81,40 @@ TEST(Cli, ReproduceCommandOfASpecRunsThatSpec) {
   std::remove(out.c_str());
 }
 
+// issue #32: a run's text and a first divergence's tap name holding bytes that are not UTF-8
+// (another person's file) give JSON with U+FFFD in their place, not "internal error".
+TEST(Cli, SummaryJsonReplacesInvalidUtf8FromTheFile) {
+  experiment::ExperimentSpec spec;
+  spec.model.preset = "tiny";
+  spec.batch_sizes = {2};
+  spec.repeats = 0;
+  spec.overrides.max_denoising_steps = 2;
+  spec.overrides.max_new_tokens = 8;
+  spec.policy = ops::OpPolicy::emulation_profile("emulated_h200");
+  const std::string base = ::testing::TempDir() + "/bl_cli_utf8_" + std::to_string(::getpid());
+  std::string command = experiment::cli_run_command(spec, {}, base + ".h5");
+  command.replace(0, std::string("batchlens-cli").size(), BL_CLI_PATH);
+  ASSERT_EQ(run_process({"/bin/sh", "-c", command}).exit_code, 0) << command;
+  auto file = io::read_experiment(base + ".h5");
+  ASSERT_TRUE(file.ok()) << file.error().message;
+  experiment::ExperimentResult r = std::move(file).value();
+  ASSERT_FALSE(r.runs.empty());
+  ASSERT_FALSE(r.comparisons.empty());
+  r.runs[0].text = "caf\xC3 \xFF\xFE end";
+  r.comparisons[0].first.tap = "layer\xC0.out";
+  ASSERT_TRUE(io::write_experiment(base + "-bad.h5", r).ok());
+  const auto plain = run_process({BL_CLI_PATH, "summary", base + "-bad.h5"});
+  EXPECT_EQ(plain.exit_code, 0) << plain.err;
+  const auto json = run_process({BL_CLI_PATH, "summary", base + "-bad.h5", "--json"});
+  ASSERT_EQ(json.exit_code, 0) << json.err;
+  EXPECT_EQ(json.err.find("internal error"), std::string::npos) << json.err;
+  const auto doc = nlohmann::json::parse(json.out, nullptr, false);
+  ASSERT_FALSE(doc.is_discarded()) << json.out;
+  EXPECT_NE(json.out.find("\xEF\xBF\xBD"), std::string::npos);  // U+FFFD
+  std::remove((base + ".h5").c_str());
+  std::remove((base + "-bad.h5").c_str());
+}
+
 // issue #18: `repro` on an experiment file writes the folder; bad sizes and files are refused.
 TEST(Cli, ReproExportsTheFirstDivergentOpOfAFile) {
   experiment::ExperimentSpec spec;

@@ -93,6 +93,34 @@ TEST(Gui, ExportReportIntoANonEmptyFolderIsRefused) {
   fs::remove_all(dir);
 }
 
+// --export-report on a sweep file writes the sweep's report and exits; it waited forever for an
+// experiment that never came (issue #32). A sweep file with bytes appended exits too.
+TEST(Gui, ExportReportOfASweepFileWritesItAndExits) {
+  namespace fs = std::filesystem;
+  const fs::path dir =
+      fs::temp_directory_path() / ("batchlens_gui_sweep_report_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  const std::string sample =
+      std::string(BL_SOURCE_DIR) + "/resources/samples/h200-26b-a4b-sweep.h5";
+  const auto r =
+      testing::run_process({BL_GUI_PATH, "--export-report", (dir / "report").string(), sample});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  for (const char* name : {"sweep.png", "summary.md", "summary.json"}) {
+    EXPECT_TRUE(fs::exists(dir / "report" / name)) << name;
+  }
+  EXPECT_GE(png_size(dir / "report" / "sweep.png").first, 800);
+  std::ifstream md(dir / "report" / "summary.md");
+  const std::string text((std::istreambuf_iterator<char>(md)), std::istreambuf_iterator<char>());
+  EXPECT_NE(text.find("sweep"), std::string::npos) << text;
+  fs::copy_file(sample, dir / "appended.h5");
+  std::ofstream(dir / "appended.h5", std::ios::app | std::ios::binary) << "trailing bytes";
+  const auto appended = testing::run_process(
+      {BL_GUI_PATH, "--export-report", (dir / "report2").string(), (dir / "appended.h5").string()});
+  EXPECT_TRUE(appended.exit_code == 0 || appended.exit_code == 1) << appended.err;
+  fs::remove_all(dir);
+}
+
 TEST(Gui, HelpNamesTheProgram) {
   const auto r = testing::run_process({BL_GUI_PATH, "--help"});
   ASSERT_EQ(r.exit_code, 0) << r.err;

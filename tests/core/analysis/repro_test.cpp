@@ -3,10 +3,15 @@
 // Debian's PyTorch (skipped only where python3-torch is missing).
 #include "core/analysis/repro.h"
 
+#include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <sstream>
 #include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -21,6 +26,7 @@
 #include "core/setup/front_door.h"
 #include "tests/support/process.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace batchlens::experiment {
@@ -213,6 +219,100 @@ TEST(Repro, ScriptReproducesTheEmulatedDivergenceOnlyWhenToldToEmulate) {
 
   const auto one = script(dir, {"--emulate", "--batch", "1"});
   EXPECT_EQ(one.exit_code, 0) << one.out << one.err;
+  fs::remove_all(dir);
+}
+
+// A repro folder comes from someone else: repro.py checks op.json's fields and shapes and
+// inputs.safetensors' header length, dtypes, shapes and byte ranges before it allocates, and
+// refuses each crafted file with one line (exit 2), never a traceback or a huge allocation
+// (issue #32).
+TEST(Repro, ScriptRefusesCraftedFoldersBeforeAllocating) {
+  if (!python_has_torch()) {
+    GTEST_SKIP() << "python3-torch is not installed (scripts/install-deps.sh installs it)";
+  }
+  const fs::path dir = fresh_dir("crafted");
+  ASSERT_TRUE(export_to(emulated(), dir).reproduces);
+  const std::string op = read_text(dir / "op.json");
+  const std::string inputs = read_text(dir / "inputs.safetensors");
+  const auto write = [&](const std::string& name, const std::string& text) {
+    std::ofstream(dir / name, std::ios::binary | std::ios::trunc) << text;
+  };
+  const auto refused = [&](const std::string& what) {
+    const auto r = script(dir, {"--emulate"});
+    EXPECT_EQ(r.exit_code, 2) << what << ": " << r.out << r.err;
+    EXPECT_EQ(r.err.find("Traceback"), std::string::npos) << what << ": " << r.err;
+    EXPECT_NE(r.err.find("repro.py: "), std::string::npos) << what << ": " << r.err;
+  };
+  // op.json: a shape of 2^40 elements, a shape of the wrong type, a missing field, wrong dtype.
+  const nlohmann::json good = nlohmann::json::parse(op);
+  for (const auto& [what, edit] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"huge shape", {{"/inputs/0/shape", nlohmann::json::array({1 << 20, 1 << 20})}}},
+           {"negative shape", {{"/inputs/0/shape", nlohmann::json::array({-1, 4})}}},
+           {"shape of strings", {{"/inputs/0/shape", nlohmann::json::array({"a"})}}},
+           {"unknown dtype", {{"/inputs/0/dtype", "F8"}}},
+           {"batch as text", {{"/batch", "4"}}},
+           {"inputs not a list", {{"/inputs", 7}}}}) {
+    nlohmann::json crafted = good;
+    for (const auto& [pointer, value] : edit.items()) {
+      crafted[nlohmann::json::json_pointer(pointer)] = value;
+    }
+    write("op.json", crafted.dump());
+    refused("op.json with a " + what);
+  }
+  write("op.json", good.dump());
+  // inputs.safetensors: header length past the end, offsets past the end, a bad dtype, a header
+  // that is not an object, a shape that does not match its bytes.
+  std::uint64_t n = 0;
+  std::memcpy(&n, inputs.data(), 8);
+  nlohmann::json header = nlohmann::json::parse(inputs.substr(8, n));
+  const std::string body = inputs.substr(8 + n);
+  const auto with_header = [&](const nlohmann::json& h) {
+    std::string text = h.dump();
+    text.resize(((text.size() + 7) / 8) * 8, ' ');
+    const std::uint64_t len = text.size();
+    return std::string(reinterpret_cast<const char*>(&len), 8) + text + body;
+  };
+  std::string huge = inputs;
+  const std::uint64_t absurd = std::uint64_t{1} << 60;
+  std::memcpy(huge.data(), &absurd, 8);
+  write("inputs.safetensors", huge);
+  refused("a header length of 2^60");
+  const std::string tensor = header.begin().key() == "__metadata__"
+                                 ? std::next(header.begin()).key()
+                                 : header.begin().key();
+  for (const auto& [what, pointer, value] :
+       std::vector<std::tuple<std::string, std::string, nlohmann::json>>{
+           {"offsets past the end", "/" + tensor + "/data_offsets",
+            nlohmann::json::array({0, std::uint64_t{1} << 40})},
+           {"offsets of text", "/" + tensor + "/data_offsets", nlohmann::json::array({"0", "8"})},
+           {"unknown dtype", "/" + tensor + "/dtype", "Q7"},
+           {"shape of 2^62 elements", "/" + tensor + "/shape",
+            nlohmann::json::array({std::uint64_t{1} << 31, std::uint64_t{1} << 31})},
+           {"description that is a number", "/" + tensor, 5}}) {
+    nlohmann::json h = header;
+    h[nlohmann::json::json_pointer(pointer)] = value;
+    write("inputs.safetensors", with_header(h));
+    refused("inputs.safetensors with " + what);
+  }
+  write("inputs.safetensors", with_header(nlohmann::json::array({1, 2})));
+  refused("inputs.safetensors whose header is a list");
+  fs::remove_all(dir);
+}
+
+// An export into a folder whose op.json is a FIFO is refused at once: reading it blocked forever
+// (issue #32).
+TEST(Repro, FolderWithAFifoForOpJsonIsRefusedWithoutBlocking) {
+  const fs::path dir = fresh_dir("fifo");
+  fs::create_directories(dir);
+  ASSERT_EQ(::mkfifo((dir / "op.json").c_str(), 0600), 0);
+  ReproRequest req;
+  req.out = dir;
+  req.source_file = "demo.h5";
+  const auto e = export_repro(session(), emulated(), req);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.error().message.find("not a BatchLens repro folder"), std::string::npos)
+      << e.error().message;
+  EXPECT_TRUE(fs::is_fifo(dir / "op.json"));  // nothing there was changed
   fs::remove_all(dir);
 }
 

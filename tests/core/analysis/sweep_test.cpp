@@ -20,7 +20,9 @@
 #include "core/experiment/runner.h"
 #include "core/io/sweep_file.h"
 #include "core/setup/front_door.h"
+#include "tests/support/process.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 namespace batchlens::experiment {
@@ -154,6 +156,54 @@ TEST(Sweep, SeedsAndPromptFilesParse) {
   std::ofstream(dir / "empty.txt") << "\n\n";
   EXPECT_FALSE(read_prompts(dir / "empty.txt").ok());
   EXPECT_FALSE(read_prompts(dir / "missing.txt").ok());
+  fs::remove_all(dir);
+}
+
+// Prompt files from elsewhere (issue #32): invalid UTF-8, a 100 MB line, more than 100,000
+// prompts, an empty file, a FIFO and a folder are each refused with their reason; 100,000 short
+// prompts are read.
+TEST(Sweep, HostilePromptFilesAreRefusedWithTheirReason) {
+  const fs::path dir = fresh_dir("hostile_prompts");
+  fs::create_directories(dir);
+  const auto refused = [&](const std::string& name, const std::string& reason) {
+    const auto r = read_prompts(dir / name);
+    ASSERT_FALSE(r.ok()) << name;
+    EXPECT_NE(r.error().message.find(reason), std::string::npos)
+        << name << ": " << r.error().message;
+  };
+  std::ofstream(dir / "utf8.txt", std::ios::binary) << "fine\ncaf\xC3 broken\n";
+  refused("utf8.txt", "line 2 is not valid UTF-8");
+  {
+    std::ofstream big(dir / "huge-line.txt", std::ios::binary);
+    const std::string chunk(1 << 20, 'a');
+    for (int i = 0; i < 100; ++i) {
+      big << chunk;
+    }
+    big << "\n";
+  }
+  refused("huge-line.txt", "at most");
+  {
+    std::ofstream many(dir / "many.txt");
+    for (int i = 0; i < 100001; ++i) {
+      many << "p" << i << "\n";
+    }
+  }
+  refused("many.txt", "more than 100000 prompts");
+  {
+    std::ofstream enough(dir / "enough.txt");
+    for (int i = 0; i < 100000; ++i) {
+      enough << "p" << i << "\n";
+    }
+  }
+  const auto enough = read_prompts(dir / "enough.txt");
+  ASSERT_TRUE(enough.ok()) << enough.error().message;
+  EXPECT_EQ(enough.value().size(), 100000U);
+  std::ofstream(dir / "empty.txt");
+  EXPECT_FALSE(read_prompts(dir / "empty.txt").ok());
+  ASSERT_EQ(::mkfifo((dir / "fifo").c_str(), 0600), 0);
+  refused("fifo", "FIFO");
+  fs::create_directories(dir / "folder");
+  refused("folder", "folder");
   fs::remove_all(dir);
 }
 
@@ -390,6 +440,94 @@ TEST(Sweep, SlurmScriptsRunShardsAndMergeAfterThem) {
     bad.sweep_dir = path;
     EXPECT_FALSE(slurm_scripts(bad).ok()) << path;
   }
+}
+
+// Text of a file, "" when missing.
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+void write_executable(const fs::path& p, const std::string& text) {
+  std::ofstream(p) << text;
+  fs::permissions(p, fs::perms::owner_all | fs::perms::group_read | fs::perms::others_read);
+}
+
+// Paths with quotes, $(...) and backticks (spaces and line breaks are refused) and sbatch options
+// holding commands reach the programs intact and execute nothing: a canary file must never
+// appear. Every script passes bash -n and shellcheck (issue #32).
+TEST(Sweep, SlurmScriptsExecuteNothingThatPathsAndOptionsHold) {
+  using testing::run_process;
+  const fs::path root =
+      fs::temp_directory_path() / ("bl-slurm-inject-" + std::to_string(::getpid()));
+  fs::remove_all(root);
+  const std::string canary = (root / "CANARY").string();
+  const std::string evil = "a'b\"c$(touch${IFS}" + canary + ")`touch${IFS}" + canary + "`;d&e|f";
+  const fs::path base = root / evil;
+  fs::create_directories(base / "bin");
+  fs::create_directories(base / "stub");
+  // The "CLI" records its arguments, one per line; the stub sbatch records its own and answers
+  // with a job id, as `sbatch --parsable` does.
+  write_executable(base / "bin" / "cli", "#!/bin/sh\nprintf '%s\\n' \"$@\" > \"$0.args\"\n");
+  write_executable(base / "stub" / "sbatch",
+                   "#!/bin/sh\nprintf '%s\\n' \"$@\" >> \"$0.args\"\necho 42\n");
+  SlurmOptions o;
+  o.cli = base / "bin" / "cli";
+  o.sweep_dir = base / "sweep";
+  o.script_dir = base / "slurm";
+  o.sweep_id = "0123456789abcdef";
+  o.shards = 4;
+  o.sbatch_options = {"--comment=$(touch " + canary + ")", "--comment=`touch " + canary + "`",
+                      "--comment='; touch " + canary + "'"};
+  ASSERT_TRUE(write_slurm_scripts(o).ok());
+  const std::vector<fs::path> scripts{o.script_dir / "sweep-array.sbatch",
+                                      o.script_dir / "sweep-merge.sbatch",
+                                      o.script_dir / "submit.sh"};
+  for (const fs::path& script : scripts) {
+    const auto syntax = run_process({"/bin/bash", "-n", script.string()});
+    EXPECT_EQ(syntax.exit_code, 0) << script << ": " << syntax.err;
+  }
+
+  // Shard 3 of the array and the merge run the CLI with the paths as they are.
+  auto r = run_process({"/usr/bin/env", "SLURM_ARRAY_TASK_ID=3", "/bin/bash", scripts[0].string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(slurp(o.cli.string() + ".args"),
+            "sweep\n--resume\n--out\n" + o.sweep_dir.string() + "\n--shard\n3/4\n");
+  r = run_process({"/bin/bash", scripts[1].string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(slurp(o.cli.string() + ".args"),
+            "sweep-merge\n--out\n" + (o.sweep_dir / "sweep.h5").string() + "\n" +
+                (o.sweep_dir / "shards").string() + "/shard-*-of-4.h5\n");
+  // submit.sh hands sbatch the two scripts by their paths, the merge after the array.
+  r = run_process({"/usr/bin/env", "PATH=" + (base / "stub").string() + ":/usr/bin:/bin",
+                   "/bin/bash", scripts[2].string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("42 42"), std::string::npos) << r.out;
+  EXPECT_EQ(slurp((base / "stub" / "sbatch.args")), "--parsable\n" + scripts[0].string() +
+                                                        "\n--parsable\n--dependency=afterok:42\n" +
+                                                        scripts[1].string() + "\n");
+  EXPECT_FALSE(fs::exists(canary)) << "a path or option was executed";
+
+  // A sweep id read from a folder on disk never reaches the scripts unless it is hexadecimal.
+  SlurmOptions bad = o;
+  bad.sweep_id = "0123\ntouch " + canary;
+  EXPECT_FALSE(slurm_scripts(bad).ok());
+
+  if (run_process({"/bin/sh", "-c", "command -v shellcheck"}).exit_code != 0) {
+    fs::remove_all(root);
+    GTEST_SKIP() << "shellcheck is not installed (scripts/install-deps.sh installs it)";
+  }
+  // SC2016 ("expressions don't expand in single quotes") is the point: paths are single-quoted
+  // so that nothing in them expands.
+  std::vector<std::string> check{"/usr/bin/env", "shellcheck", "--shell=bash", "--exclude=SC2016"};
+  for (const fs::path& script : scripts) {
+    check.push_back(script.string());
+  }
+  const auto lint = run_process(check);
+  EXPECT_EQ(lint.exit_code, 0) << lint.out << lint.err;
+  fs::remove_all(root);
 }
 
 }  // namespace

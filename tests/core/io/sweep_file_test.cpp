@@ -4,7 +4,9 @@
 // crash.
 #include "core/io/sweep_file.h"
 
+#include <csignal>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -12,13 +14,16 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <hdf5.h>
 #include <nlohmann/json.hpp>
 
 #include "core/analysis/sweep_report.h"
 #include "core/experiment/runner.h"
 #include "core/io/experiment_file.h"
+#include "tests/support/file_damage.h"
 #include "tests/support/process.h"
 
+#include <sys/wait.h>
 #include <unistd.h>
 
 namespace batchlens::io {
@@ -227,6 +232,92 @@ TEST(SweepFile, DamagedTruncatedAndForeignFilesAreRefused) {
   EXPECT_EQ(read_sweep_file(temp("missing.h5")).error().code, ErrorCode::FileNotFound);
   fs::remove(f);
   fs::remove(d);
+}
+
+// As for experiment files: 100 damaged sweep files leave no HDF5 object open (issue #32).
+TEST(SweepFileHandles, DamagedFilesLeaveNoHdf5ObjectOpen) {
+  const fs::path good = temp("handles_good.h5");
+  ASSERT_TRUE(write_sweep_file(good, known_records()).ok());
+  std::string bytes;
+  {
+    std::ifstream in(good, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  ASSERT_TRUE(read_sweep_file(good).ok());  // the library's own identifiers exist from here on
+  const std::vector<hsize_t> before = testing::open_hdf5_ids();
+  std::mt19937_64 rng(33);
+  const fs::path p = temp("handles_damaged.h5");
+  int refused = 0;
+  for (int i = 0; i < 100; ++i) {
+    const std::string m = testing::damaged(bytes, rng, i);
+    std::ofstream(p, std::ios::binary | std::ios::trunc) << m;
+    refused += read_sweep_file(p).ok() ? 0 : 1;
+    ASSERT_EQ(testing::open_hdf5_ids(), before)
+        << "damaged sweep file " << i << " left an HDF5 identifier open";
+  }
+  EXPECT_GT(refused, 25);
+  fs::remove(good);
+  fs::remove(p);
+}
+
+// 0: read and equal to `want` in every field; 1: refused; 2: read but different; 3: hung;
+// 128 + signal: crashed. In a child process, so a crash or hang is a result, not the end.
+int read_sweep_in_child(const fs::path& path, const SweepRecords& want, int seconds) {
+  const pid_t pid = ::fork();
+  if (pid == 0) {
+    ::alarm(static_cast<unsigned>(seconds));
+    const auto r = read_sweep_file(path);
+    if (!r.ok()) {
+      ::_exit(1);
+    }
+    ::_exit(everything(r.value()) == everything(want) ? 0 : 2);
+  }
+  int status = 0;
+  ::waitpid(pid, &status, 0);
+  if (WIFSIGNALED(status)) {
+    return WTERMSIG(status) == SIGALRM ? 3 : 128 + WTERMSIG(status);
+  }
+  return WEXITSTATUS(status);
+}
+
+// 1,000 seeded mutations of a current sweep file, as for experiment files: each detected or
+// harmless, never changed-undetected (issue #32; docs/reliability.md). Slow: release build only.
+TEST(SweepFileMutations, EveryMutationIsDetectedOrHarmless) {
+  const SweepRecords s = known_records();
+  const fs::path good = temp("mutation_good.h5");
+  ASSERT_TRUE(write_sweep_file(good, s).ok());
+  std::string bytes;
+  {
+    std::ifstream in(good, std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  ASSERT_GT(bytes.size(), 1000U);
+  std::mt19937_64 rng(20261205);
+  const fs::path p = temp("mutated.h5");
+  int detected = 0;
+  int harmless = 0;
+  constexpr int kMutations = 1000;
+  for (int i = 0; i < kMutations; ++i) {
+    std::size_t at = 0;
+    const std::string m = testing::mutated(bytes, rng, i, at);
+    std::ofstream(p, std::ios::binary | std::ios::trunc) << m;
+    const int outcome = read_sweep_in_child(p, s, 20);
+    ASSERT_TRUE(outcome == 0 || outcome == 1)
+        << "mutation " << i << " at byte " << at << ": "
+        << (outcome == 2   ? "read without error but contents differ (changed-undetected)"
+            : outcome == 3 ? "hung"
+                           : "crashed with signal " + std::to_string(outcome - 128));
+    (outcome == 0 ? harmless : detected) += 1;
+  }
+  RecordProperty("detected", detected);
+  RecordProperty("harmless", harmless);
+  std::printf(
+      "sweep file, %zu bytes: %d mutations, %d detected, %d harmless, 0 "
+      "changed-undetected\n",
+      bytes.size(), kMutations, detected, harmless);
+  EXPECT_GT(detected, kMutations / 4);
+  fs::remove(good);
+  fs::remove(p);
 }
 
 }  // namespace

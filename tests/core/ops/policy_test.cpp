@@ -218,6 +218,49 @@ TEST(OpPolicy, DeeplyNestedJsonIsRefused) {
 }
 
 // issue #14: a FIFO given as the policy file is refused, not waited on.
+// Policy texts come from other people's files (issue #32): a chain of 20,000 parts joined with
+// + is refused with a message (it overflowed the stack), a chain within the bound combines as
+// before, and layer bounds beyond int are refused instead of wrapped.
+TEST(OpPolicy, LongChainsAndHugeLayerBoundsAreRefused) {
+  std::string chain;
+  for (int i = 0; i < 20000; ++i) {
+    chain += "default+";
+  }
+  chain += "issue_workaround";
+  const auto long_chain = policy_from_text(chain);
+  ASSERT_FALSE(long_chain.ok());
+  EXPECT_NE(long_chain.error().message.find("parts joined with +"), std::string::npos)
+      << long_chain.error().message;
+  EXPECT_FALSE(policy_from_text(std::string(20000, '+')).ok());
+  EXPECT_FALSE(policy_from_text(std::string(kMaxPolicyTextBytes + 1, 'a')).ok());
+  const auto three = policy_from_text("emulated_split_k+issue_workaround+row_wise:router_proj");
+  ASSERT_TRUE(three.ok()) << three.error().message;
+  EXPECT_EQ(three.value(), combine(policy_from_text("emulated_split_k").value(),
+                                   combine(OpPolicy::issue_workaround(),
+                                           policy_from_text("row_wise:router_proj").value())));
+  EXPECT_EQ(three.value().name, "emulated_split_k+issue_workaround+row_wise:router_proj");
+  // Inline JSON after a + runs to the end, even with a + inside it.
+  const auto with_json = policy_from_text(
+      R"(issue_workaround+{"name": "a+b", "rules": [{"families": ["router_proj"]}]})");
+  ASSERT_TRUE(with_json.ok()) << with_json.error().message;
+  EXPECT_EQ(with_json.value().name, "issue_workaround+a+b");
+  for (const char* doc :
+       {R"({"rules": [{"families": ["router_proj"], "first_layer": 2147483648}]})",
+        R"({"rules": [{"families": ["router_proj"], "last_layer": 9223372036854775807}]})",
+        R"({"rules": [{"families": ["router_proj"], "last_layer": 18446744073709551615}]})",
+        R"({"rules": [{"families": ["router_proj"], "first_layer": -5}]})"}) {
+    const auto p = policy_from_text(doc);
+    ASSERT_FALSE(p.ok()) << doc;
+    EXPECT_NE(p.error().message.find("must be an integer from -1 to"), std::string::npos)
+        << p.error().message;
+  }
+  const auto fine = policy_from_text(
+      R"({"rules": [{"families": ["router_proj"], "first_layer": 3, "last_layer": 7}]})");
+  ASSERT_TRUE(fine.ok()) << fine.error().message;
+  EXPECT_EQ(fine.value().rules[0].first_layer, 3);
+  EXPECT_EQ(fine.value().rules[0].last_layer, 7);
+}
+
 TEST(OpPolicy, FifoIsRefusedWithoutBlocking) {
   const std::filesystem::path path =
       std::filesystem::path(::testing::TempDir()) / "bl_policy_fifo.json";
