@@ -91,7 +91,7 @@ inline Result<void> ok_result() {
 class ErrorException : public std::exception {
  public:
   explicit ErrorException(Error error) : error_(std::move(error)) {}
-  ErrorException(ErrorCode code, const std::string& message) : error_{code, message} {}
+  ErrorException(ErrorCode code, std::string message) : error_{code, std::move(message)} {}
   const char* what() const noexcept override { return error_.message.c_str(); }
   const Error& error() const { return error_; }
 
