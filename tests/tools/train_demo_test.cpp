@@ -198,6 +198,8 @@ TEST(TrainDemo, SmokeRunPreparesTrainsAndExportsWhatBatchLensReads) {
   expect_logits_parity(out);
 }
 
+// Both ways of training: the reference steps, and --fast's (dense experts, fixed-shape
+// left-padded batches drawn on the device, the masked mean; CUDA graphs only on a GPU).
 TEST(TrainDemo, ResumedRunEqualsAnUninterruptedOne) {
   BL_REQUIRE_TOOLS();
   const Cleanup whole(fresh_work("whole"));
@@ -205,22 +207,37 @@ TEST(TrainDemo, ResumedRunEqualsAnUninterruptedOne) {
   ASSERT_EQ(prepare.exit_code, 0) << prepare.out << prepare.err;
   const Cleanup parts(fresh_work("parts"));
   fs::create_directories(parts.path);
-  fs::copy_file(whole.path / "kjv.jsonl", parts.path / "kjv.jsonl");
-  fs::copy_file(whole.path / "tokenizer.json", parts.path / "tokenizer.json");
-  const auto once = script({"train", "--smoke", "--device", "cpu"}, whole.path);
-  ASSERT_EQ(once.exit_code, 0) << once.out << once.err;
-  const auto first = script({"train", "--smoke", "--device", "cpu", "--stop-at", "3"}, parts.path);
-  ASSERT_EQ(first.exit_code, 0) << first.out << first.err;
-  EXPECT_NE(first.out.find("stopped at step 3 of 6"), std::string::npos) << first.out;
-  const auto second = script({"train", "--smoke", "--device", "cpu"}, parts.path);
-  ASSERT_EQ(second.exit_code, 0) << second.out << second.err;
-  EXPECT_NE(second.out.find("resumed at step 3"), std::string::npos) << second.out;
-  const auto a = read_lines(whole.path / "log-smoke.jsonl");
-  const auto b = read_lines(parts.path / "log-smoke.jsonl");
-  ASSERT_EQ(b.size(), a.size());
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    EXPECT_EQ(b[i].at("loss"), a[i].at("loss")) << "step " << i + 1;
-    EXPECT_EQ(b[i].value("held_out", -1.0), a[i].value("held_out", -1.0)) << "step " << i + 1;
+  for (const char* flag : {"", "--fast"}) {
+    const std::string mode = flag;
+    SCOPED_TRACE(mode.empty() ? "reference steps" : mode);
+    fs::remove_all(parts.path);
+    fs::create_directories(parts.path);
+    fs::copy_file(whole.path / "kjv.jsonl", parts.path / "kjv.jsonl");
+    fs::copy_file(whole.path / "tokenizer.json", parts.path / "tokenizer.json");
+    std::vector<std::string> train{"train", "--smoke", "--device", "cpu"};
+    if (!mode.empty()) {
+      train.push_back(mode);
+    }
+    auto with = [&train](std::vector<std::string> more) {
+      std::vector<std::string> args = train;
+      args.insert(args.end(), more.begin(), more.end());
+      return args;
+    };
+    const auto once = script(with({"--fresh"}), whole.path);
+    ASSERT_EQ(once.exit_code, 0) << once.out << once.err;
+    const auto first = script(with({"--stop-at", "3"}), parts.path);
+    ASSERT_EQ(first.exit_code, 0) << first.out << first.err;
+    EXPECT_NE(first.out.find("stopped at step 3 of 6"), std::string::npos) << first.out;
+    const auto second = script(train, parts.path);
+    ASSERT_EQ(second.exit_code, 0) << second.out << second.err;
+    EXPECT_NE(second.out.find("resumed at step 3"), std::string::npos) << second.out;
+    const auto a = read_lines(whole.path / "log-smoke.jsonl");
+    const auto b = read_lines(parts.path / "log-smoke.jsonl");
+    ASSERT_EQ(b.size(), a.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(b[i].at("loss"), a[i].at("loss")) << "step " << i + 1;
+      EXPECT_EQ(b[i].value("held_out", -1.0), a[i].value("held_out", -1.0)) << "step " << i + 1;
+    }
   }
 }
 

@@ -50,9 +50,13 @@ def rope_inv_freq(rope, head_dim):
 
 
 def rope_tables(inv_freq, positions, dtype):
-    freqs = positions.float()[:, None] * inv_freq.to(positions.device)[None, :]  # [S, D/2]
+    """cos, sin [1, S, 1, D] of positions [S], or [B, S, 1, D] of per-example positions [B, S]
+    (left-padded batches)."""
+    freqs = positions.float()[..., None] * inv_freq.to(positions.device)  # [(B,) S, D/2]
     emb = torch.cat([freqs, freqs], -1)
-    return emb.cos().to(dtype)[None, :, None, :], emb.sin().to(dtype)[None, :, None, :]
+    if positions.dim() == 1:
+        emb = emb[None]
+    return emb.cos().to(dtype)[:, :, None, :], emb.sin().to(dtype)[:, :, None, :]
 
 
 def apply_rope(x, cos, sin):
@@ -95,9 +99,11 @@ class Attention(nn.Module):
         self.k_norm = RMSNorm(self.d, eps)
         self.v_norm = RMSNorm(self.d, eps, with_scale=False)
 
-    def forward(self, x, cos, sin, cache, encoder):
+    def forward(self, x, cos, sin, cache, encoder, pad=None):
         """cache: (k, v) [B, Hkv, P, D] of the encoder (None when encoding). Returns the output and,
-        when encoding, the (k, v) the decoder reads (sliding layers: the last window - 1)."""
+        when encoding, the (k, v) the decoder reads (sliding layers: the last window - 1).
+        pad [B] long: left-padded prompts (train.py's fixed-shape batches), the number of pad
+        positions in front of each; no key at a pad position is seen by a real position."""
         b, s, _ = x.shape
         q = apply_rope(self.q_norm(self.q_proj(x).view(b, s, -1, self.d)), cos, sin)
         k_raw = self.k_proj(x).view(b, s, -1, self.d)
@@ -112,10 +118,20 @@ class Attention(nn.Module):
             if self.sliding:
                 allowed = allowed & (pos[None, :] > pos[:, None] - self.window)
             mask = allowed
+            if pad is not None:
+                # [B, 1, S, S]: real keys only; a pad query sees itself (its row stays finite
+                # and is never read: no real query sees a pad key).
+                real = pos[None, :] >= pad[:, None]  # [B, S] of keys
+                mask = (allowed[None] & real[:, None, :]) | torch.eye(
+                    s, dtype=torch.bool, device=x.device)[None]
+                mask = mask[:, None]
             keys, values = k, v
         else:
             keys = torch.cat([cache[0], k], 2)
             values = torch.cat([cache[1], v], 2)
+            if len(cache) == 3:
+                # [B, 1, 1, P + C]: which cached keys are real (the encoder's, left-padded).
+                mask = torch.cat([cache[2], cache[2].new_ones(b, s)], 1)[:, None, None, :]
         rep = self.heads // self.kv
         ka = keys.repeat_interleave(rep, 1)
         va = values.repeat_interleave(rep, 1)
@@ -128,6 +144,8 @@ class Attention(nn.Module):
         if encoder:
             keep = min(keys.shape[2], self.window - 1) if self.sliding else keys.shape[2]
             new_cache = (keys[:, :, -keep:], values[:, :, -keep:])
+            if pad is not None:
+                new_cache += ((pos >= pad[:, None])[:, -keep:],)  # [B, keep] real keys
         return self.o_proj(out), new_cache
 
 
@@ -221,9 +239,9 @@ class Layer(nn.Module):
         self.experts = Experts(t)
         self.register_buffer("layer_scalar", torch.ones(1))
 
-    def forward(self, x, cos, sin, cache, encoder, layer_scalar):
+    def forward(self, x, cos, sin, cache, encoder, layer_scalar, pad=None):
         residual = x
-        h, new_cache = self.self_attn(self.input_layernorm(x), cos, sin, cache, encoder)
+        h, new_cache = self.self_attn(self.input_layernorm(x), cos, sin, cache, encoder, pad)
         x = residual + self.post_attention_layernorm(h)
         residual = x
         m = self.mlp
@@ -295,26 +313,40 @@ class DiffusionGemmaPort(nn.Module):
         return F.embedding(ids, w, padding_idx=self.t["pad_token_id"]) * scale
 
     def tables(self, positions, dtype):
+        # inv_freq moves to the positions' device once (a host copy per call would also stop
+        # train.py from capturing the step in a CUDA graph).
+        dev = positions.device
+        if getattr(self, "_inv_device", None) != dev:
+            self.inv_freq = {k: v.to(dev) for k, v in self.inv_freq.items()}
+            self._inv_device = dev
         return {k: rope_tables(v, positions, dtype) for k, v in self.inv_freq.items()}
 
     def forward(self, input_ids, decoder_input_ids, self_conditioning_logits=None,
-                self_conditioning_mask=None):
+                self_conditioning_mask=None, prompt_pad=None):
+        """prompt_pad [B] long (train.py's fixed-shape batches): input_ids is left-padded, with
+        that many pad positions in front of each prompt; positions count from its first real
+        token, and no real position attends to a pad one. None: no padding (the reference)."""
         dec = self.model.decoder
         enc_layers = self.model.encoder.language_model.layers
         types = self.t["layer_types"]
         b, p = input_ids.shape
         c = decoder_input_ids.shape[1]
+        pad = prompt_pad
+        dev = input_ids.device
         # Encoder: the prompt, causally, into the cache the decoder reads.
         x = self.embed(input_ids)
-        tab = self.tables(torch.arange(p, device=input_ids.device), x.dtype)
+        positions = torch.arange(p, device=dev)
+        if pad is not None:
+            positions = (positions[None, :] - pad[:, None]).clamp(min=0)  # [B, P]
+        tab = self.tables(positions, x.dtype)
         caches = []
         for i, layer in enumerate(dec.layers):
             cos, sin = tab[types[i]]
             if i == len(dec.layers) - 1:
-                _, cache = layer.self_attn(layer.input_layernorm(x), cos, sin, None, True)
+                _, cache = layer.self_attn(layer.input_layernorm(x), cos, sin, None, True, pad)
                 caches.append(cache)
                 break
-            x, cache = layer(x, cos, sin, None, True, enc_layers[i].layer_scalar)
+            x, cache = layer(x, cos, sin, None, True, enc_layers[i].layer_scalar, pad)
             caches.append(cache)
         # Decoder: the canvas, bidirectionally over the cache and itself.
         e = self.embed(decoder_input_ids)
@@ -329,7 +361,10 @@ class DiffusionGemmaPort(nn.Module):
             soft = torch.zeros_like(e)
         sc = dec.self_conditioning
         x = sc.post_norm(e + gated(sc.gate_proj, sc.up_proj, sc.down_proj, sc.pre_norm(soft)))
-        tab = self.tables(torch.arange(p, p + c, device=input_ids.device), x.dtype)
+        positions = torch.arange(p, p + c, device=dev)
+        if pad is not None:
+            positions = positions[None, :] - pad[:, None]  # [B, C]
+        tab = self.tables(positions, x.dtype)
         for i, layer in enumerate(dec.layers):
             cos, sin = tab[types[i]]
             x, _ = layer(x, cos, sin, caches[i], False, layer.layer_scalar)

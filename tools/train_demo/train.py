@@ -231,11 +231,12 @@ def build_model(args, device):
     return model.to(device=device, dtype=torch.float32)
 
 
-def forward(model, ctx, canvas, sc_logits=None, sc_mask=None):
-    """Logits [B, C, V] fp32 of one canvas after a clean prompt, either backend."""
+def forward(model, ctx, canvas, sc_logits=None, sc_mask=None, pad=None):
+    """Logits [B, C, V] fp32 of one canvas after a clean prompt, either backend. pad [B]: ctx is
+    left-padded (the port only: --fast's fixed-shape batches)."""
     if getattr(model, "is_port", False):
         return model(input_ids=ctx, decoder_input_ids=canvas, self_conditioning_logits=sc_logits,
-                     self_conditioning_mask=sc_mask)
+                     self_conditioning_mask=sc_mask, prompt_pad=pad)
     # transformers: the encoder must write the cache the decoder reads, also in training mode
     return model(input_ids=ctx, decoder_input_ids=canvas, self_conditioning_logits=sc_logits,
                  self_conditioning_mask=sc_mask, use_cache=True).logits
@@ -259,60 +260,170 @@ class Batches:
         return [self.exs[first]] + [self.exs[rng.choice(pool)] for _ in range(size - 1)]
 
 
-class GpuBatches:
-    """Batches as Batches draws them, from pools that live on the GPU (train.py --fast): the
-    length and the first example come from the step's Python generator, the rest are indices
-    drawn on the device from the step's torch generator. No copy from the host per step."""
+BUCKET = 16  # --fast: contexts are left-padded to a multiple of this (11 shapes, 14 % padding)
 
-    def __init__(self, torch, batches, device):
-        self.exs = batches.exs
+
+class BucketBatches:
+    """--fast's batches: fixed shapes, on the GPU. Every context is left-padded to the next
+    multiple of BUCKET (the port masks the pad positions and counts positions from the first
+    real token: the same logits as unpadded, tests/tools/train_demo_test.cpp); a batch is drawn
+    from one bucket. Step s: the bucket and the first example from the step's Python generator,
+    the rest as indices drawn on the device from its torch generator, gathered into `out` (a
+    graph's static inputs) without a copy from the host."""
+
+    def __init__(self, torch, exs, device):
+        groups = {}
+        for ctx, tgt, _ in exs:
+            groups.setdefault(-(-len(ctx) // BUCKET) * BUCKET, []).append((ctx, tgt))
         self.pools = {}
-        self.where = {}
-        for length, members in batches.by_len.items():
-            ctx = torch.tensor([self.exs[i][0] for i in members], device=device).view(
-                len(members), length)
-            tgt = torch.tensor([self.exs[i][1] for i in members], device=device)
-            self.pools[length] = (ctx, tgt)
-            for k, i in enumerate(members):
-                self.where[i] = (length, k)
+        self.order = []  # (bucket, index in it) of every example, as Batches counts them
+        for length, members in sorted(groups.items()):
+            ctx = torch.zeros(len(members), length, dtype=torch.long)
+            pad = torch.zeros(len(members), dtype=torch.long)
+            for k, (c, _) in enumerate(members):
+                ctx[k, length - len(c):] = torch.tensor(c)
+                pad[k] = length - len(c)
+                self.order.append((length, k))
+            tgt = torch.tensor([t for _, t in members])
+            self.pools[length] = (ctx.to(device), pad.to(device), tgt.to(device))
 
-    def draw(self, torch, rng, gen, size):
-        length, first = self.where[rng.randrange(len(self.exs))]
-        ctx, tgt = self.pools[length]
+    def lengths(self):
+        return sorted(self.pools)
+
+    def draw(self, torch, rng, gen, size, out_for=None):
+        """(ctx [B, L], pad [B], target [B, C]) of the step; into out_for(L) when given."""
+        length, first = self.order[rng.randrange(len(self.order))]
+        return self.gather(torch, length, first, gen, size,
+                           out_for(length) if out_for else None)
+
+    def gather(self, torch, length, first, gen, size, out=None):
+        ctx, pad, tgt = self.pools[length]
         rest = torch.randint(0, ctx.shape[0], (size - 1,), generator=gen, device=ctx.device)
-        pick = torch.cat([torch.tensor([first], device=ctx.device), rest])
-        return ctx.index_select(0, pick), tgt.index_select(0, pick)
+        pick = torch.cat([rest.new_full((1,), first), rest])
+        if out is None:
+            return ctx.index_select(0, pick), pad.index_select(0, pick), tgt.index_select(0, pick)
+        for pool, dst in zip((ctx, pad, tgt), out):
+            torch.index_select(pool, 0, pick, out=dst)
+        return out
 
 
-def corrupt(torch, target, gen, vocab):
-    """Uniform-state corruption: per example a noise level t ~ U(0,1); each position replaced,
-    with probability t, by a uniform token over the whole vocabulary; at least one position is
-    corrupted. Returns (canvas, corrupted mask)."""
-    b, c = target.shape
-    dev = target.device
-    t = torch.rand(b, 1, generator=gen, device=dev)
-    u = torch.rand(b, c, generator=gen, device=dev)
-    mask = u < t
-    first = u.argmin(dim=1)
-    mask[torch.arange(b, device=dev), first] = True
-    noise = torch.randint(0, vocab, (b, c), generator=gen, device=dev)
-    return torch.where(mask, noise, target), mask
+class GraphedSteps:
+    """--fast on CUDA: the whole training step (the no-grad self-conditioning pass, the pass
+    with gradients, backward, clipping, fused AdamW) captured once per context bucket as a CUDA
+    graph and replayed; the step's batch, noise and learning rate are written into the graph's
+    static inputs first. One launch per step instead of ~6,000 (the step was host-bound:
+    310 ms of host time for 70 ms of GPU work, issue #33). The warm-up steps that capturing
+    needs are undone (parameters and optimizer state restored), so a graphed run trains on the
+    same batches and noise as an eager one."""
 
-
-def diffusion_loss(torch, model, ctx, target, gen, vocab, self_cond, masked_mean=False):
-    """masked_mean: the same mean over the corrupted positions without selecting them (a boolean
-    index waits for the GPU to count them: --fast)."""
-    import torch.nn.functional as F
-    canvas, mask = corrupt(torch, target, gen, vocab)
-    sc_logits = sc_mask = None
-    if self_cond:
+    def __init__(self, torch, model, opt, params, batches, batch, autocast):
+        self.torch, self.model, self.opt, self.params = torch, model, opt, params
+        self.autocast = autocast
+        self.graphs = {}
+        dev = next(model.parameters()).device
+        saved = [p.detach().clone() for p in params]
+        state = {id(p): {k: v.clone() for k, v in opt.state[p].items()
+                         if torch.is_tensor(v)} for p in params if p in opt.state}
+        t0 = time.time()
+        inputs = {}
+        gen = torch.Generator(device=dev)
+        gen.manual_seed(0)
+        for length in batches.lengths():
+            # Static inputs, filled with real examples of the bucket for the warm-up.
+            static = [torch.empty(batch, length, dtype=torch.long, device=dev),
+                      torch.empty(batch, dtype=torch.long, device=dev),
+                      torch.empty(batch, CANVAS, dtype=torch.long, device=dev)]
+            batches.gather(torch, length, 0, gen, batch, static)
+            noise = draw_noise(torch, gen, batch, CANVAS, VOCAB, True, dev)
+            inputs[length] = (static, noise)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for length, (static, noise) in inputs.items():
+                for _ in range(2):
+                    opt.zero_grad(set_to_none=True)
+                    self.body(static, noise)
+        torch.cuda.current_stream().wait_stream(side)
+        pool = None
+        for length, (static, noise) in inputs.items():
+            graph = torch.cuda.CUDAGraph()
+            opt.zero_grad(set_to_none=True)
+            with torch.cuda.graph(graph, pool=pool):
+                loss = self.body(static, noise)
+            pool = graph.pool()
+            self.graphs[length] = (graph, static, noise, loss)
         with torch.no_grad():
-            first = forward(model, ctx, canvas)
-        temp = 0.4 + 0.4 * torch.rand(ctx.shape[0], 1, 1, generator=gen, device=ctx.device)
+            for p, v in zip(params, saved):
+                p.copy_(v)
+            for p in params:
+                for k, v in opt.state[p].items():
+                    if torch.is_tensor(v):
+                        v.copy_(state[id(p)][k]) if id(p) in state else v.zero_()
+        torch.cuda.synchronize()
+        self.capture_seconds = time.time() - t0
+
+    def body(self, static, noise):
+        torch = self.torch
+        ctx, pad, tgt = static
+        with self.autocast(cache_enabled=False):
+            loss = diffusion_loss(torch, self.model, ctx, tgt, noise, masked_mean=True, pad=pad)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.params, 1.0, foreach=True)
+        self.opt.step()
+        return loss.detach()
+
+    def step(self, batches, rng, gen, batch):
+        """One training step: returns its loss (a device tensor of its own)."""
+        torch = self.torch
+        chosen = []
+        static = batches.draw(torch, rng, gen, batch,
+                              lambda length: chosen.append(length) or self.graphs[length][1])
+        graph, _, noise_in, loss = self.graphs[chosen[0]]
+        noise = draw_noise(torch, gen, batch, CANVAS, VOCAB, True, static[0].device)
+        for k, v in noise.items():
+            noise_in[k].copy_(v)
+        graph.replay()
+        return loss.clone()
+
+
+def draw_noise(torch, gen, b, c, vocab, self_cond, device):
+    """A step's randomness, drawn before its passes (so that --fast's CUDA graphs take it as an
+    input): per example the noise level t ~ U(0, 1) [B, 1], the uniforms u [B, C] that pick the
+    corrupted positions, the replacement tokens [B, C]; with self-conditioning the temperature
+    [B, 1, 1] and the uniforms [B] that pick who gets it."""
+    out = {"t": torch.rand(b, 1, generator=gen, device=device),
+           "u": torch.rand(b, c, generator=gen, device=device),
+           "tokens": torch.randint(0, vocab, (b, c), generator=gen, device=device)}
+    if self_cond:
+        out["temp"] = 0.4 + 0.4 * torch.rand(b, 1, 1, generator=gen, device=device)
+        out["sc"] = torch.rand(b, generator=gen, device=device)
+    return out
+
+
+def corrupt(torch, target, noise):
+    """Uniform-state corruption: per example a noise level t; each position replaced, with
+    probability t, by a uniform token over the whole vocabulary; at least one position is
+    corrupted. Returns (canvas, corrupted mask)."""
+    u = noise["u"]
+    # The least u is corrupted too (written without an index_put: the same in a CUDA graph).
+    mask = (u < noise["t"]) | (u == u.min(dim=1, keepdim=True).values)
+    return torch.where(mask, noise["tokens"], target), mask
+
+
+def diffusion_loss(torch, model, ctx, target, noise, masked_mean=False, pad=None):
+    """The step's loss under `noise` (draw_noise; self-conditioning when it has "temp").
+    masked_mean: the same mean over the corrupted positions without selecting them (a boolean
+    index waits for the GPU to count them: --fast). pad: ctx is left-padded (--fast)."""
+    import torch.nn.functional as F
+    canvas, mask = corrupt(torch, target, noise)
+    sc_logits = sc_mask = None
+    if "temp" in noise:
+        with torch.no_grad():
+            first = forward(model, ctx, canvas, pad=pad)
         # The sampler feeds the temperature-scaled logits rounded to bf16.
-        sc_logits = (first.float() / temp).to(torch.bfloat16).float().detach()
-        sc_mask = torch.rand(ctx.shape[0], generator=gen, device=ctx.device) < 0.5
-    logits = forward(model, ctx, canvas, sc_logits, sc_mask)
+        sc_logits = (first.float() / noise["temp"]).to(torch.bfloat16).float().detach()
+        sc_mask = noise["sc"] < 0.5
+    logits = forward(model, ctx, canvas, sc_logits, sc_mask, pad)
     if masked_mean:
         each = F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), reduction="none")
         weight = mask.flatten().float()
@@ -346,7 +457,8 @@ def held_out_loss(torch, model, batches, device, autocast, count=16, size=128):
             ex = batches.draw(rng, size)
             ctx = torch.tensor([e[0] for e in ex], device=device)
             tgt = torch.tensor([e[1] for e in ex], device=device)
-            total += float(diffusion_loss(torch, model, ctx, tgt, gen, VOCAB, False))
+            noise = draw_noise(torch, gen, tgt.shape[0], tgt.shape[1], VOCAB, False, device)
+            total += float(diffusion_loss(torch, model, ctx, tgt, noise))
     model.train()
     return total / count
 
@@ -377,18 +489,23 @@ def train(args):
     held_b = Batches([e for e in exs if e[2]] or exs[:200])
     model = build_model(args, device)
     n_params = sum(p.numel() for _, p in trained_parameters(model))
-    # --fast (the H200 run): the port with dense experts, batches drawn on the GPU, the loss
-    # without a boolean index, AdamW fused, the host waiting for the GPU only every --log-every
-    # steps: no host sync per step.
+    # --fast (the H200 run): the port with dense experts, fixed-shape batches drawn on the GPU,
+    # the loss without a boolean index, AdamW fused, the host waiting for the GPU only every
+    # --log-every steps; on CUDA the whole step as one CUDA graph per context bucket.
     fast = args.fast and getattr(model, "is_port", False)
+    cuda = torch.device(device).type == "cuda"
+    graphs = fast and cuda and not args.no_graphs
     if fast:
         import dgemma
         for m in model.modules():
             if isinstance(m, dgemma.Experts):
                 m.dense = True
-        gpu_b = GpuBatches(torch, train_b, device)
-    opt = torch.optim.AdamW(param_groups(model), lr=args.lr, betas=(0.9, 0.95),
-                            **({"fused": True} if fast else {}))
+        gpu_b = BucketBatches(torch, train_b.exs, device)
+    # A graph reads the learning rate from a device tensor (AdamW's capturable form).
+    lr0 = torch.tensor(args.lr, device=device) if graphs else args.lr
+    opt = torch.optim.AdamW(param_groups(model), lr=lr0, betas=(0.9, 0.95),
+                            **({"fused": True} if fast and cuda else {}),
+                            **({"capturable": True} if graphs else {}))
     state_path = os.path.join(args.work, "state-smoke.pt" if args.smoke else "state.pt")
     log_path = os.path.join(args.work, "log-smoke.jsonl" if args.smoke else "log.jsonl")
     step, elapsed, total = 0, 0.0, args.steps
@@ -396,6 +513,9 @@ def train(args):
         st = torch.load(state_path, map_location=device)
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
+        if graphs:
+            for g in opt.param_groups:
+                g["lr"] = lr0
         step, elapsed, total = st["step"], st["elapsed"], st["total"] or total
         print("resumed at step %d of %s (%.0f s trained)" % (step, total, elapsed), flush=True)
         # Records written after the state was saved (a crash between saves) are run again.
@@ -409,9 +529,9 @@ def train(args):
     print("%d parameters (%s), %d training / %d held-out canvases, device %s" %
           (n_params, args.backend, len(train_b.exs), len(held_b.exs), device), flush=True)
 
-    def autocast():
+    def autocast(**kw):
         return torch.autocast(device_type=torch.device(device).type, dtype=torch.bfloat16,
-                              enabled=torch.device(device).type == "cuda")
+                              enabled=torch.device(device).type == "cuda", **kw)
 
     def save():
         tmp = state_path + ".tmp"
@@ -419,10 +539,16 @@ def train(args):
                     "elapsed": elapsed, "total": total}, tmp)
         os.replace(tmp, state_path)
 
+    model.train()
+    graphed = None
+    if graphs:
+        graphed = GraphedSteps(torch, model, opt, [p for _, p in trained_parameters(model)],
+                               gpu_b, args.batch, autocast)
+        print("captured %d CUDA graphs (context buckets %s) in %.1f s" % (
+            len(graphed.graphs), gpu_b.lengths(), graphed.capture_seconds), flush=True)
     start = time.time()
     t10 = None
     log = open(log_path, "a", encoding="utf-8")
-    model.train()
     pending = []  # (step, loss on the device, lr) not yet written (--fast)
     base = elapsed
 
@@ -433,7 +559,8 @@ def train(args):
             return
         losses = torch.stack([p[1] for p in pending]).tolist()
         if fast:
-            torch.cuda.synchronize()
+            if cuda:
+                torch.cuda.synchronize()
             elapsed = base + time.time() - start
         for (st, _, lr, held), value in zip(pending, losses):
             rec = {"step": st, "loss": value, "lr": lr, "seconds": round(elapsed, 2),
@@ -464,20 +591,27 @@ def train(args):
         rng = random.Random(args.seed * 1000003 + step)
         gen = torch.Generator(device=device)
         gen.manual_seed(args.seed * 1000003 + step)
-        if fast:
-            ctx, tgt = gpu_b.draw(torch, rng, gen, args.batch)
+        lr = lr_at(step, total or 10**9, args.lr, warmup_steps(args, total))
+        if graphed:
+            lr0.fill_(lr)
+            loss = graphed.step(gpu_b, rng, gen, args.batch)
         else:
-            ex = train_b.draw(rng, args.batch)
-            ctx = torch.tensor([e[0] for e in ex], device=device)
-            tgt = torch.tensor([e[1] for e in ex], device=device)
-        for g in opt.param_groups:
-            g["lr"] = lr_at(step, total or 10**9, args.lr, warmup_steps(args, total))
-        with autocast():
-            loss = diffusion_loss(torch, model, ctx, tgt, gen, VOCAB, True, masked_mean=fast)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+            pad = None
+            if fast:
+                ctx, pad, tgt = gpu_b.draw(torch, rng, gen, args.batch)
+            else:
+                ex = train_b.draw(rng, args.batch)
+                ctx = torch.tensor([e[0] for e in ex], device=device)
+                tgt = torch.tensor([e[1] for e in ex], device=device)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            noise = draw_noise(torch, gen, tgt.shape[0], CANVAS, VOCAB, True, device)
+            with autocast():
+                loss = diffusion_loss(torch, model, ctx, tgt, noise, masked_mean=fast, pad=pad)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
         step += 1
         if not fast:
             elapsed += time.time() - t0
@@ -485,7 +619,7 @@ def train(args):
         if step % args.eval_every == 0 or step == total:
             held = held_out_loss(torch, model, held_b, device, autocast,
                                  count=2 if args.smoke else 16, size=16 if args.smoke else 128)
-        pending.append((step, loss.detach(), opt.param_groups[0]["lr"], held))
+        pending.append((step, loss.detach(), lr, held))
         if not fast or held is not None or step % args.log_every == 0:
             flush()
             log.flush()
@@ -498,6 +632,93 @@ def train(args):
     save()
     print("stopped at step %d of %s (%.0f s trained)" % (step, total, elapsed), flush=True)
     return model, tok
+
+
+def bench(args):
+    """Training throughput of the port (--fast's step: dense experts, fixed-shape batches) at
+    each --bench-batches size, eager and as CUDA graphs: steps/s, tokens/s (real context and
+    canvas tokens), model FLOPs per step (torch.utils.flop_counter over eager steps) and model
+    FLOP utilisation against --peak-tflops. The model is fresh and nothing is saved. One JSON
+    line per measurement on stdout and in WORK/bench.jsonl."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+    import dgemma
+    device = args.device
+    tok, verses = load_work(args.work)
+    exs = [e for e in examples(tok, verses) if not e[2]]
+    real_tokens = sum(len(e[0]) for e in exs) / len(exs) + CANVAS
+    out = open(os.path.join(args.work, "bench.jsonl"), "a", encoding="utf-8")
+    name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
+
+    def autocast(**kw):
+        return torch.autocast(device_type="cuda", dtype=torch.bfloat16, **kw)
+
+    for batch in [int(b) for b in args.bench_batches.split(",")]:
+        for mode in ("eager", "graphs"):
+            args.backend = "port"
+            model = build_model(args, device)
+            for m in model.modules():
+                if isinstance(m, dgemma.Experts):
+                    m.dense = True
+            params = [p for _, p in trained_parameters(model)]
+            batches = BucketBatches(torch, exs, device)
+            graphs = mode == "graphs"
+            lr = torch.tensor(args.lr, device=device)
+            opt = torch.optim.AdamW(param_groups(model), lr=lr if graphs else args.lr,
+                                    betas=(0.9, 0.95), fused=True,
+                                    **({"capturable": True} if graphs else {}))
+            rec = {"device": name, "batch": batch, "mode": mode, "torch": torch.__version__}
+            try:
+                graphed = None
+                if graphs:
+                    graphed = GraphedSteps(torch, model, opt, params, batches, batch, autocast)
+                    rec["capture_s"] = round(graphed.capture_seconds, 1)
+
+                def one(step):
+                    rng = random.Random(step)
+                    gen = torch.Generator(device=device)
+                    gen.manual_seed(step)
+                    if graphed:
+                        return graphed.step(batches, rng, gen, batch)
+                    ctx, pad, tgt = batches.draw(torch, rng, gen, batch)
+                    noise = draw_noise(torch, gen, batch, CANVAS, VOCAB, True, device)
+                    with autocast():
+                        loss = diffusion_loss(torch, model, ctx, tgt, noise, True, pad)
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
+                    torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+                    opt.step()
+                    return loss.detach()
+
+                if not graphs:
+                    counter = FlopCounterMode(display=False)
+                    with counter:
+                        for step in range(8):
+                            one(10**6 + step)
+                    rec["model_gflop_per_step"] = round(counter.get_total_flops() / 8 / 1e9, 1)
+                for step in range(10):
+                    one(step)
+                torch.cuda.synchronize()
+                n = args.bench_steps
+                t0 = time.time()
+                losses = [one(100 + step) for step in range(n)]
+                torch.cuda.synchronize()
+                seconds = time.time() - t0
+                rec.update({"steps": n, "seconds": round(seconds, 2),
+                            "steps_per_s": round(n / seconds, 2),
+                            "tokens_per_s": round(n * batch * real_tokens / seconds),
+                            "last_loss": round(float(losses[-1]), 3),
+                            "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1)})
+            except Exception as e:  # noqa: BLE001 (a measurement that fails is reported)
+                rec["error"] = "%s: %s" % (type(e).__name__, str(e).splitlines()[0][:300])
+            line = json.dumps(rec)
+            print(line, flush=True)
+            out.write(line + "\n")
+            out.flush()
+            model = opt = graphed = None  # the next measurement starts from free memory
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+    out.close()
 
 
 # ---------------------------------------------------------------- export and samples
@@ -518,6 +739,18 @@ def released_layout(state):
     return {k: v.detach().contiguous().clone() for k, v in state.items()
             if k.startswith("model.decoder.") or re.fullmatch(
                 r"model\.encoder\.language_model\.layers\.\d+\.layer_scalar", k)}
+
+
+def save_config_only(model, folder, rounded):
+    """transformers' save_pretrained into `folder` (config.json as a released checkpoint has it)
+    with `rounded` as its state dict. save_pretrained changes the dict it is given (5.17 left
+    none of its keys for the parity load that follows): it gets a copy, and `rounded` is checked
+    whole afterwards (tests/tools/train_demo_export_test.py gives it one that empties its
+    argument)."""
+    keys = sorted(rounded)
+    model.save_pretrained(folder, state_dict=dict(rounded))
+    if sorted(rounded) != keys:
+        raise RuntimeError("save_pretrained changed the exported state dict")
 
 
 def export(args):
@@ -543,7 +776,7 @@ def export(args):
         # save_pretrained writes transformers' config.json (per_layer_config and all, what a
         # released checkpoint carries); its tensors are then replaced by the released layout.
         model.config.dtype = model.config.text_config.dtype = torch.bfloat16
-        model.save_pretrained(tmp, state_dict=rounded)
+        save_config_only(model, tmp, rounded)
     else:
         with open(os.path.join(tmp, "config.json"), "w", encoding="utf-8") as f:
             json.dump(model_config(args.smoke), f, indent=2)
@@ -736,7 +969,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=["prepare", "train", "export", "samples", "evaluate",
-                                        "plot", "check-tokenizer", "check-port"])
+                                        "plot", "check-tokenizer", "check-port", "bench"])
     ap.add_argument("--work", default=os.path.join(HERE, "..", "..", ".train_demo"),
                     help="corpus, tokenizer, state.pt, log.jsonl (default: .train_demo/)")
     ap.add_argument("--out", default=None, help="export folder (default: WORK/demo-trained)")
@@ -768,6 +1001,11 @@ def main():
     ap.add_argument("--fast", action="store_true",
                     help="GPU training of the port: dense experts, batches drawn on the GPU, "
                          "no host sync per step (the H200 run)")
+    ap.add_argument("--no-graphs", action="store_true",
+                    help="--fast on CUDA without CUDA graphs (eager steps; for comparison)")
+    ap.add_argument("--bench-batches", default="256,1024",
+                    help="bench: the batch sizes measured")
+    ap.add_argument("--bench-steps", type=int, default=100, help="bench: timed steps each")
     ap.add_argument("--log-every", type=int, default=50,
                     help="--fast: steps between waits for the GPU (log records are written then)")
     ap.add_argument("--eval-every", type=int, default=250)
@@ -790,7 +1028,7 @@ def main():
     args.batch = args.batch or 256
     {"prepare": prepare, "train": train, "export": export, "samples": samples,
      "evaluate": evaluate, "plot": plot, "check-port": check_port,
-     "check-tokenizer": check_tokenizer}[args.command](args)
+     "check-tokenizer": check_tokenizer, "bench": bench}[args.command](args)
 
 if __name__ == "__main__":
     main()
