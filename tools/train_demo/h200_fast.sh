@@ -21,8 +21,10 @@ train() { python3 "$here/train.py" "$@" --work "$work"; }
   train bench --device cuda --bench-batches "${BENCH_BATCHES:-256,1024}" \
     --bench-steps "${BENCH_STEPS:-100}"
   cp "$work/bench.jsonl" "$out/"
-  train train --backend port --fast --device cuda --steps "${STEPS:-10000}" \
-    --warmup-share 0.03 --eval-every 500 --save-every 2000 --log-every 100 \
-    --batch "${BATCH:-256}" --max-seconds "${TRAIN_SECONDS:-300}"
-  cp "$work/log.jsonl" "$out/"
+  if [ "${TRAIN_SECONDS:-300}" -gt 0 ]; then
+    train train --backend port --fast --device cuda --steps "${STEPS:-10000}" \
+      --warmup-share 0.03 --eval-every 500 --save-every 2000 --log-every 100 \
+      --batch "${BATCH:-256}" --max-seconds "${TRAIN_SECONDS:-300}"
+    cp "$work/log.jsonl" "$out/"
+  fi
 } 2>&1 | grep --line-buffered -v "UserWarning\|warnings.warn" | tee "$out/run.log"
