@@ -326,6 +326,10 @@ QString FileController::embeddedSamplePath() {
   return QStringLiteral(":/samples/mid-h200-free.h5");
 }
 
+QString FileController::embeddedSweepSamplePath() {
+  return QStringLiteral(":/samples/h200-26b-a4b-sweep.h5");
+}
+
 void FileController::open(const QString& path, const QString& origin) {
   ++busy_;
   const QString label = origin.isEmpty() ? QFileInfo(path).fileName() : origin;
@@ -345,7 +349,7 @@ QList<QPair<QString, QString>> FileController::embeddedSamples() {
   return {{embeddedSamplePath(), QObject::tr("mid, H200, free mode (the default)")},
           {QStringLiteral(":/samples/26ba4b-h200-lockstep.h5"),
            QObject::tr("26B-A4B architecture, H200, lockstep")},
-          {QStringLiteral(":/samples/h200-26b-a4b-sweep.h5"),
+          {embeddedSweepSamplePath(),
            QObject::tr("26B-A4B architecture, H200, sweep of 24 prompts (B = 2, 3, 4)")}};
 }
 

@@ -147,6 +147,8 @@ class FileController : public QObject {
   int busy() const { return busy_; }
   /// The resource path of the default embedded sample.
   static QString embeddedSamplePath();
+  /// The resource path of the embedded sweep sample.
+  static QString embeddedSweepSamplePath();
   /// Every embedded sample: (resource path, menu label), the default first.
   static QList<QPair<QString, QString>> embeddedSamples();
 

@@ -9,6 +9,8 @@
 #include <QKeyEvent>
 #include <QToolTip>
 
+#include "ui/app_filter.h"
+
 namespace batchlens::ui {
 
 namespace {
@@ -47,10 +49,12 @@ QCPColorGradient divergenceGradient() {
 QCPRange colourRange(const ValueRange& range, bool log) {
   const double hi = std::max(range.max, range.min_positive);
   if (log) {
-    const double lo = range.min_positive;
-    const double span = hi > lo ? std::log(hi / lo) : std::log(10.0);
+    // At least a decade below the largest value: values within a few percent of each other
+    // (0.0122-0.0148, issue #34) keep nearly one colour instead of spanning the whole scale.
+    const double lo = std::min(range.min_positive, hi / 10.0);
+    const double span = std::log(hi / lo);
     const double below = span * kSmallestAt / (1.0 - kSmallestAt);
-    return {lo / std::exp(below), hi > lo ? hi : lo * 10};
+    return {lo / std::exp(below), hi};
   }
   if (hi <= 0) {
     return {0, 1};
@@ -288,7 +292,7 @@ void HeatmapPlot::mouseMoveEvent(QMouseEvent* event) {
   int c = 0;
   int r = 0;
   if (cellAt(event->pos(), &c, &r)) {
-    QToolTip::showText(event->globalPosition().toPoint(), tooltipFor(c, r), this);
+    QToolTip::showText(event->globalPosition().toPoint(), wrappedToolTip(tooltipFor(c, r)), this);
   } else {
     QToolTip::hideText();
   }

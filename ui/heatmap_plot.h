@@ -30,7 +30,8 @@ class HeatmapPlot : public QCustomPlot {
 
   /// Shows `values` ([rows][columns], row-major; NaN = no data) on a colour scale spanning
   /// `range` (default: the values' own). Zeros are white on both scales; the smallest positive
-  /// value gets a clearly visible colour (the log scale spans exactly [min positive, max]).
+  /// value gets a clearly visible colour (the log scale spans [min positive, max], at least a
+  /// decade: [max / 10, max] when the values are closer than that).
   /// The zoom is kept while the grid keeps its size.
   void setGrid(int columns, int rows, std::vector<double> values, bool log_scale,
                const ValueRange* range = nullptr);

@@ -6,6 +6,7 @@
 #include <map>
 #include <string_view>
 
+#include <QAbstractButton>
 #include <QAction>
 #include <QApplication>
 #include <QClipboard>
@@ -35,6 +36,7 @@
 
 #include "core/base/version.h"
 #include "core/experiment/plan.h"
+#include "ui/app_filter.h"
 #include "ui/controllers.h"
 #include "ui/report_export.h"
 #include "ui/run_panel.h"
@@ -142,6 +144,7 @@ MainWindow::MainWindow(base::SystemInfo system, QWidget* parent)
   setObjectName(QStringLiteral("MainWindow"));
   setAcceptDrops(true);
   resize(1500, 950);
+  AppFilter::install();
 
   state_ = new ExplorerState(this);
   runs_ = new RunController(this);
@@ -204,6 +207,8 @@ void MainWindow::buildCentre() {
   kernels_ = new KernelsView(state_, this);
   sweep_ = new SweepView(this);
   connect(sweep_, &SweepView::itemActivated, this, &MainWindow::openSweepItem);
+  connect(sweep_, &SweepView::sampleRequested, this,
+          [this] { openEmbeddedSample(FileController::embeddedSweepSamplePath()); });
   // The culprit line's "use as workaround": the finder's fix into the op list, one click.
   connect(overview_, &OverviewView::culpritFixRequested, this, [this] {
     const auto* r = state_->result();
@@ -232,6 +237,7 @@ void MainWindow::buildCentre() {
   }
   // Sweeps (issue #19) are documents of their own: a tab that an experiment does not change.
   tabs_->addTab(sweep_, tr("Sweep"));
+  connect(tabs_, &QTabWidget::currentChanged, this, [this] { updateTitle(); });
   tabs_->setTabToolTip(tabs_->indexOf(sweep_),
                        tr("How often the batch size changes the text across prompts and seeds: "
                           "open a sweep file (batchlens-cli sweep)"));
@@ -392,6 +398,7 @@ void MainWindow::connectControllers() {
     }
     sweep_->setSweep(doc);
     tabs_->setCurrentWidget(sweep_);
+    updateTitle();
     statusBar()->showMessage(tr("Sweep %1: %2 of %3 items")
                                  .arg(q(doc.sweep->id))
                                  .arg(doc.sweep->items_done)
@@ -403,6 +410,12 @@ void MainWindow::connectControllers() {
           [this](const QString& path, const QString& message) {
             showError(tr("Could not open %1").arg(QFileInfo(path).fileName()),
                       tr("%1\n\n%2").arg(path, message));
+            // Nothing shown yet (a bad file on the command line): the embedded sample rather
+            // than an empty window; the error stays on screen (issue #34).
+            if (state_->result() == nullptr && sweep_->document().sweep == nullptr &&
+                !path.startsWith(QStringLiteral(":/samples/"))) {
+              openEmbeddedSample();
+            }
           });
   connect(files_, &FileController::saved, this, [this](const QString& path) {
     const auto written = takeSave(path);
@@ -730,7 +743,28 @@ void MainWindow::refreshPicker() {
 }
 
 void MainWindow::updateTitle() {
+  if (document_label_ == nullptr) {
+    return;  // still building the window
+  }
+  // The Sweep tab shows a document of its own: the title and status bar name it there.
+  if (tabs_->currentWidget() == sweep_ && sweep_->document().sweep != nullptr) {
+    const SweepDocument& sweep = sweep_->document();
+    const QString path = sweep.path.isEmpty() ? tr("the embedded sweep sample") : sweep.path;
+    setWindowTitle(
+        tr("%1 — BatchLens").arg(sweep.path.isEmpty() ? path : QFileInfo(path).fileName()));
+    setWindowModified(false);
+    document_label_->setText(tr("Sweep %1 · %2 · %3 of %4 items")
+                                 .arg(path, q(sweep.sweep->spec.base.model.describe()))
+                                 .arg(sweep.sweep->items_done)
+                                 .arg(sweep.sweep->items_total));
+    return;
+  }
   const auto& doc = state_->document();
+  if (state_->result() == nullptr && doc.path.isEmpty() && doc.origin.isEmpty()) {
+    setWindowTitle(tr("BatchLens"));
+    document_label_->setText(tr("No experiment"));
+    return;
+  }
   const QString name = doc.path.isEmpty() ? doc.origin : QFileInfo(doc.path).fileName();
   setWindowTitle(tr("%1[*] — BatchLens").arg(name));
   setWindowModified(doc.modified);
@@ -895,16 +929,38 @@ void MainWindow::chooseExportRepro() {
     showError(tr("Nothing to export"), tr("Open or run an experiment first."));
     return;
   }
-  QSettings settings;
-  const QString parent = QFileDialog::getExistingDirectory(
-      this, tr("Export minimal repro into folder"),
-      saveDialogDir(settings.value(QStringLiteral("lastDir")).toString(), QString()));
-  if (parent.isEmpty()) {
-    return;
-  }
   const QString comparison =
       state_->comparisonId().isEmpty() ? QStringLiteral("first") : state_->comparisonId();
-  exportReproTo(QDir(parent).filePath(documentStem() + QStringLiteral("-repro-") + comparison));
+  const QString dir = chooseExportFolder(
+      tr("Export minimal repro to folder"), [this, &comparison](const QString& parent) {
+        return QDir(parent).filePath(documentStem() + QStringLiteral("-repro-") + comparison);
+      });
+  if (!dir.isEmpty()) {
+    exportReproTo(dir);
+  }
+}
+
+QString MainWindow::chooseExportFolder(const QString& title,
+                                       const std::function<QString(const QString&)>& proposed) {
+  // A folder that does not exist yet is the usual answer (the export creates it): a save
+  // dialog, starting in the last export folder, proposing a new folder's name (issue #34).
+  QSettings settings;
+  const QString start = saveDialogDir(
+      settings.value(QStringLiteral("exportDir"), settings.value(QStringLiteral("lastDir")))
+          .toString(),
+      QString());
+  QString dir = QFileDialog::getSaveFileName(this, title, proposed(start), QString(), nullptr,
+                                             QFileDialog::DontConfirmOverwrite);
+  if (dir.isEmpty()) {
+    return {};
+  }
+  if (QFileInfo(dir).isFile()) {
+    showError(tr("Not a folder"),
+              tr("%1 is a file. Give the name of a new or empty folder.").arg(dir));
+    return {};
+  }
+  settings.setValue(QStringLiteral("exportDir"), QFileInfo(dir).absolutePath());
+  return dir;
 }
 
 void MainWindow::chooseExport() {
@@ -912,10 +968,9 @@ void MainWindow::chooseExport() {
     showError(tr("Nothing to export"), tr("Open or run an experiment first."));
     return;
   }
-  QSettings settings;
-  QString dir = QFileDialog::getExistingDirectory(
-      this, tr("Export report into folder"),
-      saveDialogDir(settings.value(QStringLiteral("lastDir")).toString(), QString()));
+  QString dir = chooseExportFolder(tr("Export report to folder"), [this](const QString& parent) {
+    return newReportFolder(parent, *state_);
+  });
   if (dir.isEmpty()) {
     return;
   }
@@ -960,6 +1015,36 @@ void MainWindow::dropEvent(QDropEvent* event) {
 }
 
 void MainWindow::closeEvent(QCloseEvent* event) {
+  // A run in progress is lost on close: ask first (issue #34), without blocking the run.
+  if (runs_->isRunning() && !close_during_run_confirmed_) {
+    event->ignore();
+    for (const QMessageBox* open :
+         findChildren<QMessageBox*>(QStringLiteral("CloseDuringRunDialog"))) {
+      if (open->isVisible()) {
+        return;  // already asking
+      }
+    }
+    auto* box = new QMessageBox(QMessageBox::Question, tr("A run is in progress"),
+                                tr("An experiment is running. Closing stops it, and what it "
+                                   "computed so far is lost."),
+                                QMessageBox::NoButton, this);
+    box->setObjectName(QStringLiteral("CloseDuringRunDialog"));
+    box->setAttribute(Qt::WA_DeleteOnClose);
+    box->setModal(false);
+    QPushButton* stop = box->addButton(tr("Stop the run and close"), QMessageBox::AcceptRole);
+    stop->setObjectName(QStringLiteral("StopAndCloseButton"));
+    box->addButton(tr("Keep running"), QMessageBox::RejectRole)
+        ->setObjectName(QStringLiteral("KeepRunningButton"));
+    box->setDefaultButton(qobject_cast<QPushButton*>(box->buttons().last()));
+    connect(box, &QMessageBox::buttonClicked, this, [this, stop](QAbstractButton* clicked) {
+      if (clicked == stop) {
+        close_during_run_confirmed_ = true;
+        close();
+      }
+    });
+    box->show();
+    return;
+  }
   // A run's result exists only in memory until saved: offer to keep it.
   if (state_->document().modified && state_->result() != nullptr) {
     if (savingShown()) {

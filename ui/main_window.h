@@ -152,6 +152,10 @@ class MainWindow : public QMainWindow {
   std::shared_ptr<const experiment::ExperimentResult> takeSave(const QString& path);
   void chooseExport();
   void chooseExportRepro();
+  // An export's target folder from a save dialog (new folders welcome), starting in the last
+  // export folder with proposed(that folder) as the name; empty when cancelled or not a folder.
+  QString chooseExportFolder(const QString& title,
+                             const std::function<QString(const QString&)>& proposed);
   void showAbout();
 
   base::SystemInfo system_;
@@ -176,6 +180,8 @@ class MainWindow : public QMainWindow {
   std::vector<std::pair<QString, std::shared_ptr<const experiment::ExperimentResult>>> saves_;
   /// The window closes once the shown experiment is saved (the user chose Save on close).
   bool close_after_save_ = false;
+  /// The user chose "Stop the run and close" while a run was in progress.
+  bool close_during_run_confirmed_ = false;
   /// The workaround toggle's state before the run it started; restored on Cancel or failure.
   std::optional<bool> restore_workaround_;
 };

@@ -332,12 +332,7 @@ void OverviewView::refresh() {
                       .arg(c.wall_s, 0, 'f', 1)
                       .arg(q(c.verdict));
     for (const experiment::CulpritCost& k : c.costs) {
-      tip += tr("\nB=%1: decoder forward %2 ms → %3 ms (%4%5 %)")
-                 .arg(k.batch_size)
-                 .arg(k.default_ms, 0, 'f', 2)
-                 .arg(k.fixed_ms, 0, 'f', 2)
-                 .arg(k.overhead() >= 0 ? QStringLiteral("+") : QString())
-                 .arg(100.0 * k.overhead(), 0, 'f', 1);
+      tip += tr("\nB=%1: %2").arg(k.batch_size).arg(q(k.detail()));
     }
     culprit_->setToolTip(tip);
   }
@@ -509,8 +504,8 @@ QString OverviewView::detailsHtml() const {
   row(tr("Precision"),
       tr("%1, experts %2, %3 threads").arg(q(p.dtype), q(r->spec.load.experts)).arg(p.threads));
   row(tr("Policy"),
-      q(ops::policy_text(r->spec.policy)) + (p.emulated ? tr(" (EMULATED split-K)") : QString()));
-  row(tr("Workaround"), r->spec.workaround ? q(ops::policy_text(*r->spec.workaround)) : tr("none"));
+      policyLabel(r->spec.policy) + (p.emulated ? tr(" (EMULATED split-K)") : QString()));
+  row(tr("Workaround"), r->spec.workaround ? policyLabel(*r->spec.workaround) : tr("none"));
   if (const std::string switches = r->spec.load.switches.describe(); !switches.empty()) {
     row(tr("Switches"), q(switches));
   }

@@ -14,6 +14,7 @@
 #include <QPixmap>
 #include <QTextDocument>
 
+#include "core/analysis/kernel_evidence.h"
 #include "core/analysis/story.h"
 #include "core/analysis/summary.h"
 #include "core/analysis/sweep_report.h"
@@ -203,9 +204,29 @@ QPixmap compositeFigure(const ExplorerState& state, OverviewView* overview,
   const int width = size.width() - 2 * margin;
   QTextDocument head;
   head.setTextWidth(width);
+  // EMULATED in the title, not only in the footer; and the workaround's outcome beside the
+  // headline where the experiment has one (issue #34).
+  const QString emulated =
+      r->provenance.emulated
+          ? QStringLiteral(
+                "<div style='font-size:13pt;color:#b00020'><b>EMULATED</b>: a CPU "
+                "emulation of GPU split-K, not a GPU measurement</div>")
+          : QString();
+  QString after;
+  if (const auto* a = state.comparison(Side::After)) {
+    after = QStringLiteral(
+                "<div style='font-size:12pt'><b>With the workaround</b> (%1): text "
+                "%2; first divergence %3.</div>")
+                .arg((r->spec.workaround ? policyLabel(*r->spec.workaround)
+                                         : QStringLiteral("workaround"))
+                         .toHtmlEscaped(),
+                     a->tokens_identical ? QStringLiteral("identical")
+                                         : QStringLiteral("<b>DIFFERS</b>"),
+                     q(experiment::describe(a->first)).toHtmlEscaped());
+  }
   head.setHtml(
-      QStringLiteral("<div style='font-size:15pt'>%1</div><div style='color:#444'>%2</div>")
-          .arg(OverviewView::headlineHtml(overview->story(), /*links=*/false),
+      QStringLiteral("%1<div style='font-size:15pt'>%2</div>%3<div style='color:#444'>%4</div>")
+          .arg(emulated, OverviewView::headlineHtml(overview->story(), /*links=*/false), after,
                QString::fromStdString(overview->story().why).toHtmlEscaped()));
   painter.translate(margin, margin);
   head.drawContents(&painter);
@@ -238,7 +259,7 @@ QPixmap compositeFigure(const ExplorerState& state, OverviewView* overview,
       QStringLiteral("%1 · %2 (%3) · LibTorch %4 · %5 · policy %6%7 · BatchLens %8 · canvases and "
                      "steps count from 1, layers and positions from 0")
           .arg(q(r->spec.model.describe()), q(p.device), q(p.device_name), q(p.libtorch),
-               q(p.dtype), q(ops::policy_text(r->spec.policy)),
+               q(p.dtype), policyLabel(r->spec.policy),
                p.emulated ? QStringLiteral(" (EMULATED)") : QString(), q(p.tool_version)));
   return page;
 }
@@ -321,6 +342,47 @@ QString firstDivergenceSection(const ExplorerState& state, const experiment::Exp
     }
   }
   return md;
+}
+
+// The culprit finder's result: the fix, how it was searched, what it costs (with the spread
+// of the passes), as `batchlens-cli summary` prints it (issue #34: summary.md left it out).
+QString culpritSection(const experiment::ExperimentResult& r) {
+  if (!r.culprit) {
+    return {};
+  }
+  const experiment::CulpritReport& c = *r.culprit;
+  const std::vector<int> sizes(r.spec.batch_sizes.begin(), r.spec.batch_sizes.end());
+  QString md = QStringLiteral("## Culprit\n\n**%1**\n\n").arg(q(c.headline(sizes)));
+  md += QStringLiteral("Strategy %1; %2 trials in %3 s; %4\n\n")
+            .arg(q(std::string(ops::strategy_name(c.strategy))))
+            .arg(c.trials.size())
+            .arg(c.wall_s, 0, 'f', 1)
+            .arg(q(c.verdict));
+  if (c.found) {
+    md += QStringLiteral("Fix: `%1`\n\n").arg(q(ops::describe(c.fix)));
+  }
+  for (const experiment::CulpritCost& k : c.costs) {
+    md += QStringLiteral("- cost at B=%1: %2\n").arg(k.batch_size).arg(q(k.detail()));
+  }
+  return c.costs.empty() ? md : md + QStringLiteral("\n");
+}
+
+// The kernels behind the first divergence at B=1 and B=N (kernel provenance), as the summary
+// prints them.
+QString kernelsSection(const experiment::ExperimentResult& r,
+                       const experiment::ComparisonResult* c) {
+  if (c == nullptr || c->kind != experiment::ComparisonKind::Row0) {
+    return {};
+  }
+  const std::vector<std::string> lines = analysis::first_divergence_kernels(r, *c);
+  if (lines.empty()) {
+    return {};
+  }
+  QString md = QStringLiteral("## Kernels at the first divergence\n\n```\n");
+  for (const std::string& line : lines) {
+    md += q(line) + QLatin1Char('\n');
+  }
+  return md + QStringLiteral("```\n\n");
 }
 
 // The noise floor and the table of every comparison.
@@ -415,7 +477,10 @@ QString reportMarkdown(const ExplorerState& state, const QStringList& images) {
   const analysis::Story story =
       analysis::build_story(*r, c != nullptr ? c->id : analysis::headline_comparison(*r));
   if (!story.clauses.empty()) {
-    md += QStringLiteral("**%1**\n\n").arg(q(story.headline()));
+    md += QStringLiteral("**%1%2**\n\n")
+              .arg(p.emulated ? QStringLiteral("EMULATED (a CPU emulation of GPU split-K): ")
+                              : QString(),
+                   q(story.headline()));
   }
   if (!story.why.empty()) {
     md += q(story.why) + QStringLiteral("\n\n");
@@ -433,6 +498,8 @@ QString reportMarkdown(const ExplorerState& state, const QStringList& images) {
   md += promptSection(*r);
   md += changedTokensSection(*r, c, tokenizer);
   md += firstDivergenceSection(state, *r, c);
+  md += kernelsSection(*r, c);
+  md += culpritSection(*r);
   md += comparisonsSection(*r);
   md += environmentSection(*r);
   md += QStringLiteral("\n## Caveats\n\n");
@@ -443,6 +510,9 @@ QString reportMarkdown(const ExplorerState& state, const QStringList& images) {
             .arg(q(experiment::cli_run_command(r->spec, {}, "experiment.h5")));
   if (!images.isEmpty()) {
     md += QStringLiteral("## Views\n\n");
+    md += QStringLiteral(
+        "> The images are files beside this summary, not part of it: attach the PNG files of "
+        "this folder when you send it.\n\n");
     for (const QString& image : images) {
       md += QStringLiteral("![%1](%2)\n\n")
                 .arg(QFileInfo(image).baseName(), QFileInfo(image).fileName());

@@ -21,7 +21,9 @@
 #include "core/base/input.h"
 #include "core/experiment/provenance.h"
 #include "core/ops/policy.h"
+#include "ui/app_filter.h"
 #include "ui/qcp.h"
+#include "ui/views.h"
 
 namespace batchlens::ui {
 
@@ -78,9 +80,10 @@ void stylePlot(QCustomPlot* p, const QString& y_label) {
 }  // namespace
 
 SweepView::SweepView(QWidget* parent) : QWidget(parent) {
-  caption_ = new QLabel(tr("Open a sweep file (batchlens-cli sweep writes DIR/sweep.h5; "
-                           "sweep-merge joins shard files) to see how often the batch size "
-                           "changes the text across prompts and seeds."),
+  caption_ = new QLabel(tr("No sweep is open. Open a sweep file with File ▸ Open "
+                           "(batchlens-cli sweep writes DIR/sweep.h5; sweep-merge joins shard "
+                           "files), or the embedded sample below, to see how often the batch "
+                           "size changes the text across prompts and seeds."),
                         this);
   caption_->setObjectName(QStringLiteral("SweepCaption"));
   caption_->setWordWrap(true);
@@ -151,14 +154,25 @@ SweepView::SweepView(QWidget* parent) : QWidget(parent) {
   split->addWidget(bottom);
   split->setStretchFactor(0, 1);
   split->setStretchFactor(1, 1);
+  content_ = split;
+  // No sweep yet: a way to one instead of empty axes (issue #34).
+  sample_ =
+      new QPushButton(tr("Open the embedded sweep sample (26B-A4B architecture, H200)"), this);
+  sample_->setObjectName(QStringLiteral("SweepOpenSample"));
+  connect(sample_, &QPushButton::clicked, this, &SweepView::sampleRequested);
   auto* layout = new QVBoxLayout(this);
   layout->addWidget(caption_);
+  layout->addWidget(sample_, 0, Qt::AlignLeft);
   layout->addWidget(split, 1);
+  layout->addStretch(0);
+  content_->hide();
 }
 
 void SweepView::setSweep(const SweepDocument& document) {
   doc_ = document;
   stats_ = doc_.sweep ? analysis::sweep_stats(doc_.sweep->rows) : std::vector<SweepStats>{};
+  content_->setVisible(doc_.sweep != nullptr);
+  sample_->setVisible(doc_.sweep == nullptr);
   if (!doc_.sweep) {
     return;
   }
@@ -181,9 +195,8 @@ void SweepView::setSweep(const SweepDocument& document) {
           .arg(s.spec.seeds.size())
           .arg(s.items_done)
           .arg(s.items_total)
-          .arg(qs(ops::policy_text(b.policy)),
-               b.workaround ? tr(", workaround %1").arg(qs(ops::policy_text(*b.workaround)))
-                            : QString(),
+          .arg(policyLabel(b.policy),
+               b.workaround ? tr(", workaround %1").arg(policyLabel(*b.workaround)) : QString(),
                where.join(QStringLiteral(", ")).toHtmlEscaped(),
                s.shards.size() > 1 ? tr(" %1 shard files merged.").arg(s.shards.size())
                                    : QString()));
@@ -469,7 +482,8 @@ void SweepView::shareHover(QMouseEvent* event) {
     return;
   }
   QToolTip::showText(event->globalPosition().toPoint(),
-                     shareTooltip(group, sizes[static_cast<std::size_t>(index)]), share_);
+                     wrappedToolTip(shareTooltip(group, sizes[static_cast<std::size_t>(index)])),
+                     share_);
 }
 
 QPixmap SweepView::renderReport(const QSize& size) {

@@ -54,6 +54,8 @@ class SweepView : public QWidget {
  Q_SIGNALS:
   /// The user asked for an item (double-click or the button): open or re-run it.
   void itemActivated(int item);
+  /// The empty tab's button: open the embedded sweep sample.
+  void sampleRequested();
 
  private:
   void fillShare();
@@ -70,6 +72,8 @@ class SweepView : public QWidget {
   QTableWidget* families_ = nullptr;
   QTableWidget* items_ = nullptr;
   QPushButton* open_ = nullptr;
+  QPushButton* sample_ = nullptr;  ///< shown instead of the plots while no sweep is open
+  QWidget* content_ = nullptr;     ///< the plots and the table
 };
 
 }  // namespace batchlens::ui

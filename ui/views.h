@@ -7,6 +7,7 @@
 #include <QWidget>
 
 #include "core/analysis/story.h"
+#include "core/ops/policy.h"
 #include "ui/explorer_state.h"
 #include "ui/heatmap_plot.h"
 #include "ui/story_cache.h"
@@ -278,6 +279,11 @@ QString comparisonLabel(const experiment::ExperimentResult& result,
 /// Labels an axis of ticks of the experiment with denoising steps, counted from 1, and the
 /// canvas at each canvas start ("c2·1").
 void setStepAxis(QCPAxis* axis, const ExplorerState& state);
+
+/// A policy as people read it: its name where it has one ("issue_workaround",
+/// "emulated_h200+row_wise_all"), else its rules ("custom: row_wise {router_proj}"), never raw
+/// policy JSON (issue #34).
+QString policyLabel(const ops::OpPolicy& policy);
 
 /// One token as display text ("␣Portugal", "⏎"), or "#id" without a tokenizer.
 QString tokenText(const text::Tokenizer* tokenizer, std::int64_t id);

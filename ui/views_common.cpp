@@ -96,6 +96,12 @@ void setStepAxis(QCPAxis* axis, const ExplorerState& state) {
   axis->setTicker(ticker);
 }
 
+QString policyLabel(const ops::OpPolicy& policy) {
+  const std::string text = ops::policy_text(policy);
+  return QString::fromStdString(!text.empty() && text.front() == '{' ? ops::describe(policy)
+                                                                     : text);
+}
+
 QString tokenText(const text::Tokenizer* tokenizer, std::int64_t id) {
   if (tokenizer == nullptr) {
     return QStringLiteral("#%1").arg(id);

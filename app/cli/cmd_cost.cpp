@@ -21,14 +21,16 @@ namespace {
 void print_costs(const setup::PolicyCosts& c, const std::string& device) {
   std::cout << "cost: decoder forward (self-conditioning on, identical rows) as the engine runs "
                "it on "
-            << device << ", median of " << c.repeat << " passes, ms (vs the first policy)\n";
+            << device << ", median of " << c.repeat
+            << " interleaved passes, ms (vs the first policy; ~ = within the noise: the "
+               "interquartile ranges overlap)\n";
   std::size_t width = 8;
   for (const std::string& l : c.labels) {
     width = std::max(width, l.size());
   }
   std::printf("%-*s", static_cast<int>(width), "policy");
   for (const std::int64_t b : c.batch_sizes) {
-    std::printf("  %18s", ("B=" + std::to_string(b)).c_str());
+    std::printf("  %19s", ("B=" + std::to_string(b)).c_str());
   }
   std::printf("\n");
   for (std::size_t p = 0; p < c.labels.size(); ++p) {
@@ -40,9 +42,10 @@ void print_costs(const setup::PolicyCosts& c, const std::string& device) {
       if (p == 0 || base <= 0.0) {
         std::snprintf(cell, sizeof(cell), "%.2f", ms);
       } else {
-        std::snprintf(cell, sizeof(cell), "%.2f (%+.1f %%)", ms, 100.0 * (ms / base - 1.0));
+        std::snprintf(cell, sizeof(cell), "%.2f (%s%+.1f %%)", ms,
+                      c.cells[p][i].within_noise ? "~" : "", 100.0 * (ms / base - 1.0));
       }
-      std::printf("  %18s", cell);
+      std::printf("  %19s", cell);
     }
     std::printf("\n");
   }
@@ -50,6 +53,25 @@ void print_costs(const setup::PolicyCosts& c, const std::string& device) {
   for (std::size_t p = 0; p < c.labels.size(); ++p) {
     std::cout << "  " << c.labels[p] << " = " << c.policies[p]
               << "; ran as: " << c.cells[p].front().mode << "\n";
+  }
+  std::cout << "  interquartile ranges, ms:";
+  for (std::size_t p = 0; p < c.labels.size(); ++p) {
+    std::cout << "\n    " << c.labels[p] << ":";
+    for (std::size_t i = 0; i < c.batch_sizes.size(); ++i) {
+      char range[64];
+      std::snprintf(range, sizeof(range), " B=%lld %.2f-%.2f",
+                    static_cast<long long>(c.batch_sizes[i]), c.cells[p][i].q1_ms,
+                    c.cells[p][i].q3_ms);
+      std::cout << range;
+    }
+  }
+  std::cout << "\n";
+  if (c.busy()) {
+    std::cout << "  NOISY: load average " << std::max(c.load_before, c.load_after) << " on "
+              << c.cores << " cores while measuring; every number above is unreliable\n";
+  }
+  if (c.cpu) {
+    std::cout << "  measured on a CPU: what these policies cost here, not on a GPU\n";
   }
   if (!c.invariance_report.empty()) {
     std::cout << c.invariance_report << "\n";
@@ -66,6 +88,8 @@ nlohmann::json costs_json(const setup::PolicyCosts& c) {
           {{"batch_size", c.batch_sizes[i]},
            {"median_ms", cell.median_ms},
            {"min_ms", cell.min_ms},
+           {"iqr_ms", {cell.q1_ms, cell.q3_ms}},
+           {"noisy", c.noisy(p, i)},
            {"overhead",
             c.cells[0][i].median_ms > 0.0 ? cell.median_ms / c.cells[0][i].median_ms - 1.0 : 0.0},
            {"mode", cell.mode}});
@@ -73,6 +97,10 @@ nlohmann::json costs_json(const setup::PolicyCosts& c) {
     rows.push_back({{"label", c.labels[p]}, {"policy", c.policies[p]}, {"cells", cells}});
   }
   return {{"repeat", c.repeat},
+          {"cpu", c.cpu},
+          {"load_average", {c.load_before, c.load_after}},
+          {"cores", c.cores},
+          {"busy", c.busy()},
           {"policies", rows},
           {"invariance_report", c.invariance_report},
           {"fused_report", c.fused_report}};

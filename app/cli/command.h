@@ -43,7 +43,7 @@ bool parse_mode(const std::string& text, Parse parse, T& out, const char* comman
 
 /// Resolves a --policy or --workaround argument (a named policy, names joined with +, inline
 /// JSON or a policy JSON file: ops::policy_from_argument) into `out`; on an error reports it
-/// (report_error, exit 1 as any invalid value found before a run) and returns false.
+/// and returns false with kExitUsage (refused before any work).
 bool resolve_policy(const std::string& text, ops::OpPolicy& out, int& exit_code);
 
 /// The text `batchlens-cli --version` prints: BatchLens version and build, LibTorch version,

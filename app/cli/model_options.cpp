@@ -63,7 +63,9 @@ bool parse_int_list(const std::string& text, std::vector<std::int64_t>& out, std
 bool resolve_policy(const std::string& text, ops::OpPolicy& out, int& exit_code) {
   auto policy = ops::policy_from_argument(text);
   if (!policy.ok()) {
-    exit_code = report_error(policy.error());
+    // Refused before any work: a bad command line (issue #34).
+    report_error(policy.error());
+    exit_code = kExitUsage;
     return false;
   }
   out = std::move(policy).value();

@@ -20,6 +20,7 @@
 #include "core/experiment/experiment.h"
 #include "core/experiment/runner.h"
 #include "core/io/experiment_file.h"
+#include "core/model/config.h"
 
 namespace batchlens::cli {
 
@@ -168,6 +169,25 @@ bool resolve_spec(SpecOptions& o, const char* command, int& exit_code, bool file
   spec.load = mo.load;
   spec.chat_template = !o.raw;
   spec.kernels = !o.no_kernels;
+  // A spec no run could take (a batch size of 1, an unknown preset) is a bad command line:
+  // exit 2 at once, before the model is built (issue #34: exit 1 after ~9 s).
+  experiment::ExperimentSpec probe = spec;
+  if (!file_out && probe.prompt.empty() && probe.prompt_ids.empty()) {
+    probe.prompt = "-";  // a sweep's prompts come from --prompts, checked when read
+  }
+  // Text that is not UTF-8 is reported by the checks below, naming the option.
+  base::Result<void> usable =
+      check_spec_text(spec).ok() ? experiment::validate(probe) : base::ok_result();
+  if (usable.ok() && !spec.model.preset.empty()) {
+    if (auto preset = model::load_preset(spec.model.preset); !preset.ok()) {
+      usable = preset.error();
+    }
+  }
+  if (!usable.ok()) {
+    std::cerr << "batchlens-cli " << command << ": " << usable.error().message << "\n";
+    exit_code = kExitUsage;
+    return false;
+  }
   if (!file_out) {
     if (auto text = check_spec_text(spec); !text.ok()) {
       exit_code = report_error(text.error());

@@ -293,9 +293,19 @@ class Finder {
     };
     const setup::PolicyCosts costs = base::take(setup::measure_policy_costs(*session_.model, req));
     for (std::size_t i = 0; i < costs.batch_sizes.size(); ++i) {
-      report_.costs.push_back(CulpritCost{static_cast<int>(costs.batch_sizes[i]),
-                                          costs.cells[0][i].median_ms,
-                                          costs.cells[1][i].median_ms});
+      const setup::PolicyCostCell& plain = costs.cells[0][i];
+      const setup::PolicyCostCell& fixed = costs.cells[1][i];
+      CulpritCost k;
+      k.batch_size = static_cast<int>(costs.batch_sizes[i]);
+      k.default_ms = plain.median_ms;
+      k.fixed_ms = fixed.median_ms;
+      k.default_q1_ms = plain.q1_ms;
+      k.default_q3_ms = plain.q3_ms;
+      k.fixed_q1_ms = fixed.q1_ms;
+      k.fixed_q3_ms = fixed.q3_ms;
+      k.noisy = costs.noisy(1, i);
+      k.cpu = costs.cpu;
+      report_.costs.push_back(k);
     }
   }
 

@@ -173,9 +173,7 @@ std::string summary_text(const ExperimentResult& r) {
       o << std::setprecision(2) << "  " << t.wall_s << " s  fix: " << t.fix << "\n";
     }
     for (const CulpritCost& k : c.costs) {
-      o << std::setprecision(2) << "  cost at B=" << k.batch_size << ": decoder forward "
-        << k.default_ms << " ms -> " << k.fixed_ms << " ms (" << std::showpos
-        << std::setprecision(1) << 100.0 * k.overhead() << std::noshowpos << " %)\n";
+      o << "  cost at B=" << k.batch_size << ": " << k.detail() << "\n";
     }
   }
   o << "\n";

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/analysis/sweep_report.h"
 
+#include <algorithm>
 #include <iomanip>
 #include <sstream>
 
@@ -43,10 +44,13 @@ std::string sweep_text(const SweepRecords& s) {
       << (p.cuda.empty() ? std::string() : ", CUDA " + p.cuda) << ", LibTorch " << p.libtorch
       << ", BatchLens " << p.tool_version << "): " << rows_of[i] << " row(s)\n";
   }
-  if (!s.shards.empty()) {
+  // An unsharded sweep is one "shard" of one: nothing to say (issue #34 saw "shards: 0/1").
+  const bool sharded = std::any_of(s.shards.begin(), s.shards.end(),
+                                   [](const SweepShard& sh) { return sh.count > 1; });
+  if (sharded) {
     o << "shards:";
     for (const SweepShard& sh : s.shards) {
-      o << " " << sh.index << "/" << sh.count << " (" << sh.items << " items, "
+      o << " " << sh.index + 1 << " of " << sh.count << " (" << sh.items << " items, "
         << s.provenances.at(static_cast<std::size_t>(sh.provenance)).host << ")";
     }
     o << "\n";

@@ -27,12 +27,37 @@ std::string CulpritReport::headline(const std::vector<int>& batch_sizes) const {
       (ranges.empty() ? "" : " (" + ranges.substr(1) + ")") + " — with it B=" + sizes +
       (confirmed ? " are bitwise identical to B=1" : " are identical in lockstep only");
   if (!costs.empty()) {
-    const CulpritCost& c = costs.back();
-    char buf[64];
-    std::snprintf(buf, sizeof buf, "; cost %+.1f %% at B=%d", 100.0 * c.overhead(), c.batch_size);
-    out += buf;
+    out += "; cost " + costs.back().text();
   }
   return out;
+}
+
+std::string CulpritCost::detail() const {
+  const auto side = [](double median, double q1, double q3) {
+    char buf[96];
+    if (q3 > 0) {
+      std::snprintf(buf, sizeof buf, "%.2f ms (IQR %.2f-%.2f)", median, q1, q3);
+    } else {
+      std::snprintf(buf, sizeof buf, "%.2f ms", median);
+    }
+    return std::string(buf);
+  };
+  char pct[32];
+  std::snprintf(pct, sizeof pct, "%+.1f %%", 100.0 * overhead());
+  return "decoder forward " + side(default_ms, default_q1_ms, default_q3_ms) + " -> " +
+         side(fixed_ms, fixed_q1_ms, fixed_q3_ms) + ": " + pct +
+         (noisy ? ", within the noise" : "") + (cpu ? ", on a CPU, not a GPU cost" : "");
+}
+
+std::string CulpritCost::text() const {
+  char buf[96];
+  if (noisy) {
+    std::snprintf(buf, sizeof buf, "within the noise at B=%d (median %+.1f %%)", batch_size,
+                  100.0 * overhead());
+  } else {
+    std::snprintf(buf, sizeof buf, "%+.1f %% at B=%d", 100.0 * overhead(), batch_size);
+  }
+  return std::string(buf) + (cpu ? " on a CPU, not a GPU cost" : "");
 }
 
 nlohmann::json to_json(const CulpritReport& r) {
@@ -51,8 +76,13 @@ nlohmann::json to_json(const CulpritReport& r) {
   }
   nlohmann::json costs = nlohmann::json::array();
   for (const CulpritCost& c : r.costs) {
-    costs.push_back(
-        {{"batch_size", c.batch_size}, {"default_ms", c.default_ms}, {"fixed_ms", c.fixed_ms}});
+    costs.push_back({{"batch_size", c.batch_size},
+                     {"default_ms", c.default_ms},
+                     {"fixed_ms", c.fixed_ms},
+                     {"default_iqr_ms", {c.default_q1_ms, c.default_q3_ms}},
+                     {"fixed_iqr_ms", {c.fixed_q1_ms, c.fixed_q3_ms}},
+                     {"noisy", c.noisy},
+                     {"cpu", c.cpu}});
   }
   return {{"strategy", std::string(ops::strategy_name(r.strategy))},
           {"diverged", r.diverged},
@@ -118,8 +148,25 @@ base::Result<CulpritReport> culprit_from_json(const nlohmann::json& doc) {
         return bad("costs must be a short array");
       }
       for (const auto& c : doc["costs"]) {
-        r.costs.push_back(CulpritCost{c.value("batch_size", 0), c.value("default_ms", 0.0),
-                                      c.value("fixed_ms", 0.0)});
+        CulpritCost k;
+        k.batch_size = c.value("batch_size", 0);
+        k.default_ms = c.value("default_ms", 0.0);
+        k.fixed_ms = c.value("fixed_ms", 0.0);
+        // Files before issue #34 have no spread.
+        const auto range = [&c](const char* key, double& q1, double& q3) {
+          if (c.contains(key)) {
+            const auto v = c.at(key).get<std::vector<double>>();
+            if (v.size() == 2) {
+              q1 = v[0];
+              q3 = v[1];
+            }
+          }
+        };
+        range("default_iqr_ms", k.default_q1_ms, k.default_q3_ms);
+        range("fixed_iqr_ms", k.fixed_q1_ms, k.fixed_q3_ms);
+        k.noisy = c.value("noisy", false);
+        k.cpu = c.value("cpu", false);
+        r.costs.push_back(k);
       }
     }
     return r;

@@ -221,12 +221,23 @@ struct CulpritTrial {
   double wall_s = 0.0;
 };
 
-/// Decoder forward time at one batch size without and with the fix.
+/// Decoder forward time at one batch size without and with the fix: medians of interleaved
+/// passes (setup/policy_cost.h) and their interquartile ranges.
 struct CulpritCost {
   int batch_size = 0;
-  double default_ms = 0.0;  ///< the spec's own policy
-  double fixed_ms = 0.0;    ///< with the fix
+  double default_ms = 0.0;                          ///< the spec's own policy
+  double fixed_ms = 0.0;                            ///< with the fix
+  double default_q1_ms = 0.0, default_q3_ms = 0.0;  ///< 0: not recorded (files before #34)
+  double fixed_q1_ms = 0.0, fixed_q3_ms = 0.0;
+  bool noisy = false;  ///< the ranges overlap or the machine was busy: not a measured difference
+  bool cpu = false;    ///< measured on a CPU: not what the fix costs on a GPU
   double overhead() const { return default_ms > 0 ? fixed_ms / default_ms - 1.0 : 0.0; }
+  /// "+3.1 % at B=4", "within the noise at B=4 (median +556 %)", with "; on a CPU, not a GPU
+  /// cost" where measured on one.
+  std::string text() const;
+  /// "decoder forward 41.20 ms (IQR 40.90-41.60) -> 42.50 ms (IQR 42.10-43.00): +3.1 %", the
+  /// flags after it ("within the noise", "on a CPU, not a GPU cost").
+  std::string detail() const;
 };
 
 struct CulpritReport {

@@ -22,6 +22,7 @@
 #include "core/experiment/schema.h"
 #include "core/io/chunk_writer.h"
 #include "core/io/hdf5_util.h"
+#include "core/text/token_diff.h"
 
 namespace batchlens::io {
 
@@ -1060,6 +1061,14 @@ ExperimentResult read_file(const std::string& file, std::uint64_t file_bytes) {
     });
   }
   validate(Fail{file + ": ", ErrorCode::FileCorrupted}, r);
+  // Files written before issue #34 counted edits (a shifted text's deletions and insertions
+  // both), which could exceed the tokens generated: the count is the token diff's, as written
+  // now, wherever the file has the diff.
+  for (ComparisonResult& cmp : r.comparisons) {
+    if (!cmp.token_diff.empty()) {
+      cmp.tokens_changed = text::changed_count(cmp.token_diff);
+    }
+  }
   return r;
 }
 

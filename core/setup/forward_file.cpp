@@ -7,16 +7,13 @@
 #include <vector>
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
-#ifdef BL_WITH_CUDA
-#include <c10/cuda/CUDACachingAllocator.h>
-#endif
 
 #include "core/compat/device_graph.h"
 #include "core/compat/profile.h"
 #include "core/model/diffusion_gemma.h"
 #include "core/model/safetensors.h"
 #include "core/probe/taps.h"
+#include "core/setup/engine_pass.h"
 
 namespace batchlens::setup {
 
@@ -146,51 +143,18 @@ void time_graphs(const DiffusionGemma& model, const at::Tensor& canvas, const Kv
   summary.fused_bitwise = fused.bitwise;
 }
 
-// ForwardRequest::engine_timing on CUDA: the fused kernels as a CUDA graph, or eager without
-// host syncs where the engine would fall back to it.
+// ForwardRequest::engine_timing on CUDA: the pass as the engine runs it (EnginePass).
 void time_engine(const DiffusionGemma& model, const at::Tensor& canvas, const KvCache& cache,
                  const at::Tensor& sc, const ops::OpPolicy& policy, int repeat,
                  ForwardSummary& summary) {
-  const at::Device device = model.device();
-  const at::Tensor canvas_dev = canvas.to(device);
-  ForwardContext ctx{&policy, nullptr};
-  ctx.check_id_range = false;
-  ctx.fused_kernels = true;
-  const std::string fused = model.fused_kernels().any() ? ", fused kernels" : "";
-  std::string fallback;
-#ifdef BL_WITH_CUDA
-  // Blocks cached by earlier cells (or the batch-invariance check) go back to the device: the
-  // graph below allocates from a pool of its own and cannot use them.
-  c10::cuda::CUDACachingAllocator::emptyCache();
-#endif
-  if (compat::DeviceGraph::supported(device)) {
-    try {
-      at::Tensor expected;
-      const GraphTiming g = time_graph(model, canvas_dev, cache, sc, ctx, repeat, expected);
-      if (g.bitwise) {
-        summary.engine_median_ms = g.graph_median;
-        summary.engine_min_ms = g.graph_min;
-        summary.engine_mode = "CUDA graph replays" + fused;
-        return;
-      }
-      fallback = "the graph replay differed from eager";
-    } catch (const std::exception& e) {
-      const std::string what = e.what();
-      fallback = "CUDA graph capture failed: " + what.substr(0, what.find('\n')).substr(0, 120);
-    }
-  } else {
-    fallback = "no CUDA graphs in this build";
-  }
+  EnginePass pass(model, canvas, cache, sc, policy);
   std::vector<double> times;
-  (void)model.decode(canvas_dev, cache, sc, ctx);  // warm-up
+  times.reserve(static_cast<std::size_t>(std::max(repeat, 0)));
   for (int i = 0; i < repeat; ++i) {
-    const auto a = Clock::now();
-    (void)model.decode(canvas_dev, cache, sc, ctx);
-    sync(device);
-    times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - a).count());
+    times.push_back(pass.time_ms());
   }
   std::tie(summary.engine_median_ms, summary.engine_min_ms) = median_min(times);
-  summary.engine_mode = "eager without host syncs" + fused + " (" + fallback + ")";
+  summary.engine_mode = pass.mode();
 }
 
 }  // namespace
@@ -201,7 +165,6 @@ base::Result<ForwardSummary> run_forward_file(const DiffusionGemma& model,
     at::Tensor ids;
     at::Tensor canvas;
     at::Tensor sc;
-    const auto& text = model.config().text;
     if (!request.inputs.empty()) {
       const auto inputs = SafetensorsFile::open(request.inputs);
       ids = require(*inputs, "input_ids");
@@ -210,15 +173,11 @@ base::Result<ForwardSummary> run_forward_file(const DiffusionGemma& model,
         sc = inputs->tensor("self_conditioning_logits").to(model.device());
       }
     } else {
-      auto gen = at::make_generator<at::CPUGeneratorImpl>(request.input_seed);
-      const auto i64 = at::TensorOptions().dtype(at::kLong);
-      ids = at::randint(3, text.vocab_size, {1, request.prompt_length}, gen, i64);
-      canvas = at::randint(text.vocab_size, {1, model.config().canvas_length}, gen, i64);
-      if (request.self_conditioning) {
-        sc = (at::randn({1, model.config().canvas_length, text.vocab_size}, gen) * 2.0)
-                 .to(at::kBFloat16)
-                 .to(model.device());
-      }
+      EngineInputs random = random_engine_inputs(model, 0, request.prompt_length,
+                                                 request.input_seed, request.self_conditioning);
+      ids = random.ids;
+      canvas = random.canvas;
+      sc = random.sc;
     }
     if (ids.dim() != 2 || canvas.dim() != 2 || ids.size(0) != canvas.size(0)) {
       base::raise(base::ErrorCode::InvalidArgument,

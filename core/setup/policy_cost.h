@@ -4,6 +4,8 @@
 // GUI's culprit run all use it.
 #pragma once
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -19,13 +21,14 @@ class DiffusionGemma;
 
 namespace batchlens::setup {
 
-/// What a fix costs: the decoder forward as the engine runs it (ForwardRequest::engine_timing,
+/// What a fix costs: the decoder forward as the engine runs it (setup/engine_pass.h,
 /// self-conditioning on, seeded random inputs, identical rows) for every policy at every batch
-/// size, on one loaded model.
+/// size, on one loaded model. At each batch size the policies' passes are interleaved (A B A B
+/// ..., the order rotated every round) so that a change of machine load falls on all of them.
 struct PolicyCostRequest {
   std::vector<std::pair<std::string, ops::OpPolicy>> policies;  ///< label and policy
   std::vector<std::int64_t> batch_sizes{1, 2, 4, 8, 16, 32};
-  int repeat = 20;  ///< timed passes per cell (median kept)
+  int repeat = 20;  ///< timed passes per cell (median and quartiles kept)
   std::int64_t prompt_length = 20;
   std::uint64_t input_seed = 0;
   /// Called after each cell with (cells done, cells in all); returns false to stop (Cancelled).
@@ -35,7 +38,12 @@ struct PolicyCostRequest {
 struct PolicyCostCell {
   double median_ms = 0.0;
   double min_ms = 0.0;
-  std::string mode;  ///< ForwardSummary::engine_mode
+  double q1_ms = 0.0;  ///< first quartile of the passes
+  double q3_ms = 0.0;  ///< third quartile
+  /// Its interquartile range overlaps the first policy's at the same batch size: the
+  /// difference of the medians is within the noise (always false for the first policy).
+  bool within_noise = false;
+  std::string mode;  ///< EnginePass::mode
 };
 
 struct PolicyCosts {
@@ -44,6 +52,15 @@ struct PolicyCosts {
   std::vector<std::int64_t> batch_sizes;
   int repeat = 0;
   std::vector<std::vector<PolicyCostCell>> cells;  ///< [policy][batch size]
+  bool cpu = false;                                ///< measured on a CPU: a CPU cost, not a GPU's
+  double load_before = -1;  ///< 1-minute load average before the measurement (-1: unknown)
+  double load_after = -1;   ///< and after it
+  int cores = 0;            ///< hardware threads
+  /// The machine had more runnable work than cores while measuring: every number is noisy.
+  bool busy() const { return cores > 0 && std::max(load_before, load_after) > cores; }
+  /// Policy `p`'s cost at batch size index `i` is not a measured difference: within the noise
+  /// of the first policy's, or measured on a busy machine.
+  bool noisy(std::size_t p, std::size_t i) const { return busy() || cells[p][i].within_noise; }
   /// DiffusionGemma::batch_invariance().report when a policy uses the batch-invariant strategy.
   std::string invariance_report;
   std::string fused_report;

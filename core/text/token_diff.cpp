@@ -88,8 +88,15 @@ std::vector<TokenEdit> token_diff(const std::vector<std::int64_t>& ref,
 }
 
 std::int64_t changed_count(const std::vector<TokenEdit>& edits) {
-  return std::count_if(edits.begin(), edits.end(),
-                       [](const TokenEdit& e) { return e.op != Op::Equal; });
+  std::int64_t ref = 0;
+  std::int64_t run = 0;
+  std::int64_t equal = 0;
+  for (const TokenEdit& e : edits) {
+    ref += e.op != Op::Insert ? 1 : 0;
+    run += e.op != Op::Delete ? 1 : 0;
+    equal += e.op == Op::Equal ? 1 : 0;
+  }
+  return std::max(ref, run) - equal;
 }
 
 }  // namespace batchlens::text

@@ -225,8 +225,18 @@ TEST(CliRun, WritesAnExperimentFileThatSummaryReads) {
   EXPECT_EQ(bad.exit_code, 1);
   const auto spec = run_process({BL_CLI_PATH, "run", "--preset", "tiny", "--batch-sizes", "1",
                                  "--out", (dir / "x.h5").string()});
-  EXPECT_EQ(spec.exit_code, 1);
+  // Refused as a bad command line, before any model is built (issue #34).
+  EXPECT_EQ(spec.exit_code, 2);
   EXPECT_NE(spec.err.find("batch sizes"), std::string::npos) << spec.err;
+  EXPECT_FALSE(fs::exists(dir / "x.h5"));
+  const auto preset = run_process({BL_CLI_PATH, "run", "--preset", "nope", "--batch-sizes", "2",
+                                   "--out", (dir / "x.h5").string()});
+  EXPECT_EQ(preset.exit_code, 2);
+  EXPECT_NE(preset.err.find("tiny"), std::string::npos) << preset.err;
+  const auto policy = run_process({BL_CLI_PATH, "run", "--preset", "tiny", "--policy", "bogus",
+                                   "--out", (dir / "x.h5").string()});
+  EXPECT_EQ(policy.exit_code, 2);
+  EXPECT_NE(policy.err.find("bogus"), std::string::npos) << policy.err;
   EXPECT_FALSE(fs::exists(dir / "x.h5"));
   fs::remove_all(dir);
 }

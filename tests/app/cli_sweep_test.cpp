@@ -196,8 +196,12 @@ TEST_F(CliSweep, SlurmJobArrayOnARealClusterEqualsOneProcess) {
   EXPECT_EQ(outcome(split / "sweep.h5"), outcome(one / "sweep.h5"));
   // The merged file holds its four shards.
   const auto summary = run_process({BL_CLI_PATH, "summary", (split / "sweep.h5").string()});
-  EXPECT_NE(summary.out.find("shards: 0/4"), std::string::npos) << summary.out;
-  EXPECT_NE(summary.out.find("3/4"), std::string::npos) << summary.out;
+  EXPECT_NE(summary.out.find("shards: 1 of 4"), std::string::npos) << summary.out;
+  EXPECT_NE(summary.out.find("4 of 4"), std::string::npos) << summary.out;
+  // The sweep run in one process is not sharded: no "shards: 0/1" (issue #34).
+  const auto single = run_process({BL_CLI_PATH, "summary", (one / "sweep.h5").string()});
+  EXPECT_EQ(single.exit_code, 0) << single.err;
+  EXPECT_EQ(single.out.find("shards"), std::string::npos) << single.out;
 
   // A shard of another sweep (other seeds) is refused; nothing is written.
   const fs::path other = dir_ / "other";

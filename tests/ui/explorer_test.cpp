@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 // The explorer window end to end on the offscreen platform: real experiment files (made by the
 // project's own runner), real runs, real exports.
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <set>
 
@@ -35,6 +37,7 @@
 #include <QUrl>
 #include <gtest/gtest.h>
 
+#include "core/analysis/kernel_evidence.h"
 #include "core/analysis/story.h"
 #include "core/experiment/command_line.h"
 #include "core/experiment/runner.h"
@@ -292,6 +295,28 @@ TEST_F(ExplorerTest, BeforeAndAfterShareOneColourScale) {
   window_->layerStep()->logCheck()->setChecked(false);
   flushViews();
   EXPECT_EQ(before->colorOf(0.0), white);
+}
+
+// issue #34: values within a few percent of each other (0.0122-0.0148) are not spread over
+// the whole log scale: it spans at least a decade, so they keep nearly one colour.
+TEST(HeatmapScale, LogScaleSpansAtLeastADecade) {
+  HeatmapPlot plot;
+  plot.resize(400, 300);
+  plot.setGrid(3, 1, {0.0122, 0.0135, 0.0148}, /*log_scale=*/true);
+  const auto distance = [](const QColor& a, const QColor& b) {
+    return std::abs(a.red() - b.red()) + std::abs(a.green() - b.green()) +
+           std::abs(a.blue() - b.blue());
+  };
+  const QColor top = plot.colorOf(0.0148);
+  const int close = distance(plot.colorOf(0.0122), top);
+  const int decade = distance(plot.colorOf(0.00148), top);
+  EXPECT_GT(decade, 0);
+  EXPECT_LT(close * 4, decade) << "close values " << close << " apart, a decade " << decade;
+  // Values a decade and more apart keep the whole scale: the smallest clearly coloured.
+  plot.setGrid(2, 1, {1e-4, 1e-1}, true);
+  const QColor small = plot.colorOf(1e-4);
+  EXPECT_LT(std::min({small.red(), small.green(), small.blue()}), 0xf0);
+  EXPECT_GT(distance(small, plot.colorOf(1e-1)), 100);
 }
 
 // issue #16: the two sides keep equal widths after tab switches; the tap survives another
@@ -617,7 +642,16 @@ TEST_F(ExplorerTest, ExportWritesPngsOfTheRightSizeAndASummaryOfTheFile) {
       rows << QStringLiteral("| %1 | ").arg(e.ref_pos >= 0 ? e.ref_pos : e.run_pos);
     }
   }
-  ASSERT_EQ(static_cast<std::int64_t>(rows.size()), shown->tokens_changed);
+  // One table row per edit; a replacement is one changed token, so the changed tokens never
+  // exceed the edits (issue #34).
+  EXPECT_GE(static_cast<std::int64_t>(rows.size()), shown->tokens_changed);
+  // issue #34: self-contained: EMULATED in the headline, the culprit and the kernel lines
+  // where the file has them, and a word that the PNGs travel beside it.
+  EXPECT_TRUE(md.contains(QStringLiteral("**EMULATED"))) << md.toStdString();
+  EXPECT_TRUE(md.contains(QStringLiteral("attach the PNG files")));
+  EXPECT_EQ(md.contains(QStringLiteral("## Culprit")), file.culprit.has_value());
+  EXPECT_EQ(md.contains(QStringLiteral("## Kernels at the first divergence")),
+            !analysis::first_divergence_kernels(file, *shown).empty());
   const auto& tokens = summary["changed_tokens"]["tokens"];
   ASSERT_EQ(tokens.size(), static_cast<std::size_t>(rows.size()));
   std::size_t i = 0;
@@ -771,6 +805,24 @@ TEST_F(ExplorerTest, DamagedFileShowsAnErrorAndTheWindowSurvives) {
   }
   open(good);
   EXPECT_NE(window_->state()->result(), nullptr);
+}
+
+// A bad file when nothing is shown yet (as given on the command line): the error, and the
+// embedded sample instead of an empty window (issue #34).
+TEST_F(ExplorerTest, ABadFirstFileOpensTheEmbeddedSampleBesideTheError) {
+  ASSERT_EQ(window_->state()->result(), nullptr);
+  QSignalSpy error(window_.get(), &MainWindow::errorShown);
+  QSignalSpy shown(window_.get(), &MainWindow::documentShown);
+  window_->openFile(QStringLiteral("/nonexistent/first.h5"));
+  ASSERT_TRUE(error.wait(kWaitMs));
+  ASSERT_TRUE(shown.count() > 0 || shown.wait(kWaitMs)) << window_->lastError().toStdString();
+  ASSERT_NE(window_->state()->result(), nullptr);
+  EXPECT_EQ(window_->state()->result()->spec.model.preset, "mid");
+  auto* box = window_->findChild<QMessageBox*>(QStringLiteral("ErrorDialog"));
+  ASSERT_NE(box, nullptr);
+  EXPECT_TRUE(box->text().contains(QStringLiteral("first.h5")) ||
+              box->informativeText().contains(QStringLiteral("first.h5")) ||
+              box->windowTitle().contains(QStringLiteral("first.h5")));
 }
 
 TEST_F(ExplorerTest, DroppingAFileOpensIt) {

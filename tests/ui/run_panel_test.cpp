@@ -7,6 +7,7 @@
 
 #include <set>
 
+#include <QApplication>
 #include <QCheckBox>
 #include <QComboBox>
 #include <QCoreApplication>
@@ -28,6 +29,8 @@
 #include <QTemporaryDir>
 #include <QTest>
 #include <QTextBrowser>
+#include <QTextDocument>
+#include <QWheelEvent>
 #include <gtest/gtest.h>
 
 #include "core/experiment/command_line.h"
@@ -37,6 +40,7 @@
 #include "core/model/config.h"
 #include "core/setup/front_door.h"
 #include "tests/support/ui_window.h"
+#include "ui/app_filter.h"
 #include "ui/controllers.h"
 #include "ui/main_window.h"
 #include "ui/qcp.h"
@@ -160,6 +164,57 @@ TEST_F(RunPanelTest, ProgressAndRunAreInViewAt1500x950) {
   }
 }
 
+// One wheel notch over the widget, as the mouse sends it (through the application's filters).
+void wheelOver(QWidget* w, int notches) {
+  const QPointF at(w->width() / 2.0, w->height() / 2.0);
+  QWheelEvent wheel(at, w->mapToGlobal(at), QPoint(), QPoint(0, 120 * notches), Qt::NoButton,
+                    Qt::NoModifier, Qt::NoScrollPhase, false);
+  QApplication::sendEvent(w, &wheel);
+}
+
+// Scrolling the Run dock over a spin box or combo box changes nothing (issue #34: New tokens
+// went 32 -> 17); once clicked or tabbed into, the wheel changes the value as usual.
+TEST_F(RunPanelTest, TheWheelChangesSpinBoxesAndCombosOnlyWhenFocused) {
+  RunPanel* panel = window_->runPanel();
+  auto* tokens = panel->findChild<QSpinBox*>(QStringLiteral("MaxNewTokensSpin"));
+  auto* policy = panel->findChild<QComboBox*>(QStringLiteral("PolicyCombo"));
+  ASSERT_NE(tokens, nullptr);
+  ASSERT_NE(policy, nullptr);
+  window_->activateWindow();
+  panel->runButton()->setFocus();
+  QCoreApplication::processEvents();
+  const int value = tokens->value();
+  const int index = policy->currentIndex();
+  wheelOver(tokens, -3);
+  wheelOver(policy, -1);
+  EXPECT_EQ(tokens->value(), value);
+  EXPECT_EQ(policy->currentIndex(), index);
+  EXPECT_EQ(tokens->focusPolicy(), Qt::StrongFocus);
+  tokens->setFocus();
+  QCoreApplication::processEvents();
+  if (!tokens->hasFocus()) {
+    GTEST_SKIP() << "this platform gives no keyboard focus to an offscreen window";
+  }
+  wheelOver(tokens, 1);
+  EXPECT_NE(tokens->value(), value);
+}
+
+// Long plain tooltips wrap (as rich text, escaped, line breaks kept); short and rich ones stay
+// as they are (issue #34: some ran to 1400 px).
+TEST(AppFilter, LongToolTipsWrap) {
+  EXPECT_EQ(wrappedToolTip(QStringLiteral("short")), QStringLiteral("short"));
+  const QString rich = QStringLiteral("<b>bold</b> ") + QString(200, QLatin1Char('x'));
+  EXPECT_EQ(wrappedToolTip(rich), rich);
+  const QString plain = QStringLiteral("a < b\n") + QString(100, QLatin1Char('y'));
+  const QString wrapped = wrappedToolTip(plain);
+  EXPECT_TRUE(Qt::mightBeRichText(wrapped)) << wrapped.toStdString();
+  EXPECT_TRUE(wrapped.contains(QStringLiteral("a &lt; b<br>"))) << wrapped.toStdString();
+  QLabel label;
+  label.setText(wrapped);
+  label.setWordWrap(true);
+  EXPECT_LT(label.sizeHint().width(), 900);
+}
+
 TEST_F(RunPanelTest, UseThisExperimentsSettingsKeepsNewTokensAndTheDevice) {
   openSample();
   const auto* r = window_->state()->result();
@@ -244,6 +299,37 @@ TEST_F(RunPanelTest, ToggleRunsOnlyTheMissingRunsWithTheShownSettings) {
   EXPECT_TRUE(window_->state()->hasAfter());
   EXPECT_TRUE(panel->workaroundCheck()->isChecked());
   EXPECT_TRUE(window_->state()->document().modified);
+}
+
+// Closing the window during a run asks first; "Keep running" keeps both, "Stop the run and
+// close" stops the run and closes (issue #34).
+TEST_F(RunPanelTest, ClosingDuringARunAsksFirst) {
+  open(plainFile());
+  RunPanel* panel = window_->runPanel();
+  QSignalSpy cancelled(window_->runController(), &RunController::cancelled);
+  panel->workaroundCheck()->click();
+  ASSERT_TRUE(window_->runController()->isRunning());
+  EXPECT_FALSE(window_->close());
+  auto* box = window_->findChild<QMessageBox*>(QStringLiteral("CloseDuringRunDialog"));
+  ASSERT_NE(box, nullptr);
+  EXPECT_TRUE(box->isVisible());
+  EXPECT_TRUE(window_->isVisible());
+  box->findChild<QPushButton*>(QStringLiteral("KeepRunningButton"))->click();
+  QCoreApplication::processEvents();
+  EXPECT_TRUE(window_->isVisible());
+  if (!window_->runController()->isRunning()) {
+    GTEST_SKIP() << "the run ended before the second close: nothing left to ask about";
+  }
+  EXPECT_FALSE(window_->close());
+  box = nullptr;
+  for (auto* shown : window_->findChildren<QMessageBox*>(QStringLiteral("CloseDuringRunDialog"))) {
+    box = shown->isVisible() ? shown : box;
+  }
+  ASSERT_NE(box, nullptr);
+  box->findChild<QPushButton*>(QStringLiteral("StopAndCloseButton"))->click();
+  QCoreApplication::processEvents();
+  EXPECT_FALSE(window_->isVisible());
+  EXPECT_TRUE(cancelled.size() > 0 || cancelled.wait(kWaitMs));
 }
 
 TEST_F(RunPanelTest, CancelRestoresTheToggleAndTheProgressBar) {

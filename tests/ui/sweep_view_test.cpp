@@ -25,6 +25,7 @@
 #include "ui/controllers.h"
 #include "ui/main_window.h"
 #include "ui/qcp.h"
+#include "ui/views.h"
 
 #include <unistd.h>
 
@@ -55,6 +56,34 @@ class SweepViewTest : public test_support::WindowTest {
     return -1;
   }
 };
+
+// Before any sweep: no empty axes, a button to the embedded sample; opening it names the sweep
+// in the title and status bar while its tab is shown, the experiment again on the other tabs
+// (issue #34).
+TEST_F(SweepViewTest, TheEmptyTabOffersTheSampleAndTheTitleFollowsTheTab) {
+  SweepView* view = window_->sweep();
+  window_->tabs()->setCurrentWidget(view);
+  QCoreApplication::processEvents();
+  auto* sample = view->findChild<QPushButton*>(QStringLiteral("SweepOpenSample"));
+  ASSERT_NE(sample, nullptr);
+  EXPECT_TRUE(sample->isVisible());
+  EXPECT_FALSE(view->sharePlot()->isVisible());
+  EXPECT_FALSE(view->items()->isVisible());
+  QSignalSpy shown(window_.get(), &MainWindow::sweepShown);
+  sample->click();
+  ASSERT_TRUE(shown.wait(kWaitMs)) << window_->lastError().toStdString();
+  EXPECT_FALSE(sample->isVisible());
+  EXPECT_TRUE(view->sharePlot()->isVisible());
+  EXPECT_TRUE(window_->windowTitle().contains(QStringLiteral("sweep")))
+      << window_->windowTitle().toStdString();
+  auto* label = window_->findChild<QLabel*>(QStringLiteral("DocumentLabel"));
+  ASSERT_NE(label, nullptr);
+  EXPECT_TRUE(label->text().startsWith(QStringLiteral("Sweep "))) << label->text().toStdString();
+  EXPECT_TRUE(label->text().contains(QStringLiteral("24 of 24 items")))
+      << label->text().toStdString();
+  window_->tabs()->setCurrentWidget(window_->overview());
+  EXPECT_FALSE(label->text().startsWith(QStringLiteral("Sweep "))) << label->text().toStdString();
+}
 
 // The bundled H200 sweep: 24/24 texts changed at B = 2, 3, 4 and 0/24 with the workaround, all
 // first diverging at canvas 1 step 2 in the self-conditioning matmul.

@@ -338,7 +338,7 @@ TEST(Sweep, ShardsTogetherEqualOneProcess) {
   EXPECT_EQ(all.value().shards.size(), 3U);
   // A mixed cluster shows: two hosts, the shard of node-b named.
   EXPECT_NE(sweep_text(all.value()).find("computed on"), std::string::npos);
-  EXPECT_NE(sweep_text(all.value()).find("2/3 (1 items, node-b)"), std::string::npos)
+  EXPECT_NE(sweep_text(all.value()).find("3 of 3 (1 items, node-b)"), std::string::npos)
       << sweep_text(all.value());
   // Shards of another sweep, a shard given twice and an item that differs are refused.
   SweepRecords foreign = files[1];
