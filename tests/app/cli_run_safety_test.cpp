@@ -31,6 +31,7 @@ namespace batchlens {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::Child;
 using testing::run_process;
 using Clock = std::chrono::steady_clock;
 
@@ -93,80 +94,6 @@ std::string slurp(const fs::path& p) {
   ss << in.rdbuf();
   return ss.str();
 }
-
-// A child running in the background with extra environment, stdout and stderr to files.
-class Child {
- public:
-  Child(const std::vector<std::string>& argv, const std::vector<std::string>& env,
-        const fs::path& logs)
-      : out_(logs / "stdout.txt"), err_(logs / "stderr.txt") {
-    pid_ = ::fork();
-    if (pid_ == 0) {
-      const int o = ::open(out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      const int e = ::open(err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-      ::dup2(o, STDOUT_FILENO);
-      ::dup2(e, STDERR_FILENO);
-      for (const auto& kv : env) {
-        ::putenv(const_cast<char*>(kv.c_str()));
-      }
-      std::vector<char*> args;
-      for (const auto& a : argv) {
-        args.push_back(const_cast<char*>(a.c_str()));
-      }
-      args.push_back(nullptr);
-      ::execv(args[0], args.data());
-      ::_exit(127);
-    }
-  }
-  Child(const Child&) = delete;
-  Child& operator=(const Child&) = delete;
-  Child(Child&&) = delete;
-  Child& operator=(Child&&) = delete;
-  ~Child() {
-    if (pid_ > 0 && status_ < 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-    }
-  }
-
-  bool running() {
-    if (status_ >= 0) {
-      return false;
-    }
-    int st = 0;
-    if (::waitpid(pid_, &st, WNOHANG) == pid_) {
-      status_ = decode(st);
-      return false;
-    }
-    return true;
-  }
-  void signal(int sig) const { ::kill(pid_, sig); }
-  // The exit status (128 + signal when killed), or -1 after `timeout` (the child is killed).
-  int wait(std::chrono::seconds timeout = std::chrono::seconds(300)) {
-    const auto end = Clock::now() + timeout;
-    while (running() && Clock::now() < end) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    if (status_ < 0) {
-      ::kill(pid_, SIGKILL);
-      ::waitpid(pid_, nullptr, 0);
-      status_ = -1;
-      return -1;
-    }
-    return status_;
-  }
-  std::string out() const { return slurp(out_); }
-  std::string err() const { return slurp(err_); }
-
- private:
-  static int decode(int st) {
-    return WIFEXITED(st) ? WEXITSTATUS(st) : (WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1);
-  }
-  pid_t pid_ = -1;
-  int status_ = -1;
-  fs::path out_;
-  fs::path err_;
-};
 
 // Waits until a temporary of the experiment file exists in `dir` while the child runs.
 bool wait_for_temporary(Child& child, const fs::path& dir) {

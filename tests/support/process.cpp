@@ -2,8 +2,13 @@
 #include "tests/support/process.h"
 
 #include <array>
+#include <csignal>
+#include <fstream>
+#include <sstream>
 #include <stdexcept>
+#include <thread>
 
+#include <fcntl.h>
 #include <poll.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -71,6 +76,92 @@ ProcessResult run_process(const std::vector<std::string>& argv) {
     result.exit_code = 128 + WTERMSIG(status);
   }
   return result;
+}
+
+std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+namespace {
+
+int decode_status(int st) {
+  return WIFEXITED(st) ? WEXITSTATUS(st) : (WIFSIGNALED(st) ? 128 + WTERMSIG(st) : -1);
+}
+
+}  // namespace
+
+Child::Child(const std::vector<std::string>& argv, const std::vector<std::string>& env,
+             const std::filesystem::path& logs)
+    : out_(logs / "stdout.txt"), err_(logs / "stderr.txt") {
+  pid_ = ::fork();
+  if (pid_ == 0) {
+    const int o = ::open(out_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int e = ::open(err_.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(o, STDOUT_FILENO);
+    ::dup2(e, STDERR_FILENO);
+    for (const auto& kv : env) {
+      ::putenv(const_cast<char*>(kv.c_str()));
+    }
+    std::vector<char*> args;
+    args.reserve(argv.size() + 1);
+    for (const auto& a : argv) {
+      args.push_back(const_cast<char*>(a.c_str()));
+    }
+    args.push_back(nullptr);
+    ::execv(args[0], args.data());
+    ::_exit(127);
+  }
+}
+
+Child::~Child() {
+  if (pid_ > 0 && status_ < 0) {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+  }
+}
+
+bool Child::running() {
+  if (status_ >= 0) {
+    return false;
+  }
+  int st = 0;
+  if (::waitpid(pid_, &st, WNOHANG) == pid_) {
+    status_ = decode_status(st);
+    return false;
+  }
+  return true;
+}
+
+void Child::signal(int sig) const {
+  ::kill(pid_, sig);
+}
+
+int Child::wait(std::chrono::seconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (running() && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (status_ < 0) {
+    ::kill(pid_, SIGKILL);
+    ::waitpid(pid_, nullptr, 0);
+    status_ = -1;
+    return -1;
+  }
+  return status_;
+}
+
+bool Child::wait_for_err(const std::string& text, std::chrono::seconds timeout) {
+  const auto end = std::chrono::steady_clock::now() + timeout;
+  while (running() && std::chrono::steady_clock::now() < end) {
+    if (err().find(text) != std::string::npos) {
+      return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return err().find(text) != std::string::npos;
 }
 
 }  // namespace batchlens::testing
