@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <fstream>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -55,6 +57,38 @@ inline std::vector<hsize_t> open_hdf5_ids() {
     out.push_back(n);
   }
   return out;
+}
+
+/// What the mutation tests found: mutated copies of a file read in a child process each.
+struct MutationTally {
+  int detected = 0;     ///< refused with an error
+  int harmless = 0;     ///< every dataset and attribute read equals the original's
+  std::string failure;  ///< the first mutation that was neither (changed-undetected, hung,
+                        ///< crashed); empty when none
+};
+
+/// Writes `count` seeded mutations of `bytes` to `path` one by one and classifies each with
+/// `read_in_child(path)`: 0 harmless, 1 detected, 2 changed-undetected, 3 hung, 128+n signal n.
+/// Stops at the first failure.
+inline MutationTally run_mutations(const std::string& bytes, const std::string& path,
+                                   std::mt19937_64& rng, int count,
+                                   const std::function<int(const std::string&)>& read_in_child) {
+  MutationTally t;
+  for (int i = 0; i < count; ++i) {
+    std::size_t at = 0;
+    const std::string m = mutated(bytes, rng, i, at);
+    std::ofstream(path, std::ios::binary | std::ios::trunc) << m;
+    const int outcome = read_in_child(path);
+    if (outcome != 0 && outcome != 1) {
+      t.failure = "mutation " + std::to_string(i) + " at byte " + std::to_string(at) + ": " +
+                  (outcome == 2   ? "read without error but contents differ (changed-undetected)"
+                   : outcome == 3 ? std::string("hung")
+                                  : "crashed with signal " + std::to_string(outcome - 128));
+      return t;
+    }
+    (outcome == 0 ? t.harmless : t.detected) += 1;
+  }
+  return t;
 }
 
 }  // namespace batchlens::testing

@@ -620,18 +620,11 @@ TEST(ExperimentFileMutations, EveryMutationIsDetectedOrHarmless) {
   int detected = 0;
   int harmless = 0;
   constexpr int kMutations = 1000;
-  for (int i = 0; i < kMutations; ++i) {
-    std::size_t at = 0;
-    const std::string m = testing::mutated(bytes, rng, i, at);
-    spit(p, m);
-    const int outcome = read_in_child(p, r, 20);
-    ASSERT_TRUE(outcome == 0 || outcome == 1)
-        << "mutation " << i << " at byte " << at << ": "
-        << (outcome == 2   ? "read without error but contents differ (changed-undetected)"
-            : outcome == 3 ? "hung"
-                           : "crashed with signal " + std::to_string(outcome - 128));
-    (outcome == 0 ? harmless : detected) += 1;
-  }
+  const testing::MutationTally t = testing::run_mutations(
+      bytes, p, rng, kMutations, [&r](const std::string& f) { return read_in_child(f, r, 20); });
+  ASSERT_TRUE(t.failure.empty()) << t.failure;
+  detected = t.detected;
+  harmless = t.harmless;
   RecordProperty("detected", detected);
   RecordProperty("harmless", harmless);
   std::printf(

@@ -297,18 +297,12 @@ TEST(SweepFileMutations, EveryMutationIsDetectedOrHarmless) {
   int detected = 0;
   int harmless = 0;
   constexpr int kMutations = 1000;
-  for (int i = 0; i < kMutations; ++i) {
-    std::size_t at = 0;
-    const std::string m = testing::mutated(bytes, rng, i, at);
-    std::ofstream(p, std::ios::binary | std::ios::trunc) << m;
-    const int outcome = read_sweep_in_child(p, s, 20);
-    ASSERT_TRUE(outcome == 0 || outcome == 1)
-        << "mutation " << i << " at byte " << at << ": "
-        << (outcome == 2   ? "read without error but contents differ (changed-undetected)"
-            : outcome == 3 ? "hung"
-                           : "crashed with signal " + std::to_string(outcome - 128));
-    (outcome == 0 ? harmless : detected) += 1;
-  }
+  const testing::MutationTally t =
+      testing::run_mutations(bytes, p, rng, kMutations,
+                             [&s](const std::string& f) { return read_sweep_in_child(f, s, 20); });
+  ASSERT_TRUE(t.failure.empty()) << t.failure;
+  detected = t.detected;
+  harmless = t.harmless;
   RecordProperty("detected", detected);
   RecordProperty("harmless", harmless);
   std::printf(
