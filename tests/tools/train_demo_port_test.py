@@ -77,5 +77,50 @@ class PaddedBatchTest(unittest.TestCase):
         self.assertEqual(ctx[0, 12:].tolist(), list(range(3, 23)))
 
 
+class ExpertKernelTest(unittest.TestCase):
+    """--fast's expert kernels compute the eager loop's sum, forward and gradients (here the
+    grouped product's CPU loop; the GPU's grouped kernel is checked by train.py bench)."""
+
+    def test_grouped_and_dense_equal_the_loop(self):
+        torch.manual_seed(3)
+        config = train.model_config(True)
+        model = dgemma.DiffusionGemmaPort(config)
+        ids = torch.randint(3, train.VOCAB, (3, 21))
+        canvas = torch.randint(0, train.VOCAB, (3, train.CANVAS))
+        results = {}
+        for kernel in ("loop", "dense", "grouped"):
+            dgemma.set_kernels(model, kernel, "eager")
+            model.zero_grad(set_to_none=True)
+            logits = model(ids, canvas)
+            logits.square().mean().backward()
+            results[kernel] = (logits.detach(), {n: p.grad.clone() for n, p in
+                                                 model.named_parameters() if p.grad is not None})
+        want, want_grads = results["loop"]
+        for kernel in ("dense", "grouped"):
+            got, grads = results[kernel]
+            self.assertLess((got - want).abs().max().item(), 1e-4, kernel)
+            self.assertEqual(sorted(grads), sorted(want_grads), kernel)
+            for name, g in grads.items():
+                scale = want_grads[name].abs().max().item() + 1e-12
+                self.assertLess((g - want_grads[name]).abs().max().item() / scale, 1e-3,
+                                "%s: %s" % (kernel, name))
+        # Not vacuous: the experts' gradients are there and some experts were not picked by
+        # some tokens (the dense kernel's zero weights).
+        self.assertGreater(want_grads["model.decoder.layers.0.experts.down_proj"].abs().max(), 0)
+
+    def test_grouped_handles_an_expert_nobody_picked(self):
+        torch.manual_seed(4)
+        experts = dgemma.Experts({"num_experts": 4, "hidden_size": 8,
+                                  "moe_intermediate_size": 4})
+        torch.nn.init.normal_(experts.gate_up_proj)
+        torch.nn.init.normal_(experts.down_proj)
+        x = torch.randn(5, 8)
+        idx = torch.tensor([[0, 2]] * 5)  # experts 1 and 3: no rows
+        w = torch.rand(5, 2)
+        want = experts(x, idx, w)
+        got = experts.forward_grouped(x, idx, w)
+        self.assertLess((got - want).abs().max().item(), 1e-5)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -83,6 +83,10 @@ class Attention(nn.Module):
     """ref: DiffusionGemma{Encoder,Decoder}TextAttention: q/k RMSNorm with scale, v without,
     scaling 1.0; full layers have no v_proj (V from k_proj)."""
 
+    # "eager": the reference's matmul, fp32 softmax, matmul; "sdpa": scaled_dot_product_attention
+    # (set_kernels; train.py --fast on a GPU).
+    kernel = "eager"
+
     def __init__(self, t, i):
         super().__init__()
         self.sliding = t["layer_types"][i] == "sliding_attention"
@@ -135,18 +139,31 @@ class Attention(nn.Module):
         rep = self.heads // self.kv
         ka = keys.repeat_interleave(rep, 1)
         va = values.repeat_interleave(rep, 1)
+        if self.kernel == "sdpa":
+            # --fast on a GPU (PyTorch >= 2.1): one fused kernel (memory-efficient attention
+            # takes a mask), fp32 softmax inside, no [B, H, S, S] scores in memory; the same
+            # mask (True: may attend), scaling 1.0.
+            out = F.scaled_dot_product_attention(q, ka, va, attn_mask=mask, scale=1.0)
+            out = out.transpose(1, 2).reshape(b, s, -1)
+            return self.o_proj(out), self._cache(keys, values, pad, encoder, s, x.device)
         scores = torch.matmul(q, ka.transpose(-1, -2))  # scaling 1.0
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf"))
         probs = torch.softmax(scores.float(), -1).to(q.dtype)
         out = torch.matmul(probs, va).transpose(1, 2).reshape(b, s, -1)
-        new_cache = None
-        if encoder:
-            keep = min(keys.shape[2], self.window - 1) if self.sliding else keys.shape[2]
-            new_cache = (keys[:, :, -keep:], values[:, :, -keep:])
-            if pad is not None:
-                new_cache += ((pos >= pad[:, None])[:, -keep:],)  # [B, keep] real keys
-        return self.o_proj(out), new_cache
+        return self.o_proj(out), self._cache(keys, values, pad, encoder, s, x.device)
+
+    def _cache(self, keys, values, pad, encoder, s, device):
+        """What the encoder leaves the decoder (sliding layers: the last window - 1 keys), with
+        the real-key mask [B, keep] of a left-padded batch; None when decoding."""
+        if not encoder:
+            return None
+        keep = min(keys.shape[2], self.window - 1) if self.sliding else keys.shape[2]
+        cache = (keys[:, :, -keep:], values[:, :, -keep:])
+        if pad is not None:
+            pos = torch.arange(s, device=device)
+            cache += ((pos >= pad[:, None])[:, -keep:],)
+        return cache
 
 
 class Router(nn.Module):
@@ -193,9 +210,12 @@ class Experts(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * i, h))
         self.down_proj = nn.Parameter(torch.empty(e, h, i))
 
-    # Training on a GPU (train.py --fast): every expert on every token, weighted 0 where the
-    # router did not pick it: no host sync (torch.where) and one batched product per projection.
-    dense = False
+    # "loop": the reference's eager loop (a host sync per expert: torch.where); for training on
+    # a GPU (train.py --fast, set_kernels), without a host sync: "dense", every expert on every
+    # token weighted 0 where the router did not pick it (top_k/E of its products count), or
+    # "grouped", the picked (token, expert) pairs sorted by expert through one grouped product
+    # per projection.
+    kernel = "loop"
 
     def forward(self, x, idx, w):
         out = torch.zeros_like(x)
@@ -208,6 +228,29 @@ class Experts(nn.Module):
             out = out.index_add(0, tok, (h * w[tok, slot, None]).to(out.dtype))
         return out
 
+
+    def forward_grouped(self, x, idx, w):
+        """The eager loop's sum, each picked (token, expert) pair once: the pairs sorted by
+        expert, one grouped product per projection over the experts' row ranges (offsets on the
+        device: no host sync, capturable in a CUDA graph), summed back per token in slot order.
+        x [N, H], idx and w [N, K] (Router.forward). ref: transformers' grouped_mm experts."""
+        n, k = idx.shape
+        flat = idx.reshape(-1)  # [N*K] expert of pair j = token j // K, slot j % K
+        order = torch.sort(flat, stable=True).indices  # [N*K] pairs grouped by expert
+        counts = torch.histc(flat.float() if x.device.type == "cpu" else flat.int(),
+                             bins=self.gate_up_proj.shape[0], min=0,
+                             max=self.gate_up_proj.shape[0] - 1)
+        offs = torch.cumsum(counts, 0, dtype=torch.int32)  # [E] end row of each expert
+        # Each token repeated K times, then permuted: the backward of a permutation and of an
+        # expand is a plain sum (no atomic adds in a run-dependent order).
+        rows = x[:, None, :].expand(n, k, x.shape[1]).reshape(n * k, -1)[order]  # [N*K, H]
+        gate, up = grouped_mm(rows, self.gate_up_proj.transpose(1, 2), offs).chunk(2, -1)
+        h = grouped_mm(F.gelu(gate, approximate="tanh") * up, self.down_proj.transpose(1, 2),
+                       offs)  # [N*K, H] in expert order
+        back = torch.empty_like(order)
+        back[order] = torch.arange(n * k, device=x.device)
+        h = h[back].view(n, k, -1) * w[..., None].to(h.dtype)  # [N, K, H] in slot order
+        return h.sum(1).to(x.dtype)
 
     def forward_dense(self, x, weights):
         """The eager loop's sum over the top-k experts, in exact arithmetic: the experts not
@@ -248,7 +291,11 @@ class Layer(nn.Module):
         h1 = self.post_feedforward_layernorm_1(
             gated(m.gate_proj, m.up_proj, m.down_proj, self.pre_feedforward_layernorm(x)))
         flat = residual.reshape(-1, residual.shape[-1])
-        if self.experts.dense:
+        if self.experts.kernel == "grouped":
+            w, idx = self.router(flat)
+            h2 = self.experts.forward_grouped(self.pre_feedforward_layernorm_2(flat), idx,
+                                              w).view_as(residual)
+        elif self.experts.kernel == "dense":
             h2 = self.experts.forward_dense(self.pre_feedforward_layernorm_2(flat),
                                             self.router.dense_weights(flat)).view_as(residual)
         else:
@@ -371,6 +418,40 @@ class DiffusionGemmaPort(nn.Module):
         logits = F.linear(dec.norm(x), dec.embed_tokens.weight).float()
         cap = self.t["final_logit_softcapping"]
         return torch.tanh(logits / cap) * cap
+
+
+def grouped_mm(a, b, offs):
+    """a [M, K] @ b[g] [K, N] for the rows of each group g (offs [G] int32: the end row of each):
+    PyTorch's grouped product where it has one (bf16 operands, as transformers calls it under
+    autocast), else a loop over the groups (the CPU and PyTorch 1.13: the tests)."""
+    fn = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
+    if fn is not None and a.is_cuda:
+        dtype = torch.bfloat16 if torch.is_autocast_enabled() else b.dtype
+        return fn(a.to(dtype), b.to(dtype), offs=offs)
+    out = []
+    start = 0
+    for g, end in enumerate(offs.tolist()):
+        out.append(a[start:end].matmul(b[g].to(a.dtype)))
+        start = end
+    return torch.cat(out)
+
+
+def has_grouped_mm():
+    return hasattr(F, "grouped_mm") or hasattr(torch, "_grouped_mm")
+
+
+def has_sdpa():
+    return hasattr(F, "scaled_dot_product_attention")
+
+
+def set_kernels(model, experts, attention):
+    """How the port computes its experts ("loop", "dense", "grouped") and attention ("eager",
+    "sdpa"): the same math, other kernels (train.py --fast)."""
+    for m in model.modules():
+        if isinstance(m, Experts):
+            m.kernel = experts
+        elif isinstance(m, Attention):
+            m.kernel = attention
 
 
 def save_safetensors(path, tensors, metadata=None):

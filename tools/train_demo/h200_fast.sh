@@ -1,13 +1,21 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# --fast's GPU measurement and training run, in one device call (issue #33):
-#   1. bench: steps/s, tokens/s, FLOPs and memory of the port's step, eager and as CUDA graphs,
-#      at BENCH_BATCHES (default 256,1024), BENCH_STEPS timed steps each;
-#   2. train: the --fast run (CUDA graphs) of STEPS steps (default 10000, warm-up 3 %),
-#      resumable, stopped after TRAIN_SECONDS (default 300).
-# Everything lands in $OUT as it is written (run.log, bench.jsonl, log.jsonl, state.pt).
-# The call (device tool): bash tools/train_demo/h200_fast.sh   with carry [".train_demo"]
+# --fast's GPU run in one device call (issue #33), everything in $OUT as it is written:
+#   1. bench: steps/s, tokens/s, model FLOPs and utilisation of the training step per
+#      BENCH_VARIANTS kernel pair (default grouped/sdpa; dense/eager was the previous step),
+#      each first checked against the reference kernels (loss and gradients);
+#   2. train: --fast (CUDA graphs) with the fastest variant that passed its check, STEPS steps
+#      (default 10000, warm-up 3 %), resumable, stopped DEADLINE_S (default 560) seconds after
+#      the start less a margin for the export;
+#   3. once the schedule is done: export (bf16, released layout, parity inputs) as
+#      demo-trained.tgz.part-NN (15 MB parts) and the log.
+# Files: run.log, bench.jsonl, log.jsonl, demo-trained.tgz.part-*.
+# Here first: /usr/bin/python3 tools/train_demo/train.py prepare   (-> .train_demo/)
+# The call (device tool): bash tools/train_demo/h200_fast.sh   with carry [".train_demo"];
+# a call again within the machine's warm time resumes from .train_demo/state.pt.
+# After it: cat FILES/demo-trained.tgz.part-* | tar xz -C .train_demo
 set -uo pipefail
+t0=$(date +%s)
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
 work=$root/.train_demo
@@ -15,16 +23,43 @@ out=${OUT:-$root/out}
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
 train() { python3 "$here/train.py" "$@" --work "$work"; }
+left() { echo $(( ${DEADLINE_S:-560} - ($(date +%s) - t0) )); }
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c 'import torch; print("torch", torch.__version__)'
-  train bench --device cuda --bench-batches "${BENCH_BATCHES:-256,1024}" \
-    --bench-steps "${BENCH_STEPS:-100}"
-  cp "$work/bench.jsonl" "$out/"
-  if [ "${TRAIN_SECONDS:-300}" -gt 0 ]; then
-    train train --backend port --fast --device cuda --steps "${STEPS:-10000}" \
-      --warmup-share 0.03 --eval-every 500 --save-every 2000 --log-every 100 \
-      --batch "${BATCH:-256}" --max-seconds "${TRAIN_SECONDS:-300}"
-    cp "$work/log.jsonl" "$out/"
+  kernels=(--experts "${EXPERTS:-auto}" --attention "${ATTENTION:-auto}")
+  if [ "${BENCH_STEPS:-40}" -gt 0 ] && [ ! -f "$work/state.pt" ]; then
+    rm -f "$work/bench.jsonl"
+    train bench --device cuda --bench-batches "${BENCH_BATCHES:-256}" \
+      --bench-variants "${BENCH_VARIANTS:-grouped/sdpa}" \
+      --bench-modes "${BENCH_MODES:-graphs}" --bench-steps "${BENCH_STEPS:-40}"
+    cp "$work/bench.jsonl" "$out/"
+    # The fastest variant whose loss and gradients match the reference kernels'.
+    best=$(python3 - "$work/bench.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+ok = [r for r in rows if "error" not in r and r.get("check_grad_cos", 0) > 0.99
+      and r.get("check_loss_rel", 1) < 0.02]
+best = max(ok, key=lambda r: r["steps_per_s"], default=None)
+print("%s %s" % (best["experts"], best["attention"]) if best else "dense eager")
+PY
+)
+    echo "h200_fast: training with experts/attention = ${best/ //}"
+    [ "${EXPERTS:-auto}" = auto ] && kernels=(--experts "${best% *}" --attention "${best#* }")
   fi
+  train train --backend port --fast --device cuda "${kernels[@]}" --steps "${STEPS:-10000}" \
+    --warmup-share 0.03 --eval-every 500 --save-every 1000 --log-every 100 \
+    --batch "${BATCH:-256}" --max-seconds "$(( $(left) - ${EXPORT_MARGIN_S:-40} ))"
+  cp "$work/log.jsonl" "$out/"
+  done=$(python3 -c '
+import json, sys
+last = [json.loads(l) for l in open(sys.argv[1]) if l.strip()][-1]
+print(int(last["step"] >= last["total"]))' "$work/log.jsonl")
+  if [ "$done" = 1 ]; then
+    train export --backend port
+    tar czf - -C "$work" demo-trained | split -b 15M -d - "$out/demo-trained.tgz.part-"
+  else
+    echo "h200_fast: the schedule is not done: call again within the warm time to resume"
+  fi
+  echo "h200_fast: $(( $(date +%s) - t0 )) s"
 } 2>&1 | grep --line-buffered -v "UserWarning\|warnings.warn" | tee "$out/run.log"

@@ -497,9 +497,9 @@ def train(args):
     graphs = fast and cuda and not args.no_graphs
     if fast:
         import dgemma
-        for m in model.modules():
-            if isinstance(m, dgemma.Experts):
-                m.dense = True
+        kernels = fast_kernels(args, cuda)
+        dgemma.set_kernels(model, *kernels)
+        print("--fast: experts %s, attention %s" % kernels, flush=True)
         gpu_b = BucketBatches(torch, train_b.exs, device)
     # A graph reads the learning rate from a device tensor (AdamW's capturable form).
     lr0 = torch.tensor(args.lr, device=device) if graphs else args.lr
@@ -634,12 +634,53 @@ def train(args):
     return model, tok
 
 
+def fast_kernels(args, cuda):
+    """(experts, attention) kernels of --fast: --experts and --attention, where "auto" is the
+    fastest this PyTorch has on a GPU (grouped products, scaled_dot_product_attention), else
+    dense experts and the reference's attention."""
+    import dgemma
+    experts, attention = args.experts, args.attention
+    if experts == "auto":
+        experts = "grouped" if cuda and dgemma.has_grouped_mm() else "dense"
+    if attention == "auto":
+        attention = "sdpa" if cuda and dgemma.has_sdpa() else "eager"
+    return experts, attention
+
+
+def kernel_check(torch, model, params, batches, batch, autocast, kernels):
+    """One step's loss and gradients with `kernels` against the reference's (the eager expert
+    loop, matmul attention) on the same batch and noise: the relative loss difference and the
+    cosine of the gradients (bf16 autocast both ways)."""
+    import dgemma
+    rng = random.Random(99)
+    gen = torch.Generator(device=params[0].device)
+    gen.manual_seed(99)
+    ctx, pad, tgt = batches.draw(torch, rng, gen, batch)
+    noise = draw_noise(torch, gen, batch, CANVAS, VOCAB, True, params[0].device)
+    out = []
+    for k in (("loop", "eager"), kernels):
+        dgemma.set_kernels(model, *k)
+        for p in params:
+            p.grad = None
+        with autocast():
+            loss = diffusion_loss(torch, model, ctx, tgt, noise, True, pad)
+        loss.backward()
+        out.append((float(loss), torch.cat([p.grad.float().flatten() for p in params])))
+        for p in params:
+            p.grad = None
+    (ref, g_ref), (got, g_got) = out
+    cos = float(torch.nn.functional.cosine_similarity(g_ref, g_got, dim=0))
+    return {"check_loss_rel": round(abs(got - ref) / abs(ref), 6), "check_grad_cos": round(cos, 6)}
+
+
 def bench(args):
-    """Training throughput of the port (--fast's step: dense experts, fixed-shape batches) at
-    each --bench-batches size, eager and as CUDA graphs: steps/s, tokens/s (real context and
-    canvas tokens), model FLOPs per step (torch.utils.flop_counter over eager steps) and model
-    FLOP utilisation against --peak-tflops. The model is fresh and nothing is saved. One JSON
-    line per measurement on stdout and in WORK/bench.jsonl."""
+    """Training throughput of the port (--fast's step: fixed-shape batches) at each
+    --bench-batches size, per --bench-variants kernel pair (experts/attention) and --bench-modes
+    (eager steps, CUDA graphs): steps/s, tokens/s (real context and canvas tokens), the model's
+    FLOPs per step (torch.utils.flop_counter over steps with the reference kernels: picked
+    experts only) and model FLOP utilisation against --peak-tflops; first (--bench-check) the
+    variant's loss and gradients against the reference kernels'. The model is fresh and nothing
+    is saved. One JSON line per measurement on stdout and in WORK/bench.jsonl."""
     import torch
     from torch.utils.flop_counter import FlopCounterMode
     import dgemma
@@ -653,71 +694,81 @@ def bench(args):
     def autocast(**kw):
         return torch.autocast(device_type="cuda", dtype=torch.bfloat16, **kw)
 
-    for batch in [int(b) for b in args.bench_batches.split(",")]:
-        for mode in ("eager", "graphs"):
-            args.backend = "port"
-            model = build_model(args, device)
-            for m in model.modules():
-                if isinstance(m, dgemma.Experts):
-                    m.dense = True
-            params = [p for _, p in trained_parameters(model)]
-            batches = BucketBatches(torch, exs, device)
-            graphs = mode == "graphs"
-            lr = torch.tensor(args.lr, device=device)
-            opt = torch.optim.AdamW(param_groups(model), lr=lr if graphs else args.lr,
-                                    betas=(0.9, 0.95), fused=True,
-                                    **({"capturable": True} if graphs else {}))
-            rec = {"device": name, "batch": batch, "mode": mode, "torch": torch.__version__}
-            try:
-                graphed = None
-                if graphs:
-                    graphed = GraphedSteps(torch, model, opt, params, batches, batch, autocast)
-                    rec["capture_s"] = round(graphed.capture_seconds, 1)
+    useful = {}  # batch -> the model's FLOPs per step
+    runs = [(int(b), v.split("/"), m) for b in args.bench_batches.split(",")
+            for v in args.bench_variants.split(",") for m in args.bench_modes.split(",")]
+    for batch, kernels, mode in runs:
+        args.backend = "port"
+        model = build_model(args, device)
+        params = [p for _, p in trained_parameters(model)]
+        batches = BucketBatches(torch, exs, device)
+        graphs = mode == "graphs"
+        lr = torch.tensor(args.lr, device=device)
+        opt = torch.optim.AdamW(param_groups(model), lr=lr if graphs else args.lr,
+                                betas=(0.9, 0.95), fused=True,
+                                **({"capturable": True} if graphs else {}))
+        rec = {"device": name, "batch": batch, "mode": mode, "experts": kernels[0],
+               "attention": kernels[1], "torch": torch.__version__}
+        graphed = None
 
-                def one(step):
-                    rng = random.Random(step)
-                    gen = torch.Generator(device=device)
-                    gen.manual_seed(step)
-                    if graphed:
-                        return graphed.step(batches, rng, gen, batch)
-                    ctx, pad, tgt = batches.draw(torch, rng, gen, batch)
-                    noise = draw_noise(torch, gen, batch, CANVAS, VOCAB, True, device)
-                    with autocast():
-                        loss = diffusion_loss(torch, model, ctx, tgt, noise, True, pad)
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
-                    opt.step()
-                    return loss.detach()
+        def one(step):
+            rng = random.Random(step)
+            gen = torch.Generator(device=device)
+            gen.manual_seed(step)
+            if graphed:
+                return graphed.step(batches, rng, gen, batch)
+            ctx, pad, tgt = batches.draw(torch, rng, gen, batch)
+            noise = draw_noise(torch, gen, batch, CANVAS, VOCAB, True, device)
+            with autocast():
+                loss = diffusion_loss(torch, model, ctx, tgt, noise, True, pad)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0, foreach=True)
+            opt.step()
+            return loss.detach()
 
-                if not graphs:
-                    counter = FlopCounterMode(display=False)
-                    with counter:
-                        for step in range(8):
-                            one(10**6 + step)
-                    rec["model_gflop_per_step"] = round(counter.get_total_flops() / 8 / 1e9, 1)
-                for step in range(10):
-                    one(step)
-                torch.cuda.synchronize()
-                n = args.bench_steps
-                t0 = time.time()
-                losses = [one(100 + step) for step in range(n)]
-                torch.cuda.synchronize()
-                seconds = time.time() - t0
-                rec.update({"steps": n, "seconds": round(seconds, 2),
-                            "steps_per_s": round(n / seconds, 2),
-                            "tokens_per_s": round(n * batch * real_tokens / seconds),
-                            "last_loss": round(float(losses[-1]), 3),
-                            "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1)})
-            except Exception as e:  # noqa: BLE001 (a measurement that fails is reported)
-                rec["error"] = "%s: %s" % (type(e).__name__, str(e).splitlines()[0][:300])
-            line = json.dumps(rec)
-            print(line, flush=True)
-            out.write(line + "\n")
-            out.flush()
-            model = opt = graphed = None  # the next measurement starts from free memory
-            torch.cuda.empty_cache()
-            torch.cuda.reset_peak_memory_stats()
+        try:
+            if args.bench_check and mode == args.bench_modes.split(",")[0]:
+                rec.update(kernel_check(torch, model, params, batches, batch, autocast,
+                                        tuple(kernels)))
+            if batch not in useful:
+                # The model's FLOPs: the reference kernels' (picked experts only), whatever
+                # the variant computes (dense experts compute top_k/E of theirs in vain).
+                dgemma.set_kernels(model, "loop", "eager")
+                counter = FlopCounterMode(display=False)
+                with counter:
+                    for step in range(4):
+                        one(10**6 + step)
+                useful[batch] = counter.get_total_flops() / 4
+            rec["model_gflop_per_step"] = round(useful[batch] / 1e9, 1)
+            dgemma.set_kernels(model, *kernels)
+            if graphs:
+                graphed = GraphedSteps(torch, model, opt, params, batches, batch, autocast)
+                rec["capture_s"] = round(graphed.capture_seconds, 1)
+            for step in range(10):
+                one(step)
+            torch.cuda.synchronize()
+            n = args.bench_steps
+            t0 = time.time()
+            losses = [one(100 + step) for step in range(n)]
+            torch.cuda.synchronize()
+            seconds = time.time() - t0
+            rec.update({"steps": n, "seconds": round(seconds, 2),
+                        "steps_per_s": round(n / seconds, 2),
+                        "mfu_pct": round(100 * useful[batch] * n / seconds / 1e12
+                                         / args.peak_tflops, 2),
+                        "tokens_per_s": round(n * batch * real_tokens / seconds),
+                        "last_loss": round(float(losses[-1]), 3),
+                        "peak_gib": round(torch.cuda.max_memory_allocated() / 2**30, 1)})
+        except Exception as e:  # noqa: BLE001 (a measurement that fails is reported)
+            rec["error"] = "%s: %s" % (type(e).__name__, str(e).splitlines()[0][:300])
+        line = json.dumps(rec)
+        print(line, flush=True)
+        out.write(line + "\n")
+        out.flush()
+        model = opt = graphed = None  # the next measurement starts from free memory
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
     out.close()
 
 
@@ -999,13 +1050,30 @@ def main():
                     help="warm-up as a share of the schedule's steps (e.g. 0.03); wins over "
                          "--warmup once the schedule's length is fixed")
     ap.add_argument("--fast", action="store_true",
-                    help="GPU training of the port: dense experts, batches drawn on the GPU, "
+                    help="GPU training of the port: grouped or dense experts, fused attention, "
+                         "batches drawn on the GPU, "
                          "no host sync per step (the H200 run)")
     ap.add_argument("--no-graphs", action="store_true",
                     help="--fast on CUDA without CUDA graphs (eager steps; for comparison)")
     ap.add_argument("--bench-batches", default="256,1024",
                     help="bench: the batch sizes measured")
     ap.add_argument("--bench-steps", type=int, default=100, help="bench: timed steps each")
+    ap.add_argument("--bench-variants", default="dense/eager,grouped/eager,grouped/sdpa",
+                    help="bench: EXPERTS/ATTENTION kernel pairs measured")
+    ap.add_argument("--bench-modes", default="eager,graphs",
+                    help="bench: eager steps, CUDA-graphed steps, or both")
+    ap.add_argument("--peak-tflops", type=float, default=989.0,
+                    help="bench: the GPU's dense bf16 peak for model FLOP utilisation "
+                         "(H100 and H200 SXM: 989)")
+    ap.add_argument("--bench-check", type=int, default=1,
+                    help="bench: check each variant's loss and gradients against the "
+                         "reference kernels first (1) or not (0)")
+    ap.add_argument("--experts", choices=["auto", "loop", "dense", "grouped"], default="auto",
+                    help="--fast: the expert kernel (auto: grouped products on a GPU whose "
+                         "PyTorch has them, else dense)")
+    ap.add_argument("--attention", choices=["auto", "eager", "sdpa"], default="auto",
+                    help="--fast: the attention kernel (auto: scaled_dot_product_attention on "
+                         "a GPU, else the reference's matmuls)")
     ap.add_argument("--log-every", type=int, default=50,
                     help="--fast: steps between waits for the GPU (log records are written then)")
     ap.add_argument("--eval-every", type=int, default=250)
