@@ -5,9 +5,11 @@
 
 #include <QBrush>
 #include <QColor>
+#include <QFontMetrics>
 #include <QHeaderView>
 #include <QItemSelectionModel>
 #include <QLabel>
+#include <QResizeEvent>
 #include <QSplitter>
 #include <QTableView>
 #include <QTextBrowser>
@@ -234,7 +236,7 @@ OverviewView::OverviewView(ExplorerState* state, QWidget* parent) : CoalescedVie
   growth_->setMinimumHeight(170);
   growth_->yAxis->setScaleType(QCPAxis::stLogarithmic);
   growth_->yAxis->setTicker(QSharedPointer<QCPAxisTickerLog>::create());
-  growth_->yAxis->setLabel(tr("share differing (log)"));
+  growth_->yAxis->setLabel(tr("share differing (log; bottom edge: 0)"));
   growth_->xAxis->setLabel(tr("denoising step (canvas 1 unless marked)"));
   growth_->legend->setVisible(true);
   growth_->legend->setFont(QFont(font().family(), 8));
@@ -245,14 +247,16 @@ OverviewView::OverviewView(ExplorerState* state, QWidget* parent) : CoalescedVie
       tr("How the difference grows: for each comparison, the share of canvas positions where "
          "any tapped tensor differs (solid) and the largest share of differing elements over "
          "the taps and layers (dashed, selected comparison). Log scale; steps where nothing "
-         "differs are left out."));
+         "differs sit on the bottom edge, so a curve leaves it at its first divergence."));
   // The legend goes below the plot, never over the data.
-  auto* legend_row = new QCPLayoutGrid;
-  growth_->plotLayout()->addElement(1, 0, legend_row);
-  legend_row->addElement(0, 0, growth_->legend);
-  legend_row->setMargins(QMargins(0, 0, 0, 0));
+  growth_->plotLayout()->addElement(1, 0, growth_->legend);
+  // No frame: the legend spans the plot's width and a frame's right and bottom lines fell on
+  // the pixel past the plot's edge (clipped in the window and in figure.png).
+  growth_->legend->setBorderPen(Qt::NoPen);
+  growth_->legend->setMargins(QMargins(6, 2, 6, 4));
   growth_->legend->setFillOrder(QCPLegend::foColumnsFirst);
   growth_->legend->setWrap(4);
+  growth_->installEventFilter(this);
   growth_->plotLayout()->setRowStretchFactor(1, 0.001);
 
   auto* split = new QSplitter(Qt::Vertical, this);
@@ -425,21 +429,30 @@ void OverviewView::fillGrowth() {
   double lowest = 1.0;
   int ticks = 0;
   int n = 0;
-  const auto add = [&](const QVector<double>& ys, const QString& name, const QPen& pen) {
+  // Steps where nothing differs (0, which a log axis cannot show) are drawn on the axis floor,
+  // so the onset shows as the step where a curve leaves the bottom edge; the floor is known once
+  // every curve is in.
+  struct Curve {
+    QCPGraph* graph;
     QVector<double> xs;
-    QVector<double> kept;
+    QVector<double> ys;
+  };
+  std::vector<Curve> curves;
+  const auto add = [&](const QVector<double>& ys, const QString& name, const QPen& pen) {
+    Curve curve{growth_->addGraph(), {}, {}};
     for (int t = 0; t < ys.size(); ++t) {
-      if (!std::isnan(ys[t]) && ys[t] > 0) {
-        xs << t;
-        kept << ys[t];
-        lowest = std::min(lowest, ys[t]);
+      if (!std::isnan(ys[t])) {
+        curve.xs << t;
+        curve.ys << ys[t];
+        if (ys[t] > 0) {
+          lowest = std::min(lowest, ys[t]);
+        }
       }
     }
-    QCPGraph* g = growth_->addGraph();
-    g->setName(name);
-    g->setPen(pen);
-    g->setData(xs, kept, /*alreadySorted=*/true);
-    g->setScatterStyle(QCPScatterStyle(QCPScatterStyle::ssDisc, 3));
+    curve.graph->setName(name);
+    curve.graph->setPen(pen);
+    curve.graph->setScatterStyle(QCPScatterStyle(QCPScatterStyle::ssDisc, 3));
+    curves.push_back(std::move(curve));
   };
   for (const auto& c : r->comparisons) {
     if (c.kind != experiment::ComparisonKind::Row0 ||
@@ -463,13 +476,50 @@ void OverviewView::fillGrowth() {
   growth_->xAxis->setRange(-0.5, std::max(ticks, 1) - 0.5);
   setStepAxis(growth_->xAxis, *state_);
   // At least three decades, so a curve at 100 % reads as "all" and not as a mid-plot line.
-  growth_->yAxis->setRange(std::pow(10.0, std::floor(std::log10(std::min(lowest, 1e-3)))), 1.5);
+  const double floor = std::pow(10.0, std::floor(std::log10(std::min(lowest, 1e-3))));
+  for (Curve& curve : curves) {
+    for (double& y : curve.ys) {
+      y = y > 0 ? y : floor;
+    }
+    curve.graph->setData(curve.xs, curve.ys, /*alreadySorted=*/true);
+  }
+  growth_->yAxis->setRange(floor, 1.5);
+  fitLegend(growth_->width());
   growth_->replot(QCustomPlot::rpQueuedReplot);
+}
+
+void OverviewView::fitLegend(int width) {
+  // As many legend columns as fit the plot's width (at most 4): a figure narrower than the
+  // window keeps its legend inside.
+  const QFontMetrics metrics(growth_->legend->font());
+  int widest = 0;
+  for (int i = 0; i < growth_->legend->itemCount(); ++i) {
+    if (auto* item = qobject_cast<QCPPlottableLegendItem*>(growth_->legend->item(i))) {
+      widest = std::max(widest, metrics.horizontalAdvance(item->plottable()->name()));
+    }
+  }
+  const QSize icon = growth_->legend->iconSize();
+  const int item_width = widest + icon.width() + growth_->legend->iconTextPadding() + 24;
+  const int columns = std::clamp(width / std::max(item_width, 1), 1, 4);
+  if (columns != growth_->legend->wrap()) {
+    growth_->legend->setWrap(columns);
+    growth_->legend->setFillOrder(QCPLegend::foColumnsFirst, /*rearrange=*/true);
+  }
+}
+
+bool OverviewView::eventFilter(QObject* watched, QEvent* event) {
+  if (watched == growth_ && event->type() == QEvent::Resize) {
+    fitLegend(static_cast<QResizeEvent*>(event)->size().width());
+  }
+  return CoalescedView::eventFilter(watched, event);
 }
 
 QPixmap OverviewView::renderGrowth(const QSize& size) {
   flush();
-  return growth_->toPixmap(size.width(), size.height());
+  fitLegend(size.width());
+  QPixmap pixmap = growth_->toPixmap(size.width(), size.height());
+  fitLegend(growth_->width());
+  return pixmap;
 }
 
 QString OverviewView::detailsHtml() const {

@@ -90,6 +90,9 @@ class OverviewView : public CoalescedView {
 
  private:
   void fillGrowth();
+  /// The growth legend's columns for a plot `width` pixels wide (all of it inside).
+  void fitLegend(int width);
+  bool eventFilter(QObject* watched, QEvent* event) override;
   QLabel* headline_ = nullptr;
   QLabel* why_ = nullptr;
   QLabel* culprit_ = nullptr;

@@ -56,7 +56,7 @@ void check(const base::Result<void>& r) {
     throw base::ErrorException(r.error());
   }
 }
-constexpr const char* kFormat = "batchlens-repro/1";
+constexpr const char* kFormat = "batchlens-repro/2";
 constexpr std::size_t kMaxCaptured = 256;  // op calls kept from one pass
 
 // One op call of the observed pass with its operands: activations cloned, weights as the model
@@ -317,7 +317,7 @@ nlohmann::json to_json(const ReproExport& r, const ExperimentResult& shown,
           {"comparison", r.comparison},
           {"family", r.family},
           {"layer", r.layer},
-          {"canvas", r.canvas},
+          {"canvas", r.canvas + 1},  // 1-based, as shown everywhere (docs/repro.md)
           {"step", r.step},
           {"op", r.op},
           {"batch", r.batch},

@@ -21,7 +21,7 @@ import struct
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-FORMAT = "batchlens-repro/1"
+FORMAT = "batchlens-repro/2"
 DTYPES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32", "F64": "float64",
           "I32": "int32", "I64": "int64"}
 
@@ -63,6 +63,9 @@ def check_op(op, path):
                        ("op", str), ("batch", int), ("dtype", str), ("device", str),
                        ("emulated", bool), ("comparison", str), ("inputs", list)):
         need(op, key, types, "")
+    if op["canvas"] < 1 or op["step"] < 1:
+        fail("%s: canvas and step count from 1 (canvas %d, step %d)" % (path, op["canvas"],
+                                                                        op["step"]))
     if not 1 <= op["batch"] <= 4096:
         fail("%s: batch %d is not 1 to 4096" % (path, op["batch"]))
     if len(op["inputs"]) > 16:
@@ -359,7 +362,7 @@ def main():
     many = row0(out).to("cpu")
 
     print("BatchLens minimal repro: %s (%s) at canvas %d step %d, comparison %s"
-          % (where, op["op"], op["canvas"] + 1, op["step"], op["comparison"]))
+          % (where, op["op"], op["canvas"], op["step"], op["comparison"]))
     print("  torch %s on %s%s, %s; %s" % (
         torch.__version__, device,
         " (%s)" % torch.cuda.get_device_name(device) if device.type == "cuda" else "",

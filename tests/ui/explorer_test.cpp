@@ -247,6 +247,28 @@ TEST_F(ExplorerTest, HeadlineClausesOpenTheirViews) {
     drawn += growth->graph(g)->dataCount() > 0 ? 1 : 0;
   }
   EXPECT_GE(drawn, 1);
+  // issue #34: the onset shows: steps where nothing differs sit on the axis floor (a log axis
+  // cannot draw 0) and the selected curve leaves it at its first divergence.
+  const double floor = growth->yAxis->range().lower;
+  bool on_floor = false;
+  bool above = false;
+  for (int g = 0; g < growth->graphCount(); ++g) {
+    for (auto it = growth->graph(g)->data()->constBegin();
+         it != growth->graph(g)->data()->constEnd(); ++it) {
+      EXPECT_GE(it->value, floor);
+      on_floor = on_floor || it->value == floor;
+      above = above || it->value > floor;
+    }
+  }
+  EXPECT_TRUE(on_floor);
+  EXPECT_TRUE(above);
+  // The legend stays inside a narrow figure: its columns fit the width.
+  const QPixmap narrow = overview->renderGrowth(QSize(360, 260));
+  EXPECT_EQ(narrow.width(), 360);
+  ASSERT_GT(growth->legend->itemCount(), 0);
+  for (int i = 0; i < growth->legend->itemCount(); ++i) {
+    EXPECT_LE(growth->legend->item(i)->outerRect().right(), 360) << i;
+  }
   // Tick labels count canvases and steps from 1.
   EXPECT_EQ(window_->state()->tickLabel(0), QStringLiteral("canvas 1 · step 1"));
   // Every column of the table explains itself.

@@ -148,8 +148,12 @@ TEST(Repro, ExportsTheFirstDivergentOpWithItsCapturedInputs) {
     EXPECT_TRUE(fs::exists(dir / f)) << f;
   }
   const auto op = nlohmann::json::parse(read_text(dir / "op.json"));
-  EXPECT_EQ(op.at("format"), "batchlens-repro/1");
+  EXPECT_EQ(op.at("format"), "batchlens-repro/2");
   EXPECT_EQ(op.at("family"), "selfcond_matmul");
+  // op.json counts canvases from 1, as its README and every display do.
+  EXPECT_EQ(op.at("canvas").get<int>(), c->first.canvas + 1);
+  EXPECT_NE(read_text(dir / "README.md").find("canvas " + std::to_string(c->first.canvas + 1)),
+            std::string::npos);
   ASSERT_EQ(e.inputs.size(), 2U);
   const ReproInput& x = e.inputs[0];
   const ReproInput& w = e.inputs[1];
