@@ -624,9 +624,10 @@ QPixmap OverviewView::renderReport(const QSize& size) {
       (story().why.empty()
            ? QString()
            : QStringLiteral("<p>%1</p>").arg(QString::fromStdString(story().why).toHtmlEscaped()));
+  // The headline above the comparisons, the table wide enough for whole words.
   return composeDocuments(size, tr("Overview"),
-                          {tr("Headline"), tr("Comparisons"), tr("Provenance and runs")},
-                          {headline, table, detailsHtml()});
+                          {tr("Headline and comparisons"), tr("Provenance and runs")},
+                          {headline + table, detailsHtml()}, {3, 2});
 }
 
 }  // namespace batchlens::ui

@@ -74,19 +74,30 @@ QPixmap composePlots(const QSize& size, const QString& heading,
 }
 
 QPixmap composeDocuments(const QSize& size, const QString& heading, const QStringList& captions,
-                         const QStringList& html) {
+                         const QStringList& html, const std::vector<int>& weights) {
   QPixmap page(size);
   QPainter painter(&page);
   const QRect area = startPage(painter, size, heading);
   const int count = static_cast<int>(html.size());
+  std::vector<int> share = weights;
+  share.resize(static_cast<std::size_t>(count), 1);
+  const int total = std::max(1, std::accumulate(share.begin(), share.end(), 0));
+  const int usable = area.width() - (count - 1) * kMargin;
+  int left = area.left();
   for (int i = 0; i < count; ++i) {
-    const QRect rect = columnRect(area, i, count);
+    const int width = usable * share[static_cast<std::size_t>(i)] / total;
+    const QRect rect(left, area.top(), width, area.height());
+    left += width + kMargin;
     if (i < captions.size()) {
       painter.drawText(QRect(rect.left(), rect.top(), rect.width(), kCaption),
                        Qt::AlignVCenter | Qt::AlignLeft, captions[i]);
     }
     QTextDocument doc;
     doc.setDefaultFont(painter.font());
+    // Lines break between words only: a narrow table column never splits one ("Compa rison").
+    QTextOption option = doc.defaultTextOption();
+    option.setWrapMode(QTextOption::WordWrap);
+    doc.setDefaultTextOption(option);
     doc.setHtml(html[i]);
     doc.setTextWidth(rect.width());
     painter.save();

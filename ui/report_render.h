@@ -31,8 +31,9 @@ struct PlotColumn {
 QPixmap composePlots(const QSize& size, const QString& heading,
                      const std::vector<PlotColumn>& columns);
 
-/// A page with a heading and HTML documents side by side (each under its caption).
+/// A page with a heading and HTML documents side by side (each under its caption), as wide as
+/// `weights` share them out (equal where it has no entry); lines break between words only.
 QPixmap composeDocuments(const QSize& size, const QString& heading, const QStringList& captions,
-                         const QStringList& html);
+                         const QStringList& html, const std::vector<int>& weights = {});
 
 }  // namespace batchlens::ui

@@ -107,6 +107,17 @@ QString tokenText(const text::Tokenizer* tokenizer, std::int64_t id) {
     return QStringLiteral("#%1").arg(id);
   }
   QString s = QString::fromStdString(tokenizer->decode({id}));
+  // Control and unused tokens ("<unused82>", "<start_of_turn>") compactly: a random-weight
+  // model samples many, and the full names crowded out the words.
+  if (tokenizer->is_special(id) ||
+      (s.startsWith(QLatin1Char('<')) && s.endsWith(QLatin1Char('>')) && s.size() > 2 &&
+       !s.contains(QLatin1Char(' ')))) {
+    QString name = s.mid(1, s.size() - 2);
+    if (name.startsWith(QLatin1String("unused"))) {
+      name = QStringLiteral("u") + name.mid(6);
+    }
+    return QStringLiteral("⟨%1⟩").arg(name);
+  }
   if (s.isEmpty()) {
     s = QString::fromStdString(tokenizer->piece(id));
   }

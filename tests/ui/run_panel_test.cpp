@@ -663,4 +663,34 @@ TEST(ServerCommand, RunsTheShownExperimentWithTheWorkaround) {
 }
 
 }  // namespace
+// issue #34: control and unused tokens show compactly in the text diff ("⟨u82⟩", not
+// "<unused82>"), words as they are.
+TEST(TokenText, ControlAndUnusedTokensAreCompact) {
+  auto tokenizer = setup::tokenizer_for(smallSpec().model);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.error().message;
+  const text::Tokenizer& t = *tokenizer.value();
+  int compact = 0;
+  for (std::int64_t id = 0; id < t.vocab_size(); ++id) {
+    const std::string piece = t.piece(id);
+    const QString shown = tokenText(&t, id);
+    if (piece.rfind("<unused", 0) == 0) {
+      EXPECT_EQ(shown, QStringLiteral("⟨u%1⟩").arg(
+                           QString::fromStdString(piece.substr(7, piece.size() - 8))))
+          << piece;
+      ++compact;
+    } else if (t.is_special(id)) {
+      EXPECT_TRUE(shown.startsWith(QStringLiteral("⟨")) && shown.endsWith(QStringLiteral("⟩")))
+          << piece << " -> " << shown.toStdString();
+      EXPECT_LE(shown.size(), static_cast<int>(piece.size())) << piece;
+    }
+  }
+  EXPECT_GT(compact, 0) << "the preset's vocabulary has <unusedN> tokens";
+  // A word's token shows as its text.
+  const auto word = t.encode("the");
+  ASSERT_TRUE(word.ok());
+  ASSERT_FALSE(word.value().empty());
+  EXPECT_EQ(tokenText(&t, word.value()[0]), QString::fromStdString(t.decode({word.value()[0]})));
+  EXPECT_FALSE(tokenText(&t, word.value()[0]).contains(QStringLiteral("⟨")));
+}
+
 }  // namespace batchlens::ui
