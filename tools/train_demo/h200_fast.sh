@@ -1,26 +1,31 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # --fast's GPU run in one device call (issue #33), everything in $OUT as it is written:
+#   0. check (CHECK_VARIANTS, default every experts/attention pair; empty: none): each kernel
+#      pair's loss and gradients against the reference kernels, per parameter (check.jsonl);
 #   1. bench: steps/s, tokens/s, model FLOPs and utilisation of the training step per
 #      BENCH_VARIANTS kernel pair (default grouped/sdpa; dense/eager was the previous step),
 #      each first checked against the reference kernels (loss and gradients);
 #   2. train: --fast (CUDA graphs) with the fastest variant that passed its check, STEPS steps
 #      (default 10000, warm-up 3 %), resumable, stopped DEADLINE_S (default 560) seconds after
 #      the start less a margin for the export;
-#   3. once the schedule is done: export (bf16, released layout, parity inputs) as
-#      demo-trained.tgz.part-NN (15 MB parts) and the log.
-# Files: run.log, bench.jsonl, log.jsonl, demo-trained.tgz.part-*.
+#   3. export (bf16, released layout, parity inputs) of the state reached, as
+#      demo-trained.tgz.part-NN (15 MB parts), and the log.
+# Files: run.log, check.jsonl, bench.jsonl, log.jsonl, demo-trained.tgz.part-*.
 # Here first: /usr/bin/python3 tools/train_demo/train.py prepare   (-> .train_demo/)
 # The call (device tool): bash tools/train_demo/h200_fast.sh   with carry [".train_demo"];
-# a call again within the machine's warm time resumes from .train_demo/state.pt.
+# a call again within the machine's warm time resumes from $TRAIN_WORK/state.pt.
 # After it: cat FILES/demo-trained.tgz.part-* | tar xz -C .train_demo
 set -uo pipefail
 t0=$(date +%s)
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
-work=$root/.train_demo
+# The state lives outside the carried .train_demo (a carried path replaces the machine's copy,
+# state.pt with it): a call again on the warm machine resumes.
+work=${TRAIN_WORK:-/tmp/train_demo}
 out=${OUT:-$root/out}
-mkdir -p "$out"
+mkdir -p "$out" "$work"
+for f in kjv.jsonl tokenizer.json; do [ -f "$work/$f" ] || cp "$root/.train_demo/$f" "$work/"; done
 export PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
 train() { python3 "$here/train.py" "$@" --work "$work"; }
 left() { echo $(( ${DEADLINE_S:-560} - ($(date +%s) - t0) )); }
@@ -28,6 +33,11 @@ left() { echo $(( ${DEADLINE_S:-560} - ($(date +%s) - t0) )); }
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c 'import torch; print("torch", torch.__version__)'
   kernels=(--experts "${EXPERTS:-auto}" --attention "${ATTENTION:-auto}")
+  if [ -n "${CHECK_VARIANTS-dense/eager,grouped/eager,dense/sdpa,grouped/sdpa}" ]; then
+    train check-kernels --device cuda --batch 64 \
+      --bench-variants "${CHECK_VARIANTS-dense/eager,grouped/eager,dense/sdpa,grouped/sdpa}" |
+      tee "$out/check.jsonl"
+  fi
   if [ "${BENCH_STEPS:-40}" -gt 0 ] && [ ! -f "$work/state.pt" ]; then
     rm -f "$work/bench.jsonl"
     train bench --device cuda --bench-batches "${BENCH_BATCHES:-256}" \
@@ -55,11 +65,10 @@ PY
 import json, sys
 last = [json.loads(l) for l in open(sys.argv[1]) if l.strip()][-1]
 print(int(last["step"] >= last["total"]))' "$work/log.jsonl")
-  if [ "$done" = 1 ]; then
-    train export --backend port
+  # The export of whatever state there is (a model part-way through its schedule says so in
+  # log.jsonl); a call again on the warm machine resumes the schedule.
+  [ "$done" = 1 ] || echo "h200_fast: the schedule is not done: call again within the warm time to resume"
+  train export --backend port &&
     tar czf - -C "$work" demo-trained | split -b 15M -d - "$out/demo-trained.tgz.part-"
-  else
-    echo "h200_fast: the schedule is not done: call again within the warm time to resume"
-  fi
   echo "h200_fast: $(( $(date +%s) - t0 )) s"
 } 2>&1 | grep --line-buffered -v "UserWarning\|warnings.warn" | tee "$out/run.log"

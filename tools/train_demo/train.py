@@ -665,12 +665,53 @@ def kernel_check(torch, model, params, batches, batch, autocast, kernels):
         with autocast():
             loss = diffusion_loss(torch, model, ctx, tgt, noise, True, pad)
         loss.backward()
-        out.append((float(loss), torch.cat([p.grad.float().flatten() for p in params])))
+        out.append((float(loss.detach()),
+                    torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).detach()
+                               .float().flatten() for p in params])))
         for p in params:
             p.grad = None
     (ref, g_ref), (got, g_got) = out
     cos = float(torch.nn.functional.cosine_similarity(g_ref, g_got, dim=0))
-    return {"check_loss_rel": round(abs(got - ref) / abs(ref), 6), "check_grad_cos": round(cos, 6)}
+    # The parameters whose gradients agree least (where a kernel's backward goes wrong).
+    names = [n for n, _ in trained_parameters(model)]
+    worst, at = [], 0
+    for name, p in zip(names, params):
+        a, b = g_ref[at:at + p.numel()], g_got[at:at + p.numel()]
+        at += p.numel()
+        if a.norm() > 0 or b.norm() > 0:
+            c = float(torch.nn.functional.cosine_similarity(a, b, dim=0))
+            worst.append((round(c, 4), name, round(float(b.norm() / (a.norm() + 1e-30)), 4)))
+    worst.sort()
+    return {"check_loss_rel": round(abs(got - ref) / abs(ref), 6), "check_grad_cos": round(cos, 6),
+            "check_worst": worst[:6]}
+
+
+def check_kernels(args):
+    """--fast's kernel variants (--bench-variants) against the reference kernels on one batch of
+    --batch: loss and gradients (overall cosine and the parameters that agree least), without
+    timing; one JSON line each."""
+    import torch
+    import dgemma
+    tok, verses = load_work(args.work)
+    exs = [e for e in examples(tok, verses) if not e[2]]
+    for variant in args.bench_variants.split(","):
+        args.backend = "port"
+        model = build_model(args, args.device)
+        params = [p for _, p in trained_parameters(model)]
+        batches = BucketBatches(torch, exs, args.device)
+
+        def autocast(**kw):
+            kind = torch.device(args.device).type
+            return torch.autocast(device_type=kind, dtype=torch.bfloat16,
+                                  enabled=kind == "cuda", **kw)
+
+        rec = {"variant": variant}
+        try:
+            rec.update(kernel_check(torch, model, params, batches, args.batch, autocast,
+                                    tuple(variant.split("/"))))
+        except Exception as e:  # noqa: BLE001 (reported)
+            rec["error"] = "%s: %s" % (type(e).__name__, str(e).splitlines()[0][:300])
+        print(json.dumps(rec), flush=True)
 
 
 def bench(args):
@@ -1020,7 +1061,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("command", choices=["prepare", "train", "export", "samples", "evaluate",
-                                        "plot", "check-tokenizer", "check-port", "bench"])
+                                        "plot", "check-tokenizer", "check-port", "bench",
+                                        "check-kernels"])
     ap.add_argument("--work", default=os.path.join(HERE, "..", "..", ".train_demo"),
                     help="corpus, tokenizer, state.pt, log.jsonl (default: .train_demo/)")
     ap.add_argument("--out", default=None, help="export folder (default: WORK/demo-trained)")
@@ -1096,7 +1138,8 @@ def main():
     args.batch = args.batch or 256
     {"prepare": prepare, "train": train, "export": export, "samples": samples,
      "evaluate": evaluate, "plot": plot, "check-port": check_port,
-     "check-tokenizer": check_tokenizer, "bench": bench}[args.command](args)
+     "check-tokenizer": check_tokenizer, "bench": bench,
+     "check-kernels": check_kernels}[args.command](args)
 
 if __name__ == "__main__":
     main()
