@@ -103,7 +103,7 @@ QString formatValue(double value) {
 }
 
 HeatmapPlot::HeatmapPlot(QWidget* parent) : QCustomPlot(parent) {
-  setMinimumSize(320, 220);
+  setMinimumSize(240, 220);  // two side by side beside the Run dock in a 1024-px window
   setMouseTracking(true);
   setFocusPolicy(Qt::StrongFocus);
   setInteractions(QCP::iRangeDrag | QCP::iRangeZoom);

@@ -25,6 +25,7 @@
 #include <QMenuBar>
 #include <QMessageBox>
 #include <QMimeData>
+#include <QProgressBar>
 #include <QPushButton>
 #include <QSettings>
 #include <QStandardPaths>
@@ -166,6 +167,13 @@ MainWindow::MainWindow(base::SystemInfo system, QWidget* parent)
   document_label_ = new QLabel(tr("No experiment"), this);
   document_label_->setObjectName(QStringLiteral("DocumentLabel"));
   statusBar()->addWidget(document_label_, 1);
+  loading_bar_ = new QProgressBar(this);
+  loading_bar_->setObjectName(QStringLiteral("LoadingIndicator"));
+  loading_bar_->setRange(0, 0);  // busy: no known end
+  loading_bar_->setMaximumWidth(160);
+  loading_bar_->setToolTip(tr("Loading an experiment file; the views show the previous one."));
+  loading_bar_->hide();
+  statusBar()->addPermanentWidget(loading_bar_);
   statusBar()->addPermanentWidget(environment_label_);
 
   buildMenus();
@@ -387,12 +395,14 @@ void MainWindow::connectControllers() {
     showError(tr("The experiment could not run"), message);
   });
   connect(files_, &FileController::opened, this, [this](const ExperimentDocument& doc) {
+    setLoading(-1);
     if (!doc.path.isEmpty()) {
       addRecentFile(doc.path);
     }
     showDocument(doc);
   });
   connect(files_, &FileController::sweepOpened, this, [this](const SweepDocument& doc) {
+    setLoading(-1);
     if (!doc.path.isEmpty()) {
       addRecentFile(doc.path);
     }
@@ -408,6 +418,7 @@ void MainWindow::connectControllers() {
   });
   connect(files_, &FileController::openFailed, this,
           [this](const QString& path, const QString& message) {
+            setLoading(-1);
             showError(tr("Could not open %1").arg(QFileInfo(path).fileName()),
                       tr("%1\n\n%2").arg(path, message));
             // Nothing shown yet (a bad file on the command line): the embedded sample rather
@@ -449,12 +460,30 @@ void MainWindow::openFile(const QString& path) {
     return;
   }
   document_label_->setText(tr("Opening %1…").arg(path));
+  setLoading(+1);
   files_->open(path);
 }
 
 void MainWindow::openEmbeddedSample(const QString& resource) {
   document_label_->setText(tr("Opening the embedded sample…"));
+  setLoading(+1);
   files_->openEmbeddedSample(resource.isEmpty() ? FileController::embeddedSamplePath() : resource);
+}
+
+void MainWindow::setLoading(int change) {
+  loading_ = std::max(0, loading_ + change);
+  // A busy bar while a file or sample loads (the 26B sample takes seconds), and the shown
+  // experiment greyed out meanwhile: it is the previous one.
+  loading_bar_->setVisible(loading_ > 0);
+  tabs_->setEnabled(loading_ == 0);
+  if (loading_ > 0) {
+    QApplication::setOverrideCursor(Qt::BusyCursor);
+    ++busy_cursors_;
+  }
+  while (loading_ == 0 && busy_cursors_ > 0) {
+    QApplication::restoreOverrideCursor();
+    --busy_cursors_;
+  }
 }
 
 void MainWindow::saveTo(const QString& path) {

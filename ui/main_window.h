@@ -21,6 +21,7 @@ class QComboBox;
 class QLabel;
 class QMenu;
 class QMessageBox;
+class QProgressBar;
 class QTabWidget;
 
 namespace batchlens::ui {
@@ -82,6 +83,8 @@ class MainWindow : public QMainWindow {
   RunController* runController() const { return runs_; }
   FileController* fileController() const { return files_; }
   QTabWidget* tabs() const { return tabs_; }
+  /// The status bar's busy bar, visible while a file or sample loads.
+  QProgressBar* loadingIndicator() const { return loading_bar_; }
   QComboBox* comparisonPicker() const { return picker_; }
   OverviewView* overview() const { return overview_; }
   LayerStepView* layerStep() const { return layer_step_; }
@@ -175,6 +178,14 @@ class MainWindow : public QMainWindow {
   QMenu* recent_menu_ = nullptr;
   QLabel* environment_label_ = nullptr;
   QLabel* document_label_ = nullptr;
+  QDockWidget* run_dock_ = nullptr;
+  int dock_width_ = 440;                 ///< the Run dock's width as the user left it
+  int last_window_width_ = 0;            ///< to tell a dock drag from a window resize
+  QProgressBar* loading_bar_ = nullptr;  ///< busy while a file or sample loads
+  int loading_ = 0;                      ///< files being opened
+  int busy_cursors_ = 0;                 ///< override cursors set by setLoading
+  /// Counts a file open starting (+1) or ending (-1); shows the busy bar while any is open.
+  void setLoading(int change);
   QString last_error_;
   /// Saves in flight: the path and the experiment being written to it.
   std::vector<std::pair<QString, std::shared_ptr<const experiment::ExperimentResult>>> saves_;

@@ -66,7 +66,8 @@ double minFlippedMargin(const experiment::ComparisonResult& c, int tick, int lay
 }
 
 void setupDetail(QCustomPlot* p) {
-  p->setMinimumHeight(160);
+  // Its axes and legend alone would ask for 455 px; two side by side must fit a 1024-px window.
+  p->setMinimumSize(240, 160);
   auto* bars = new QCPBars(p->xAxis, p->yAxis);
   bars->setName(QObject::tr("expert set differs"));
   bars->setBrush(QColor(0xd7, 0x30, 0x27, 160));

@@ -22,6 +22,7 @@
 #include <QLineEdit>
 #include <QMessageBox>
 #include <QMimeData>
+#include <QProgressBar>
 #include <QPushButton>
 #include <QSettings>
 #include <QSignalSpy>
@@ -908,7 +909,12 @@ TEST_F(ExplorerTest, EmbeddedLockstepSampleOf26bTellsItsStory) {
   EXPECT_TRUE(samples[2].first.endsWith(QStringLiteral("sweep.h5")));
   QSignalSpy shown(window_.get(), &MainWindow::documentShown);
   window_->openFile(samples[1].first);
+  // issue #34: a busy bar while it loads (seconds), the previous experiment greyed out.
+  EXPECT_TRUE(window_->loadingIndicator()->isVisibleTo(window_.get()));
+  EXPECT_FALSE(window_->tabs()->isEnabled());
   ASSERT_TRUE(shown.wait(kWaitMs)) << window_->lastError().toStdString();
+  EXPECT_FALSE(window_->loadingIndicator()->isVisibleTo(window_.get()));
+  EXPECT_TRUE(window_->tabs()->isEnabled());
   flushViews();
   const auto* r = window_->state()->result();
   ASSERT_NE(r, nullptr);

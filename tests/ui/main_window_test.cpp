@@ -2,8 +2,11 @@
 #include "ui/main_window.h"
 
 #include <QAction>
+#include <QApplication>
+#include <QDockWidget>
 #include <QLabel>
 #include <QMenuBar>
+#include <QStatusBar>
 #include <gtest/gtest.h>
 
 namespace batchlens::ui {
@@ -75,4 +78,30 @@ TEST(MainWindow, HtmlEscapesHostileNames) {
 }
 
 }  // namespace
+// issue #34: the window fits a 1024-pixel-wide screen, and the Run dock, squeezed by a narrow
+// window, gets its width back once the window is wide again.
+TEST(MainWindow, FitsA1024WideScreenAndTheRunDockRecovers) {
+  MainWindow window(gpuMachine());
+  window.show();
+  window.resize(1500, 950);
+  QApplication::processEvents();
+  auto* dock = window.findChild<QDockWidget*>(QStringLiteral("RunDock"));
+  ASSERT_NE(dock, nullptr);
+  const int wide = dock->width();
+  EXPECT_GE(wide, 380);
+  EXPECT_LE(window.minimumSizeHint().width(), 1024)
+      << "centre " << window.centralWidget()->minimumSizeHint().width() << ", status bar "
+      << window.statusBar()->minimumSizeHint().width() << ", dock "
+      << dock->minimumSizeHint().width() << ", menu "
+      << window.menuBar()->minimumSizeHint().width();
+  window.resize(1024, 768);
+  QApplication::processEvents();
+  EXPECT_EQ(window.width(), 1024);
+  window.resize(700, 768);
+  QApplication::processEvents();
+  window.resize(1500, 950);
+  QApplication::processEvents();
+  EXPECT_NEAR(dock->width(), wide, 8);
+}
+
 }  // namespace batchlens::ui
