@@ -350,7 +350,9 @@ QList<QPair<QString, QString>> FileController::embeddedSamples() {
           {QStringLiteral(":/samples/26ba4b-h200-lockstep.h5"),
            QObject::tr("26B-A4B architecture, H200, lockstep")},
           {embeddedSweepSamplePath(),
-           QObject::tr("26B-A4B architecture, H200, sweep of 24 prompts (B = 2, 3, 4)")}};
+           QObject::tr("26B-A4B architecture, H200, sweep of 24 prompts (B = 2, 3, 4)")},
+          {QStringLiteral(":/samples/demo-trained-cpu-emulated.h5"),
+           QObject::tr("demo-trained, CPU, EMULATED H200 (the one-click demo)")}};
 }
 
 void FileController::openEmbeddedSample(const QString& resource_path) {

@@ -753,6 +753,11 @@ void MainWindow::showDocument(const ExperimentDocument& document) {
   close_after_save_ = false;
   state_->setDocument(document);
   const auto* r = state_->result();
+  // The box ticks for a file with workaround runs, and the op list shows that workaround's ops:
+  // never a tick beside another op list than the one the runs used (issue #34).
+  if (r != nullptr && r->spec.workaround.has_value()) {
+    run_panel_->showWorkaroundPolicy(*r->spec.workaround);
+  }
   run_panel_->setWorkaroundEnabled(r != nullptr && r->spec.workaround.has_value());
   state_->setShowWorkaround(run_panel_->workaroundEnabled());
   refreshPicker();

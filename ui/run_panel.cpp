@@ -86,6 +86,7 @@ struct StepCost {
 // slower or busy machines); measured runs here replace them.
 constexpr double kDemoStepSeconds = 0.05;
 constexpr double kTinyStepSeconds = 0.02;
+constexpr double kDemoTrainedStepSeconds = 0.08;  // 42 ms measured idle (AVX-512), doubled
 constexpr double kCalibratedLoadSeconds = 0.5;
 
 QString costKey(const experiment::ExperimentSpec& s) {
@@ -103,6 +104,9 @@ StepCost stepCost(const experiment::ExperimentSpec& s) {
   if (s.load.device == "cpu" && s.load.dtype == "bf16") {
     if (s.model.preset == "demo") {
       return {kDemoStepSeconds, kCalibratedLoadSeconds, false};
+    }
+    if (s.model.preset == "demo-trained") {
+      return {kDemoTrainedStepSeconds, kCalibratedLoadSeconds, false};
     }
     if (s.model.preset == "tiny") {
       return {kTinyStepSeconds, kCalibratedLoadSeconds, false};
@@ -129,7 +133,11 @@ QString formatDuration(double seconds) {
 
 experiment::ExperimentSpec defaultDemoSpec() {
   experiment::ExperimentSpec s;
-  s.model.preset = "demo";
+  // The bundled trained model (tools/train_demo, docs/demo-model.md): texts in words, so a
+  // changed token reads as one; a verse as the prompt, as it was trained on (this one: B=2
+  // and 4 change 8 of 32 tokens under emulated_h200, the workaround none).
+  s.model.preset = "demo-trained";
+  s.prompt = "In the beginning God created the heaven and the earth.";
   s.load.device = "cpu";
   s.batch_sizes = {2, 4};
   s.repeats = 1;

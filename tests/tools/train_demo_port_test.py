@@ -122,5 +122,28 @@ class ExpertKernelTest(unittest.TestCase):
         self.assertLess((got - want).abs().max().item(), 1e-5)
 
 
+class QualityTableTest(unittest.TestCase):
+    """train.py evaluate's quality bar (issue #33) measures what it says."""
+
+    class Chars:
+        @staticmethod
+        def encode(text):
+            return [ord(c) for c in text]
+
+    def test_runs_distinct_bigrams_and_eos(self):
+        self.assertEqual(train.longest_run([5, 5, 5, 2, 5]), 3)
+        self.assertEqual(train.longest_run([]), 0)
+        held = [{"text": "abcd"}, {"text": "aaaab"}]
+        rows = {r["measure"]: r for r in train.quality_table(self.Chars, held, 0.5, "/nonexistent")}
+        # bigrams: ab bc cd aa aa aa ab -> 4 distinct of 7
+        self.assertAlmostEqual(rows["distinct-2"]["value"], 4 / 7)
+        self.assertTrue(rows["distinct-2"]["met"])
+        self.assertAlmostEqual(rows["no token > 3x in a row"]["value"], 0.5)
+        self.assertFalse(rows["no token > 3x in a row"]["met"])
+        eos = [r for r in rows.values() if r["measure"].startswith("EOS")][0]
+        self.assertFalse(eos["met"])
+        self.assertIsNone(rows["held-out loss"]["value"])
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -20,6 +20,7 @@
 #include "core/model/diffusion_gemma.h"
 #include "core/model/loader.h"
 #include "core/model/safetensors.h"
+#include "core/setup/generate_api.h"
 #include "core/text/tokenizer.h"
 #include "tests/support/process.h"
 
@@ -148,7 +149,7 @@ void expect_learning_log(const fs::path& log_path, const ProcessResult& train) {
 
 // BatchLens's engine (fp32) on the exported weights and the script's fixed inputs gives the
 // script's logits, without and with self-conditioning.
-void expect_logits_parity(const fs::path& exported) {
+void expect_logits_parity(const fs::path& exported, std::int64_t min_prompt = 17) {
   model::ModelSource source;
   source.checkpoint_dir = exported;
   model::LoadOptions options;
@@ -162,7 +163,7 @@ void expect_logits_parity(const fs::path& exported) {
   const at::Tensor canvas = inputs.tensor("decoder_input_ids");
   // The smoke config's sliding window (16) is shorter than the prompt: the window's mask and
   // the cache the decoder reads are both exercised.
-  ASSERT_GT(prompt.size(1), 16);
+  ASSERT_GE(prompt.size(1), min_prompt);
   model::KvCache cache;
   m.encode(prompt, cache);
   const at::Tensor plain = m.decode(canvas, cache, at::Tensor());
@@ -176,6 +177,29 @@ void expect_logits_parity(const fs::path& exported) {
     EXPECT_LT(diff, 1e-4) << name << ": max |BatchLens - script| = " << diff;
     EXPECT_GT(want.abs().max().item<double>(), 0.1) << name;
   }
+}
+
+// The bundled trained model (resources/models/demo-trained, the GUI's default demo): its
+// tokenizer gives the training script's ids, BatchLens's engine gives the training port's
+// logits on its weights, and the embedded preset (what the GUI and CLI run) generates a text
+// that ends with EOS for a fixed seed on this CPU. Needs no Python.
+TEST(TrainDemo, TheBundledModelMatchesItsTrainingPortAndStops) {
+  const fs::path bundled = fs::path(BL_SOURCE_DIR) / "resources" / "models" / "demo-trained";
+  expect_tokenizer_parity(bundled);
+  expect_logits_parity(bundled, 8);
+  model::ModelSource preset;
+  preset.preset = "demo-trained";
+  setup::GenerateRequest request;
+  request.prompt.text = "In the beginning God created the heaven and the earth.";
+  request.seed = 1;  // sampling seed 1 stops at 19 (seed 0 ends in pads without an EOS)
+  auto report = setup::run_generation(preset, model::LoadOptions{}, request);
+  ASSERT_TRUE(report.ok()) << report.error().message;
+  ASSERT_EQ(report.value().rows.size(), 1U);
+  const auto& row = report.value().rows[0];
+  EXPECT_GE(row.stop_position, 0) << row.text;
+  EXPECT_LE(row.stop_position, 64) << row.text;
+  // Words of the corpus, not random pieces.
+  EXPECT_NE(row.text.find("the"), std::string::npos) << row.text;
 }
 
 TEST(TrainDemo, SmokeRunPreparesTrainsAndExportsWhatBatchLensReads) {

@@ -905,9 +905,14 @@ TEST_F(ExplorerTest, EmbeddedSampleOpensWithGpuProvenance) {
 // the workaround identical).
 TEST_F(ExplorerTest, EmbeddedLockstepSampleOf26bTellsItsStory) {
   const auto samples = FileController::embeddedSamples();
-  ASSERT_EQ(samples.size(), 3);  // mid, 26B-A4B lockstep, the 26B-A4B sweep (issue #19)
+  // mid, 26B-A4B lockstep, the 26B-A4B sweep (issue #19), the CPU demo-trained one (#33)
+  ASSERT_EQ(samples.size(), 4);
   EXPECT_TRUE(samples[2].first.endsWith(QStringLiteral("sweep.h5")));
   QSignalSpy shown(window_.get(), &MainWindow::documentShown);
+  // Another op list in the panel before the sample loads.
+  ops::FamilySet lm_head;
+  lm_head.set(static_cast<std::size_t>(ops::OpFamily::LmHead));
+  window_->runPanel()->showWorkaroundPolicy(ops::OpPolicy::row_wise(lm_head));
   window_->openFile(samples[1].first);
   // issue #34: a busy bar while it loads (seconds), the previous experiment greyed out.
   EXPECT_TRUE(window_->loadingIndicator()->isVisibleTo(window_.get()));
@@ -922,6 +927,11 @@ TEST_F(ExplorerTest, EmbeddedLockstepSampleOf26bTellsItsStory) {
   EXPECT_EQ(r->spec.mode, experiment::RunMode::Lockstep);
   EXPECT_EQ(r->layers, 30);
   EXPECT_EQ(r->provenance.device.rfind("cuda", 0), 0U);
+  // issue #34: "Apply workaround" ticks with the file's own op list beside it.
+  ASSERT_TRUE(r->spec.workaround.has_value());
+  EXPECT_TRUE(window_->runPanel()->workaroundEnabled());
+  EXPECT_EQ(ops::describe(window_->runPanel()->workaroundPolicy()),
+            ops::describe(*r->spec.workaround));
   const QString headline = window_->overview()->headline()->text();
   EXPECT_TRUE(headline.contains(
       QStringLiteral("first differs at canvas 1 · step 2 in the self-conditioning matmul")))
@@ -934,6 +944,40 @@ TEST_F(ExplorerTest, EmbeddedLockstepSampleOf26bTellsItsStory) {
   EXPECT_EQ(window_->state()->tapNames().value(window_->state()->tap()).toStdString(),
             c->first.tap);
   EXPECT_EQ(window_->state()->tick(), c->first.tick);
+}
+
+// issue #33: the CPU sample of the one-click demo (demo-trained, emulated_h200): B=2 and 4
+// change words and the stop, the workaround none; it says it is emulated.
+TEST_F(ExplorerTest, EmbeddedDemoTrainedSampleChangesWordsAndTheWorkaroundNone) {
+  const auto samples = FileController::embeddedSamples();
+  ASSERT_EQ(samples.size(), 4);
+  QSignalSpy shown(window_.get(), &MainWindow::documentShown);
+  window_->openFile(samples[3].first);
+  ASSERT_TRUE(shown.wait(kWaitMs)) << window_->lastError().toStdString();
+  const auto* r = window_->state()->result();
+  ASSERT_NE(r, nullptr);
+  EXPECT_EQ(r->spec.model.preset, "demo-trained");
+  EXPECT_EQ(r->provenance.device, "cpu");
+  EXPECT_EQ(ops::policy_text(r->spec.policy), "emulated_h200");
+  for (const char* id : {"ref__b2", "ref__b4"}) {
+    const auto* c = r->comparison(id);
+    ASSERT_NE(c, nullptr) << id;
+    EXPECT_GT(c->tokens_changed, 0) << id;
+    EXPECT_FALSE(c->tokens_identical) << id;
+  }
+  for (const char* id : {"wa.ref__wa.b2", "wa.ref__wa.b4"}) {
+    const auto* c = r->comparison(id);
+    ASSERT_NE(c, nullptr) << id;
+    EXPECT_TRUE(c->tokens_identical) << id;
+    EXPECT_FALSE(c->first.found()) << id;
+  }
+  // Its text is the trained model's: KJV words.
+  const auto* ref = r->run("ref");
+  ASSERT_NE(ref, nullptr);
+  EXPECT_NE(ref->text.find("earth"), std::string::npos) << ref->text;
+  flushViews();
+  EXPECT_TRUE(window_->overview()->headline()->text().contains(QStringLiteral("tokens change")))
+      << window_->overview()->headline()->text().toStdString();
 }
 
 TEST_F(ExplorerTest, SettingsPersistAcrossWindows) {

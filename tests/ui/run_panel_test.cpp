@@ -72,7 +72,9 @@ TEST_F(RunPanelTest, OneClickDefaultsAreTheH200EmulationDemoWithAnEstimate) {
   RunPanel* panel = window_->runPanel();
   auto spec = panel->spec();
   ASSERT_TRUE(spec.ok()) << spec.error().message;
-  EXPECT_EQ(spec.value().model.preset, "demo");
+  // issue #33: the bundled trained model, with a verse as the prompt.
+  EXPECT_EQ(spec.value().model.preset, "demo-trained");
+  EXPECT_EQ(spec.value().prompt, "In the beginning God created the heaven and the earth.");
   EXPECT_EQ(spec.value().load.device, "cpu");
   EXPECT_EQ(ops::policy_text(spec.value().policy), "emulated_h200");
   EXPECT_EQ(spec.value().batch_sizes, (std::vector<std::int64_t>{2, 4}));

@@ -422,12 +422,11 @@ class DiffusionGemmaPort(nn.Module):
 
 def grouped_mm(a, b, offs):
     """a [M, K] @ b[g] [K, N] for the rows of each group g (offs [G] int32: the end row of each):
-    PyTorch's grouped product where it has one (bf16 operands, as transformers calls it under
-    autocast), else a loop over the groups (the CPU and PyTorch 1.13: the tests)."""
+    PyTorch's grouped product on a GPU in bf16 (as transformers calls it under autocast), else
+    a loop over the groups (fp32 checks, the CPU and PyTorch 1.13: the tests)."""
     fn = getattr(F, "grouped_mm", None) or getattr(torch, "_grouped_mm", None)
-    if fn is not None and a.is_cuda:
-        dtype = torch.bfloat16 if torch.is_autocast_enabled() else b.dtype
-        return fn(a.to(dtype), b.to(dtype), offs=offs)
+    if fn is not None and a.is_cuda and (torch.is_autocast_enabled() or b.dtype == torch.bfloat16):
+        return fn(a.to(torch.bfloat16), b.to(torch.bfloat16), offs=offs)
     out = []
     start = 0
     for g, end in enumerate(offs.tolist()):

@@ -123,7 +123,8 @@ class ConfigFileTest : public ::testing::Test {
 // ---- Presets -----------------------------------------------------------------------------
 
 TEST(ConfigPresets, NamesInSizeOrder) {
-  EXPECT_EQ(preset_names(), (std::vector<std::string>{"tiny", "demo", "mid", "26b-a4b"}));
+  EXPECT_EQ(preset_names(),
+            (std::vector<std::string>{"tiny", "demo", "demo-trained", "mid", "26b-a4b"}));
 }
 
 TEST(ConfigPresets, EveryPresetLoadsAndValidates) {
