@@ -347,7 +347,10 @@ void MainWindow::connectControllers() {
   connect(run_panel_, &RunPanel::runRequested, this, &MainWindow::startRun);
   connect(run_panel_, &RunPanel::cancelRequested, runs_, &RunController::cancel);
   connect(run_panel_, &RunPanel::workaroundToggled, this, &MainWindow::onWorkaroundToggled);
-  connect(runs_, &RunController::started, this, [this] { run_panel_->setRunning(true); });
+  connect(runs_, &RunController::started, this, [this] {
+    run_clock_.start();
+    run_panel_->setRunning(true);
+  });
   connect(runs_, &RunController::progressChanged, run_panel_, &RunPanel::showProgress);
   connect(runs_, &RunController::finished, this, [this](const ExperimentDocument& doc) {
     restore_workaround_.reset();
@@ -356,10 +359,10 @@ void MainWindow::connectControllers() {
       // What a decoder step cost here: the next estimates use it.
       RunPanel::recordMeasuredCost(*doc.result);
     }
-    const double took = doc.result == nullptr
-                            ? -1
-                            : doc.result->timings.load_s + doc.result->timings.engines_s +
-                                  doc.result->timings.comparisons_s + doc.result->timings.results_s;
+    // Wall time from Run to the result, model build and kernel recording included.
+    const double took =
+        run_clock_.isValid() ? static_cast<double>(run_clock_.elapsed()) / 1000.0 : -1.0;
+    last_run_seconds_ = took;
     run_panel_->showMessage(tr("Finished in %1: %2").arg(formatDuration(took), doc.origin));
     showDocument(doc);
   });

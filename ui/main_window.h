@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include <QElapsedTimer>
 #include <QMainWindow>
 #include <QStringList>
 
@@ -85,6 +86,8 @@ class MainWindow : public QMainWindow {
   QTabWidget* tabs() const { return tabs_; }
   /// The status bar's busy bar, visible while a file or sample loads.
   QProgressBar* loadingIndicator() const { return loading_bar_; }
+  /// Wall time of the last finished run, from Run to the result (-1 before one).
+  double lastRunSeconds() const { return last_run_seconds_; }
   QComboBox* comparisonPicker() const { return picker_; }
   OverviewView* overview() const { return overview_; }
   LayerStepView* layerStep() const { return layer_step_; }
@@ -181,6 +184,8 @@ class MainWindow : public QMainWindow {
   QDockWidget* run_dock_ = nullptr;
   int dock_width_ = 440;                 ///< the Run dock's width as the user left it
   int last_window_width_ = 0;            ///< to tell a dock drag from a window resize
+  QElapsedTimer run_clock_;              ///< since the running experiment started
+  double last_run_seconds_ = -1;         ///< wall time of the last finished run
   QProgressBar* loading_bar_ = nullptr;  ///< busy while a file or sample loads
   int loading_ = 0;                      ///< files being opened
   int busy_cursors_ = 0;                 ///< override cursors set by setLoading

@@ -26,6 +26,7 @@
 #include <QTableWidget>
 #include <QVBoxLayout>
 
+#include "core/base/system_info.h"
 #include "core/experiment/plan.h"
 #include "core/generation/generation_config.h"
 #include "core/model/config.h"
@@ -77,7 +78,8 @@ void selectText(QComboBox* c, const QString& text) {
 // included), and loading it.
 struct StepCost {
   double seconds_per_step = 0;
-  double load_s = 0;
+  double load_s = 0;      ///< building or loading the model
+  double kernels_s = 0;   ///< recording kernel provenance (when the spec asks for it)
   bool measured = false;  ///< from a run on this machine, else calibrated
 };
 
@@ -88,31 +90,60 @@ constexpr double kDemoStepSeconds = 0.05;
 constexpr double kTinyStepSeconds = 0.02;
 constexpr double kDemoTrainedStepSeconds = 0.08;  // 42 ms measured idle (AVX-512), doubled
 constexpr double kCalibratedLoadSeconds = 0.5;
+constexpr double kCalibratedKernelsSeconds = 0.8;  // 0.41 s measured idle, doubled
+
+// The machine a measured cost belongs to (one settings file can serve several machines, e.g. a
+// shared home): the CPU's model, the kernel sets LibTorch uses on it and its threads.
+QString machineKey() {
+  static const QString key = [] {
+    const auto system = base::query_system_info();
+    QString k = system.ok() ? QStringLiteral("%1_%2_%3_%4t")
+                                  .arg(q(system.value().cpu_model),
+                                       q(system.value().cpu_isa.aten_capability),
+                                       q(system.value().cpu_isa.onednn_isa))
+                                  .arg(system.value().torch_threads)
+                            : QStringLiteral("unknown");
+    for (QChar& c : k) {
+      if (!c.isLetterOrNumber() && c != QLatin1Char('_') && c != QLatin1Char('.')) {
+        c = QLatin1Char('-');
+      }
+    }
+    return k;
+  }();
+  return key;
+}
 
 QString costKey(const experiment::ExperimentSpec& s) {
-  return QStringLiteral("estimate/%1_%2_%3_%4")
-      .arg(s.model.preset.empty() ? QStringLiteral("checkpoint") : q(s.model.preset),
+  return QStringLiteral("estimate/%1/%2_%3_%4_%5")
+      .arg(machineKey(), s.model.preset.empty() ? QStringLiteral("checkpoint") : q(s.model.preset),
            q(s.load.device), q(s.load.dtype), q(s.load.experts))
       .replace(QLatin1Char(':'), QLatin1Char('-'));
 }
 
 StepCost stepCost(const experiment::ExperimentSpec& s) {
   const QStringList saved = QSettings().value(costKey(s)).toStringList();
-  if (saved.size() == 2 && saved[0].toDouble() > 0) {
-    return {saved[0].toDouble(), saved[1].toDouble(), true};
+  if (saved.size() == 3 && saved[0].toDouble() > 0) {
+    return {saved[0].toDouble(), saved[1].toDouble(), saved[2].toDouble(), true};
   }
   if (s.load.device == "cpu" && s.load.dtype == "bf16") {
     if (s.model.preset == "demo") {
-      return {kDemoStepSeconds, kCalibratedLoadSeconds, false};
+      return {kDemoStepSeconds, kCalibratedLoadSeconds, kCalibratedKernelsSeconds, false};
     }
     if (s.model.preset == "demo-trained") {
-      return {kDemoTrainedStepSeconds, kCalibratedLoadSeconds, false};
+      return {kDemoTrainedStepSeconds, kCalibratedLoadSeconds, kCalibratedKernelsSeconds, false};
     }
     if (s.model.preset == "tiny") {
-      return {kTinyStepSeconds, kCalibratedLoadSeconds, false};
+      return {kTinyStepSeconds, kCalibratedLoadSeconds, kCalibratedKernelsSeconds, false};
     }
   }
   return {};
+}
+
+// Model build, kernel recording when asked for, and the decoder passes.
+double expectedTotal(const experiment::ExperimentSpec& s, const StepCost& cost,
+                     std::int64_t engine_steps) {
+  return cost.load_s + (s.kernels ? cost.kernels_s : 0.0) +
+         static_cast<double>(engine_steps) * cost.seconds_per_step;
 }
 
 }  // namespace
@@ -726,7 +757,7 @@ double RunPanel::expectedSeconds() const {
   if (cost.seconds_per_step <= 0) {
     return -1;
   }
-  return cost.load_s + static_cast<double>(steps.value().engine_steps) * cost.seconds_per_step;
+  return expectedTotal(s.value(), cost, steps.value().engine_steps);
 }
 
 QString RunPanel::expectedText() const {
@@ -751,12 +782,15 @@ QString RunPanel::expectedText() const {
               "measures it.")
         .arg(work);
   }
-  const double total = cost.load_s + static_cast<double>(n.engine_steps) * cost.seconds_per_step;
-  return tr("Expected: <b>about %1</b> (%2, %3 ms each %4)")
+  const double total = expectedTotal(s.value(), cost, n.engine_steps);
+  const double fixed = total - static_cast<double>(n.engine_steps) * cost.seconds_per_step;
+  return tr("Expected: <b>about %1</b> (%2, %3 ms each, plus %4 s to build the model%5; %6)")
       .arg(total < 90 ? tr("%1 s").arg(std::max(1.0, std::round(total))) : formatDuration(total),
            work)
       .arg(cost.seconds_per_step * 1000.0, 0, 'f', 0)
-      .arg(cost.measured ? tr("as measured here") : tr("calibrated on a 2-core CPU"));
+      .arg(fixed, 0, 'f', 1)
+      .arg(s.value().kernels ? tr(" and record its kernels") : QString())
+      .arg(cost.measured ? tr("as measured on this machine") : tr("calibrated on a 2-core CPU"));
 }
 
 void RunPanel::recordMeasuredCost(const experiment::ExperimentResult& result) {
@@ -767,8 +801,10 @@ void RunPanel::recordMeasuredCost(const experiment::ExperimentResult& result) {
   }
   const double per_step =
       (t.engines_s + t.comparisons_s + t.results_s) / static_cast<double>(steps.engine_steps);
-  QSettings().setValue(costKey(result.spec),
-                       QStringList{QString::number(per_step), QString::number(t.load_s)});
+  QSettings().setValue(
+      costKey(result.spec),
+      QStringList{QString::number(per_step), QString::number(t.load_s),
+                  QString::number(result.spec.kernels ? t.kernels_s : kCalibratedKernelsSeconds)});
 }
 
 void RunPanel::updateEstimate() {

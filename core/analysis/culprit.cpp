@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/analysis/culprit.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <sstream>
@@ -84,8 +85,19 @@ class Finder {
 
   CulpritReport run() {
     const auto start = Clock::now();
+    search_start_ = start;
     report_.strategy = options_.strategy;
     const int layers = static_cast<int>(session_.model->config().text.num_hidden_layers);
+    layers_ = layers;
+    // The most trials the search can take (two baselines, one greedy trial per family, then
+    // minimising every family twice (logits, then every tap), verify, confirm); lowered as soon
+    // as the greedy set is known.
+    std::vector<FixRule> all;
+    all.reserve(ops::kOpFamilyCount);
+    for (int f = 0; f < ops::kOpFamilyCount; ++f) {
+      all.push_back(FixRule{static_cast<OpFamily>(f), 0, -1});
+    }
+    bound_ = 2 + ops::kOpFamilyCount + 2 * minimise_bound(all) + 2;
 
     // 1. The spec as it is, free. Then the trials run in lockstep (faster, and every tap of
     // every step compared on one canvas) if lockstep sees the divergence too: a divergence that
@@ -133,6 +145,10 @@ class Finder {
       in_set |= add;
       o = trial("search", rules, lockstep);
     }
+
+    // The set is known: at most minimising it (logits, then on every tap should the logits
+    // miss a difference), verify and confirm are left.
+    bound_ = static_cast<int>(report_.trials.size()) + 2 * minimise_bound(rules) + 2;
 
     // 3. Minimise and narrow, where only "identical or not" matters: the trials watch the
     // logits alone (every op's difference reaches them, and the sampler's decisions are
@@ -212,6 +228,40 @@ class Finder {
     }
   }
 
+  // Trials minimise() can take for `rules`: one drop per rule, and a binary search of each end
+  // of each per-layer rule's range.
+  int minimise_bound(const std::vector<FixRule>& rules) const {
+    int search = 0;
+    while ((1 << search) < layers_) {
+      ++search;
+    }
+    int n = 0;
+    for (const FixRule& r : rules) {
+      n += 1 + (options_.narrow_layers && layers_ > 1 && ops::family_is_per_layer(r.family)
+                    ? 2 * search
+                    : 0);
+    }
+    return n;
+  }
+
+  // One progress for the whole search: trials done (the running one in part) of the bound,
+  // with an ETA from the search's own pace.
+  base::Progress search_progress(const base::Progress& inner, int index,
+                                 const std::string& stage) const {
+    constexpr std::int64_t kUnits = 1000;  // per trial: the running trial moves the bar
+    base::Progress q;
+    const int bound = std::max(bound_, index + 1);
+    q.total = static_cast<std::int64_t>(bound) * kUnits;
+    q.done = static_cast<std::int64_t>(index) * kUnits +
+             static_cast<std::int64_t>(inner.fraction() * static_cast<double>(kUnits));
+    q.elapsed_s = seconds_since(search_start_);
+    const double done_trials = static_cast<double>(q.done) / kUnits;
+    q.eta_s = done_trials > 0.05 ? q.elapsed_s / done_trials * (bound - done_trials) : -1.0;
+    q.stage = "culprit trial " + std::to_string(index + 1) + " of at most " +
+              std::to_string(bound) + " (" + stage + "): " + inner.stage;
+    return q;
+  }
+
   static double seconds_since(Clock::time_point t) {
     return std::chrono::duration<double>(Clock::now() - t).count();
   }
@@ -254,9 +304,7 @@ class Finder {
     const int index = static_cast<int>(report_.trials.size());
     if (control_.progress) {
       rc.progress = [&](const base::Progress& p) {
-        base::Progress q = p;
-        q.stage = "trial " + std::to_string(index + 1) + " (" + stage + "): " + p.stage;
-        control_.progress(q);
+        control_.progress(search_progress(p, index, stage));
       };
     }
     auto result = run_experiment(session_, s, rc);
@@ -315,6 +363,9 @@ class Finder {
   const RunControl& control_;
   CulpritReport report_;
   bool light_ = false;  // trials watch the logits only
+  int layers_ = 1;
+  int bound_ = 1;  // the most trials the search can still take (search_progress)
+  Clock::time_point search_start_ = Clock::now();
 };
 
 }  // namespace

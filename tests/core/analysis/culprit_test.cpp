@@ -104,6 +104,39 @@ TEST(Culprit, FindsExactlyTheFamiliesTheEmulationSplits) {
       << r.headline({2});
 }
 
+// issue #34: one progress for the whole search: trials done of a bound that never grows,
+// never going back, with its own ETA, and the bound holds.
+TEST(Culprit, ReportsOneProgressForTheWholeSearch) {
+  CulpritOptions o;
+  o.cost_repeats = 0;
+  std::vector<base::Progress> seen;
+  RunControl control;
+  control.progress = [&seen](const base::Progress& p) {
+    seen.push_back(p);
+  };
+  auto r = find_culprit(session(), small_spec("emulated_h100_report"), o, control);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  ASSERT_GT(seen.size(), 10U);
+  std::int64_t last_total = seen.front().total;
+  bool eta = false;
+  for (const base::Progress& p : seen) {
+    ASSERT_GT(p.total, 0);
+    EXPECT_LE(p.done, p.total);
+    EXPECT_LE(p.total, last_total) << p.stage;  // the bound only comes down
+    EXPECT_GE(p.done, 0);
+    EXPECT_NE(p.stage.find("culprit trial "), std::string::npos) << p.stage;
+    last_total = p.total;
+    eta = eta || p.eta_s >= 0;
+  }
+  EXPECT_TRUE(eta);
+  // Trials done never go back, and the bound held: the trials taken fit in it.
+  for (std::size_t i = 1; i < seen.size(); ++i) {
+    EXPECT_GE(seen[i].done, seen[i - 1].done) << seen[i].stage;
+  }
+  EXPECT_LE(static_cast<std::int64_t>(r.value().trials.size()) * 1000, seen.front().total);
+  EXPECT_LE(static_cast<std::int64_t>(r.value().trials.size()) * 1000, seen.back().total);
+}
+
 TEST(Culprit, BatchInvariantStrategyFixesTheH200ProfileWithOneFamily) {
   const CulpritReport r = find(small_spec("emulated_h200"), ops::Strategy::BatchInvariant);
   ASSERT_TRUE(r.found) << r.verdict;
