@@ -190,8 +190,11 @@ TEST(TrainDemo, TheBundledModelMatchesItsTrainingPortAndStops) {
   model::ModelSource preset;
   preset.preset = "demo-trained";
   setup::GenerateRequest request;
-  request.prompt.text = "In the beginning God created the heaven and the earth.";
-  request.seed = 1;  // sampling seed 1 stops at 19 (seed 0 ends in pads without an EOS)
+  // Sampling seed 1 on this prompt stops (at 19) with oneDNN's, AVX2 ATen's and default ATen's
+  // bf16 matmuls alike (ONEDNN_MAX_CPU_ISA / ATEN_CPU_CAPABILITY tried on an AVX-512 CPU): the
+  // text's bits depend on the CPU's kernels, its stopping here did not.
+  request.prompt.text = "The LORD is my shepherd; I shall not want.";
+  request.seed = 1;
   auto report = setup::run_generation(preset, model::LoadOptions{}, request);
   ASSERT_TRUE(report.ok()) << report.error().message;
   ASSERT_EQ(report.value().rows.size(), 1U);
@@ -200,6 +203,7 @@ TEST(TrainDemo, TheBundledModelMatchesItsTrainingPortAndStops) {
   EXPECT_LE(row.stop_position, 64) << row.text;
   // Words of the corpus, not random pieces.
   EXPECT_NE(row.text.find("the"), std::string::npos) << row.text;
+  EXPECT_NE(row.text.find("LORD"), std::string::npos) << row.text;
 }
 
 TEST(TrainDemo, SmokeRunPreparesTrainsAndExportsWhatBatchLensReads) {

@@ -636,15 +636,17 @@ def train(args):
 
 
 def fast_kernels(args, cuda):
-    """(experts, attention) kernels of --fast: --experts and --attention, where "auto" is the
-    fastest this PyTorch has on a GPU (grouped products, scaled_dot_product_attention), else
-    dense experts and the reference's attention."""
-    import dgemma
+    """(experts, attention) kernels of --fast: --experts and --attention, where "auto" is dense
+    experts and the reference's attention: grouped products and scaled_dot_product_attention
+    were no faster on the H100 (docs/benchmarks.md) and their gradients are not yet checked in
+    fp32 on a GPU (check-kernels); h200_fast.sh's bench picks them only once that check passes.
+    `cuda` is kept for when they are."""
     experts, attention = args.experts, args.attention
     if experts == "auto":
-        experts = "grouped" if cuda and dgemma.has_grouped_mm() else "dense"
+        experts = "dense"
     if attention == "auto":
-        attention = "sdpa" if cuda and dgemma.has_sdpa() else "eager"
+        attention = "eager"
+    del cuda
     return experts, attention
 
 
@@ -1157,11 +1159,11 @@ def main():
                     help="check-kernels: compare in fp32 (a wrong backward shows) or under bf16 "
                          "autocast (as training runs)")
     ap.add_argument("--experts", choices=["auto", "loop", "dense", "grouped"], default="auto",
-                    help="--fast: the expert kernel (auto: grouped products on a GPU whose "
-                         "PyTorch has them, else dense)")
+                    help="--fast: the expert kernel (auto: dense; grouped: torch grouped_mm "
+                         "products of the picked pairs)")
     ap.add_argument("--attention", choices=["auto", "eager", "sdpa"], default="auto",
-                    help="--fast: the attention kernel (auto: scaled_dot_product_attention on "
-                         "a GPU, else the reference's matmuls)")
+                    help="--fast: the attention kernel (auto: the reference's matmuls; sdpa: "
+                         "scaled_dot_product_attention)")
     ap.add_argument("--log-every", type=int, default=50,
                     help="--fast: steps between waits for the GPU (log records are written then)")
     ap.add_argument("--eval-every", type=int, default=250)
