@@ -93,24 +93,24 @@ constexpr double kCalibratedLoadSeconds = 0.5;
 constexpr double kCalibratedKernelsSeconds = 0.8;  // 0.41 s measured idle, doubled
 
 // The machine a measured cost belongs to (one settings file can serve several machines, e.g. a
-// shared home): the CPU's model, the kernel sets LibTorch uses on it and its threads.
-QString machineKey() {
-  static const QString key = [] {
-    const auto system = base::query_system_info();
-    QString k = system.ok() ? QStringLiteral("%1_%2_%3_%4t")
-                                  .arg(q(system.value().cpu_model),
-                                       q(system.value().cpu_isa.aten_capability),
-                                       q(system.value().cpu_isa.onednn_isa))
-                                  .arg(system.value().torch_threads)
-                            : QStringLiteral("unknown");
-    for (QChar& c : k) {
-      if (!c.isLetterOrNumber() && c != QLatin1Char('_') && c != QLatin1Char('.')) {
-        c = QLatin1Char('-');
-      }
-    }
-    return k;
-  }();
+// shared home): the CPU's model, the kernel sets LibTorch uses on it and its threads. Set from
+// the SystemInfo the window was given (no second probe of the machine).
+QString& machineKey() {
+  static QString key = QStringLiteral("unknown");
   return key;
+}
+
+QString machineKeyOf(const base::SystemInfo& system) {
+  QString k =
+      QStringLiteral("%1_%2_%3_%4t")
+          .arg(q(system.cpu_model), q(system.cpu_isa.aten_capability), q(system.cpu_isa.onednn_isa))
+          .arg(system.torch_threads);
+  for (QChar& c : k) {
+    if (!c.isLetterOrNumber() && c != QLatin1Char('_') && c != QLatin1Char('.')) {
+      c = QLatin1Char('-');
+    }
+  }
+  return k;
 }
 
 QString costKey(const experiment::ExperimentSpec& s) {
@@ -181,6 +181,7 @@ experiment::ExperimentSpec defaultDemoSpec() {
 
 RunPanel::RunPanel(const base::SystemInfo& system, QWidget* parent) : QWidget(parent) {
   setObjectName(QStringLiteral("RunPanel"));
+  machineKey() = machineKeyOf(system);
   const experiment::ExperimentSpec demo = defaultDemoSpec();
   createModelFields(system, demo);
   createSamplingFields(demo);
