@@ -3,7 +3,8 @@
 # One command on a fresh Debian 12 machine: install what is missing, build and run every test
 # that needs no GPU. This is exactly what CI runs (.ci/run). Each test runs once, in one build
 # (issue #31, docs/build.md). Steps, in order:
-#   1. format check   2. layer check   3. ci build (GCC, warnings as errors, every target)
+#   1. format check   2. layer check   3. ci build (GCC, warnings as errors, unity batches):
+#      the executables and every suite but the unit ones (built and run in step 8)
 #   4. cli-only build with Qt hidden: the CLI and its tests (the ci flags: objects from ccache)
 #   5. clang-tidy on project sources (files known clean are skipped: tools/tidy_cached.py)
 #   6. the CLI tests (label cli) against the CLI built without Qt, as GPU servers build it
@@ -70,7 +71,7 @@ export BL_TIDY_JOBS=${BL_TIDY_JOBS:-$jobs}
 
 step "ci build"
 cmake --preset ci
-cmake --build --preset ci -j "$jobs"
+cmake --build --preset ci -j "$jobs" --target batchlens_release_checks
 
 step "cli-only build (no Qt): the CLI and its tests"
 cmake --preset cli-only
@@ -90,6 +91,7 @@ ctest --preset ci-integration -j "$jobs"
 
 if [ "${BL_SKIP_ASAN:-0}" == "1" ]; then
   step "unit tests (ci build: BL_SKIP_ASAN=1)"
+  cmake --build --preset ci -j "$jobs" --target batchlens_unit_tests
   ctest --preset ci -L unit -j "$jobs"
 else
   step "asan build (clang-14, AddressSanitizer + UBSan): the unit suites and the fuzz targets"

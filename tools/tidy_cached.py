@@ -84,6 +84,28 @@ def without_pch(args):
     return out
 
 
+UNITY_RE = re.compile(r"/Unity/unity_\d+_cxx\.cxx$")
+UNITY_INCLUDE_RE = re.compile(r'^#include "([^"]+)"', re.M)
+
+
+def without_unity(entries):
+    """The database with each unity batch (a unity build's Unity/unity_N_cxx.cxx, which
+    #includes its target's sources) replaced by one entry per source it includes, compiled with
+    the batch's command: clang-tidy checks every file on its own, as in a build without unity."""
+    out = []
+    for entry in entries:
+        path = os.path.normpath(os.path.join(entry["directory"], entry["file"]))
+        if not UNITY_RE.search(path):
+            out.append(entry)
+            continue
+        with open(path, encoding="utf-8") as f:
+            sources = UNITY_INCLUDE_RE.findall(f.read())
+        for source in sources:
+            args = [source if a in (entry["file"], path) else a for a in entry["arguments"]]
+            out.append({"directory": entry["directory"], "file": source, "arguments": args})
+    return out
+
+
 def tidy_configs(path):
     parts = []
     d = os.path.dirname(path)
@@ -106,11 +128,17 @@ def main():
     commands = {}
     entries = json.load(open(os.path.join(build, "compile_commands.json")))
     for entry in entries:
-        path = os.path.normpath(os.path.join(entry["directory"], entry["file"]))
-        args = without_pch(entry.get("arguments") or shlex.split(entry["command"]))
+        entry["arguments"] = without_pch(entry.get("arguments") or shlex.split(entry["command"]))
         entry.pop("command", None)
-        entry["arguments"] = args
-        commands[path] = shlex.join(args).replace(build, "<build>").replace(ROOT, "<src>")
+    entries = without_unity(entries)
+    for entry in entries:
+        path = os.path.normpath(os.path.join(entry["directory"], entry["file"]))
+        # The key leaves out the object file (a unity batch's name, which moves as files are
+        # added) and names the file itself <file>.
+        args = entry["arguments"]
+        key_args = [a for i, a in enumerate(args) if a != "-o" and (i == 0 or args[i - 1] != "-o")]
+        commands[path] = (shlex.join(key_args).replace(path, "<file>")
+                          .replace(build, "<build>").replace(ROOT, "<src>"))
     # clang-tidy reads the database without GCC's precompiled header (clang would take the
     # .gch for its own format): every file is checked as it includes what it uses.
     database = os.path.join(build, "tidy")

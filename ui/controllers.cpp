@@ -18,6 +18,7 @@
 #include "core/io/experiment_file.h"
 #include "core/io/sweep_file.h"
 #include "core/setup/front_door.h"
+#include "ui/qt_text.h"
 
 // Q_INIT_RESOURCE must be called at global scope: the sample lives in batchlens_ui, a static
 // library, whose resources are registered only when something references them.
@@ -28,10 +29,6 @@ static void initSampleResource() {
 namespace batchlens::ui {
 
 namespace {
-
-QString q(const std::string& s) {
-  return QString::fromStdString(s);
-}
 
 // Runs `work` on a new thread of `threads`; `done(value)` then runs on `context`'s thread,
 // unless `context` is gone by then. `value` travels in a shared_ptr so it is never copied.

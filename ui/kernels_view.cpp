@@ -18,10 +18,6 @@ namespace batchlens::ui {
 
 namespace {
 
-QString qs(const std::string& s) {
-  return QString::fromStdString(s);
-}
-
 constexpr QRgb kDiffers = 0xfcd5ce;
 
 }  // namespace
@@ -92,20 +88,23 @@ void KernelsView::refresh() {
     return;
   }
   caption_->setText(tr("Kernel provenance: %1 (recorded in %2 s).")
-                        .arg(qs(r->kernels->source))
+                        .arg(QString::fromStdString(r->kernels->source))
                         .arg(r->kernels->wall_s, 0, 'f', 1));
   for (const experiment::EngineKernels& e : r->kernels->engines) {
-    const QString id = qs(e.run);
+    const QString id = QString::fromStdString(e.run);
     if (e.self_conditioning && engine_->findData(id) < 0) {
-      engine_->addItem(QStringLiteral("%1 (B=%2, %3)").arg(id).arg(e.batch_size).arg(qs(e.policy)),
+      engine_->addItem(QStringLiteral("%1 (B=%2, %3)")
+                           .arg(id)
+                           .arg(e.batch_size)
+                           .arg(QString::fromStdString(e.policy)),
                        id);
     }
   }
   // The selected comparison's run by default; the user's choice while the document stays.
   int index = engine_->findData(keep);
-  const QString comparison = c != nullptr ? qs(c->id) : QString();
+  const QString comparison = c != nullptr ? QString::fromStdString(c->id) : QString();
   if (c != nullptr && (index < 0 || comparison != last_comparison_)) {
-    index = engine_->findData(qs(c->run));
+    index = engine_->findData(QString::fromStdString(c->run));
   }
   last_comparison_ = comparison;
   engine_->setCurrentIndex(std::max(index, 0));
@@ -114,10 +113,10 @@ void KernelsView::refresh() {
   const std::vector<std::string> lines =
       c != nullptr ? analysis::first_divergence_kernels(*r, *c) : std::vector<std::string>{};
   first_->setVisible(!lines.empty());
-  QString html =
-      tr("<b>Kernels at the first divergence</b> (%1):").arg(qs(c != nullptr ? c->id : ""));
+  QString html = tr("<b>Kernels at the first divergence</b> (%1):")
+                     .arg(QString::fromStdString(c != nullptr ? c->id : ""));
   for (const std::string& line : lines) {
-    const QString text = qs(line).toHtmlEscaped();
+    const QString text = QString::fromStdString(line).toHtmlEscaped();
     html +=
         QStringLiteral("<br>") + (text.contains(QStringLiteral(" differs: "))
                                       ? QStringLiteral("<b style='color:#a4161a'>%1</b>").arg(text)
@@ -155,24 +154,25 @@ void KernelsView::fillTable() {
     if (!diff.empty()) {
       QStringList parts;
       for (const std::string& d : diff) {
-        parts << qs(d);
+        parts << QString::fromStdString(d);
       }
       against = parts.join(QStringLiteral("; "));
       ++differing_;
     }
-    const QStringList cells{
-        qs(op.family),
-        op.layer < 0 ? QStringLiteral("–") : QString::number(op.layer),
-        qs(op.op) + QStringLiteral(" (") + qs(op.strategy) + QStringLiteral(")"),
-        QStringLiteral("%1 × %2 × %3").arg(op.m).arg(op.n).arg(op.k),
-        QString::number(op.calls),
-        qs(experiment::describe(op)),
-        against};
+    const QStringList cells{QString::fromStdString(op.family),
+                            op.layer < 0 ? QStringLiteral("–") : QString::number(op.layer),
+                            QString::fromStdString(op.op) + QStringLiteral(" (") +
+                                QString::fromStdString(op.strategy) + QStringLiteral(")"),
+                            QStringLiteral("%1 × %2 × %3").arg(op.m).arg(op.n).arg(op.k),
+                            QString::number(op.calls),
+                            QString::fromStdString(experiment::describe(op)),
+                            against};
     for (int col = 0; col < cells.size(); ++col) {
       auto* item = new QTableWidgetItem(cells[col]);
       item->setToolTip(col == 6 && base != nullptr
                            ? tr("B=1: %1\nhere: %2")
-                                 .arg(qs(experiment::describe(*base)), qs(experiment::describe(op)))
+                                 .arg(QString::fromStdString(experiment::describe(*base)),
+                                      QString::fromStdString(experiment::describe(op)))
                            : cells[col]);
       if (!diff.empty()) {
         item->setBackground(QColor::fromRgb(kDiffers));

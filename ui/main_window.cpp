@@ -39,6 +39,7 @@
 #include "core/experiment/plan.h"
 #include "ui/app_filter.h"
 #include "ui/controllers.h"
+#include "ui/qt_text.h"
 #include "ui/report_export.h"
 #include "ui/run_panel.h"
 #include "ui/sweep_view.h"
@@ -48,10 +49,6 @@
 namespace batchlens::ui {
 
 namespace {
-
-QString q(std::string_view s) {
-  return QString::fromUtf8(s.data(), static_cast<int>(s.size()));
-}
 
 QString cudaSummary(const base::SystemInfo& system) {
   if (!system.cuda_build) {

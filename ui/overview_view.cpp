@@ -21,16 +21,13 @@
 #include "core/experiment/kernel_provenance.h"
 #include "ui/comparison_table_model.h"
 #include "ui/qcp.h"
+#include "ui/qt_text.h"
 #include "ui/report_render.h"
 #include "ui/views.h"
 
 namespace batchlens::ui {
 
 namespace {
-
-QString q(const std::string& s) {
-  return QString::fromStdString(s);
-}
 
 QString percent(double share) {
   return QStringLiteral("%1 %").arg(100.0 * share, 0, 'g', 4);

@@ -23,6 +23,7 @@
 #include "core/base/version.h"
 #include "core/experiment/command_line.h"
 #include "ui/heatmap_plot.h"
+#include "ui/qt_text.h"
 #include "ui/report_render.h"
 #include "ui/sweep_view.h"
 #include "ui/views.h"
@@ -30,10 +31,6 @@
 namespace batchlens::ui {
 
 namespace {
-
-QString q(const std::string& s) {
-  return QString::fromStdString(s);
-}
 
 QString yesNo(bool changed, const QString& yes, const QString& no) {
   return changed ? yes : no;

@@ -32,6 +32,7 @@
 #include "core/model/config.h"
 #include "core/ops/op_family.h"
 #include "core/ops/policy.h"
+#include "ui/qt_text.h"
 
 namespace batchlens::ui {
 
@@ -47,10 +48,6 @@ constexpr int kSettingsVersion = 2;
 
 // Denoising steps per canvas of the one-click demo (docs/benchmarks.md: its duration).
 constexpr int kDemoSteps = 12;
-
-QString q(std::string_view s) {
-  return QString::fromUtf8(s.data(), static_cast<int>(s.size()));
-}
 
 QComboBox* combo(QWidget* parent, const QStringList& items, const QString& tooltip) {
   auto* c = new QComboBox(parent);

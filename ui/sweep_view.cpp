@@ -32,10 +32,6 @@ namespace {
 using analysis::SweepRow;
 using analysis::SweepStats;
 
-QString qs(const std::string& s) {
-  return QString::fromStdString(s);
-}
-
 constexpr QRgb kMain = 0xc0392b;
 constexpr QRgb kWorkaround = 0x27ae60;
 
@@ -55,7 +51,8 @@ QString promptText(const analysis::SweepSpec& spec, int prompt) {
     return QStringLiteral("?");
   }
   const analysis::SweepPrompt& p = spec.prompts[static_cast<std::size_t>(prompt)];
-  return p.ids.empty() ? qs(p.text) : QObject::tr("(%1 token ids)").arg(p.ids.size());
+  return p.ids.empty() ? QString::fromStdString(p.text)
+                       : QObject::tr("(%1 token ids)").arg(p.ids.size());
 }
 
 QString firstText(const SweepRow& r) {
@@ -66,7 +63,7 @@ QString firstText(const SweepRow& r) {
       .arg(r.first_canvas + 1)
       .arg(r.first_step)
       .arg(r.first_layer >= 0 ? QStringLiteral("L%1 ").arg(r.first_layer) : QString())
-      .arg(qs(r.first_tap));
+      .arg(QString::fromStdString(r.first_tap));
 }
 
 void stylePlot(QCustomPlot* p, const QString& y_label) {
@@ -184,13 +181,14 @@ void SweepView::setSweep(const SweepDocument& document) {
   }
   QStringList where;
   for (const std::string& h : hosts) {
-    where << qs(h);
+    where << QString::fromStdString(h);
   }
   caption_->setText(
       tr("<b>Sweep %1</b>: %2 on %3 (%4), %5 prompt(s) × %6 seed(s), %7 items finished of %8; "
          "policy %9%10. Computed on %11.%12")
-          .arg(qs(s.id), qs(b.model.describe()).toHtmlEscaped(), qs(b.load.device),
-               qs(b.load.dtype))
+          .arg(QString::fromStdString(s.id),
+               QString::fromStdString(b.model.describe()).toHtmlEscaped(),
+               QString::fromStdString(b.load.device), QString::fromStdString(b.load.dtype))
           .arg(s.spec.prompts.size())
           .arg(s.spec.seeds.size())
           .arg(s.items_done)
@@ -374,7 +372,7 @@ void SweepView::fillFamilies() {
   families_->setRowCount(static_cast<int>(names.size()));
   int row = 0;
   for (const std::string& name : names) {
-    families_->setItem(row, 0, cell(qs(name)));
+    families_->setItem(row, 0, cell(QString::fromStdString(name)));
     for (std::size_t c = 0; c < stats_.size(); ++c) {
       const auto it = stats_[c].first_families.find(name);
       const int k = it != stats_[c].first_families.end() ? it->second : 0;
@@ -418,15 +416,16 @@ void SweepView::fillItems() {
     items_->setItem(i, 7, cell(r.stop_changed ? tr("changed") : tr("same")));
     items_->setItem(i, 8, cell(r.steps_changed ? tr("changed") : tr("same")));
     items_->setItem(i, 9, cell(firstText(r)));
-    items_->setItem(i, 10, cell(qs(r.first_families)));
+    items_->setItem(i, 10, cell(QString::fromStdString(r.first_families)));
     const bool known = r.provenance >= 0 && r.provenance < static_cast<int>(s.provenances.size());
     const experiment::Provenance* p =
         known ? &s.provenances[static_cast<std::size_t>(r.provenance)] : nullptr;
-    items_->setItem(
-        i, 11,
-        cell(p != nullptr ? qs(p->host + ": " + p->device_name) : QStringLiteral("?"),
-             p != nullptr ? qs(base::dump_json_lossy(experiment::provenance_to_json(*p), 1))
-                          : QString()));
+    items_->setItem(i, 11,
+                    cell(p != nullptr ? QString::fromStdString(p->host + ": " + p->device_name)
+                                      : QStringLiteral("?"),
+                         p != nullptr ? QString::fromStdString(base::dump_json_lossy(
+                                            experiment::provenance_to_json(*p), 1))
+                                      : QString()));
     items_->setItem(i, 12, cell(QString::number(r.wall_s, 'f', 1)));
   }
   items_->resizeColumnsToContents();

@@ -9,16 +9,9 @@
 #include "core/experiment/command_line.h"
 #include "core/experiment/provenance.h"
 #include "core/experiment/runner.h"
+#include "ui/qt_text.h"
 
 namespace batchlens::ui {
-
-namespace {
-
-QString q(std::string_view s) {
-  return QString::fromUtf8(s.data(), static_cast<int>(s.size()));
-}
-
-}  // namespace
 
 QString workaroundBlocker(const base::SystemInfo& system,
                           const experiment::ExperimentResult& result) {

@@ -134,7 +134,7 @@ GroupedAtB grouped_at(const at::Tensor& x, const at::Tensor& offs, std::int64_t 
           longs(row0)};
 }
 
-struct Outcome {
+struct BitDiff {
   bool differs = false;
   double frac = 0.0;
   double max_abs = 0.0;
@@ -149,8 +149,8 @@ at::Tensor ordered_bits(const at::Tensor& t) {
   return at::where(bits < 0, lowest - bits, bits);
 }
 
-Outcome compare(const at::Tensor& a, const at::Tensor& b) {
-  Outcome o;
+BitDiff compare(const at::Tensor& a, const at::Tensor& b) {
+  BitDiff o;
   const std::int64_t n = a.numel();
   if (n == 0) {
     return o;
@@ -169,7 +169,7 @@ Outcome compare(const at::Tensor& a, const at::Tensor& b) {
 }
 
 // The op alone at batch 1 and at B identical rows under `policy`, as the op layer computes it.
-Outcome isolate(const Captured& c, const ops::OpPolicy& policy, std::int64_t b) {
+BitDiff isolate(const Captured& c, const ops::OpPolicy& policy, std::int64_t b) {
   const ops::OpSite site{c.call.family, c.call.layer};
   const ops::OpRunner one(policy, 1);
   const ops::OpRunner many(policy, b);
@@ -579,14 +579,14 @@ base::Result<ReproExport> export_repro(const setup::Session& session, const Expe
     }
     // The first call, in pass order, that diverges alone; else the first exportable one.
     const Captured* chosen = nullptr;
-    Outcome outcome;
+    BitDiff outcome;
     for (const Captured& call : capture.calls) {
       const std::string name = site_name(call.call.family, call.call.layer) + " (" + call.call.op +
                                ", M=" + std::to_string(call.call.m) + ")";
       if (call.call.op == "sdpa") {
         continue;
       }
-      Outcome o;
+      BitDiff o;
       try {
         o = isolate(call, policy, r.batch);
       } catch (const std::exception& e) {

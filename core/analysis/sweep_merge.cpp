@@ -19,10 +19,6 @@ namespace {
 using base::ErrorCode;
 using nlohmann::json;
 
-[[noreturn]] void corrupt(const std::string& what) {
-  base::raise(ErrorCode::FileCorrupted, what);
-}
-
 // A row's outcome, without where and how long it ran: what two computations of an item must
 // agree on.
 json outcome_json(const SweepRow& r) {
@@ -37,12 +33,12 @@ base::Result<void> validate(const SweepRecords& s) {
   return base::guarded([&] {
     base::take(validate(s.spec));
     if (sweep_id(s.spec) != s.id) {
-      corrupt("the sweep id " + s.id.substr(0, 32) + " is not its spec's");
+      base::corrupt("the sweep id " + s.id.substr(0, 32) + " is not its spec's");
     }
     const std::vector<SweepItem> items = sweep_items(s.spec);
     if (s.items_total != static_cast<int>(items.size())) {
-      corrupt("items_total " + std::to_string(s.items_total) + " is not the spec's " +
-              std::to_string(items.size()));
+      base::corrupt("items_total " + std::to_string(s.items_total) + " is not the spec's " +
+                    std::to_string(items.size()));
     }
     // Every item with rows has one per group and batch size of the spec, no other.
     std::set<std::pair<experiment::RunGroup, int>> expected;
@@ -58,34 +54,34 @@ base::Result<void> validate(const SweepRecords& s) {
     for (const SweepRow& r : s.rows) {
       const std::string at = "row of item " + std::to_string(r.item);
       if (r.item < 0 || r.item >= s.items_total) {
-        corrupt(at + ": no such item");
+        base::corrupt(at + ": no such item");
       }
       const SweepItem& item = items[static_cast<std::size_t>(r.item)];
       if (r.prompt != item.prompt || r.seed != item.seed) {
-        corrupt(at + ": its prompt or seed is not the item's");
+        base::corrupt(at + ": its prompt or seed is not the item's");
       }
       if (expected.count({r.group, r.batch_size}) == 0) {
-        corrupt(at + ": batch size " + std::to_string(r.batch_size) + " (" +
-                experiment::name(r.group) + ") is not one of the spec's");
+        base::corrupt(at + ": batch size " + std::to_string(r.batch_size) + " (" +
+                      experiment::name(r.group) + ") is not one of the spec's");
       }
       if (!seen[r.item].insert({r.group, r.batch_size}).second) {
-        corrupt(at + ": batch size " + std::to_string(r.batch_size) + " (" +
-                experiment::name(r.group) + ") comes twice");
+        base::corrupt(at + ": batch size " + std::to_string(r.batch_size) + " (" +
+                      experiment::name(r.group) + ") comes twice");
       }
       const bool none = r.first_step == -1;
       if (r.provenance < 0 || r.provenance >= n_prov) {
-        corrupt(at + ": provenance " + std::to_string(r.provenance) + " out of range");
+        base::corrupt(at + ": provenance " + std::to_string(r.provenance) + " out of range");
       }
       if (none ? (r.first_canvas != -1 || r.first_layer != -1)
                : (r.first_step < 1 || r.first_step > kMaxIndex || r.first_canvas < 0 ||
                   r.first_canvas > kMaxIndex || r.first_layer < -1 || r.first_layer > kMaxIndex)) {
-        corrupt(at + ": its first divergence is out of range");
+        base::corrupt(at + ": its first divergence is out of range");
       }
     }
     for (const auto& [item, groups] : seen) {
       if (groups != expected) {
-        corrupt("item " + std::to_string(item) + " has " + std::to_string(groups.size()) +
-                " of its " + std::to_string(expected.size()) + " rows");
+        base::corrupt("item " + std::to_string(item) + " has " + std::to_string(groups.size()) +
+                      " of its " + std::to_string(expected.size()) + " rows");
       }
     }
     std::set<int> done;
@@ -93,14 +89,14 @@ base::Result<void> validate(const SweepRecords& s) {
       done.insert(entry.first);
     }
     if (static_cast<int>(done.size()) != s.items_done) {
-      corrupt("items_done " + std::to_string(s.items_done) + " but rows of " +
-              std::to_string(done.size()) + " items");
+      base::corrupt("items_done " + std::to_string(s.items_done) + " but rows of " +
+                    std::to_string(done.size()) + " items");
     }
     for (const SweepShard& sh : s.shards) {
       if (sh.count < 1 || sh.index < 0 || sh.index >= sh.count || sh.provenance < 0 ||
           sh.provenance >= n_prov || sh.items < 0 || sh.items > s.items_total) {
-        corrupt("shard " + std::to_string(sh.index) + "/" + std::to_string(sh.count) +
-                ": out of range");
+        base::corrupt("shard " + std::to_string(sh.index) + "/" + std::to_string(sh.count) +
+                      ": out of range");
       }
     }
   });

@@ -35,10 +35,6 @@ constexpr const char* kSweepFormat = "batchlens-sweep/1";
 constexpr const char* kItemFormat = "batchlens-sweep-item/1";
 constexpr std::uintmax_t kMaxRecordBytes = std::uintmax_t{64} << 20;
 
-[[noreturn]] void corrupt(const std::string& what) {
-  base::raise(ErrorCode::FileCorrupted, what);
-}
-
 // The whole of a small file, or FileCorrupted when it is larger than `limit`.
 std::string read_small(const fs::path& p, std::uintmax_t limit) {
   std::error_code ec;
@@ -47,7 +43,8 @@ std::string read_small(const fs::path& p, std::uintmax_t limit) {
     base::raise(ErrorCode::IoFailed, p.string() + ": cannot read (" + ec.message() + ")");
   }
   if (size > limit) {
-    corrupt(p.string() + " is " + std::to_string(size) + " bytes, more than a sweep file holds");
+    base::corrupt(p.string() + " is " + std::to_string(size) +
+                  " bytes, more than a sweep file holds");
   }
   std::ifstream in(p, std::ios::binary);
   std::ostringstream s;
@@ -84,23 +81,23 @@ std::string families_text(const std::string& tap) {
 std::vector<SweepRow> record_rows(const json& doc, const std::string& id, int index,
                                   const std::string& where) {
   if (!doc.is_object() || doc.value("format", std::string()) != kItemFormat) {
-    corrupt(where + " is not a sweep item record (" + kItemFormat + ")");
+    base::corrupt(where + " is not a sweep item record (" + kItemFormat + ")");
   }
   if (base::json_field<std::string>(doc, "sweep_id", where) != id) {
     base::raise(ErrorCode::InvalidArgument, where + " belongs to another sweep");
   }
   if (base::json_field<int>(doc, "item", where) != index) {
-    corrupt(where + " holds another item");
+    base::corrupt(where + " holds another item");
   }
   const auto rows = doc.find("rows");
   if (rows == doc.end() || !rows->is_array() || rows->size() > 4096) {
-    corrupt(where + ": 'rows' is not an array of at most 4096 rows");
+    base::corrupt(where + ": 'rows' is not an array of at most 4096 rows");
   }
   std::vector<SweepRow> out;
   for (const json& r : *rows) {
     out.push_back(base::take(sweep_row_from_json(r)));
     if (out.back().item != index) {
-      corrupt(where + ": a row of another item");
+      base::corrupt(where + ": a row of another item");
     }
   }
   return out;
@@ -166,7 +163,7 @@ base::Result<SweepRow> sweep_row_from_json(const json& doc) {
   return base::guarded([&] {
     const std::string where = "sweep row";
     if (!doc.is_object()) {
-      corrupt(where + " is not an object");
+      base::corrupt(where + " is not an object");
     }
     SweepRow r;
     r.item = base::json_field<int>(doc, "item", where);
@@ -175,7 +172,7 @@ base::Result<SweepRow> sweep_row_from_json(const json& doc) {
     const auto group = base::json_field<std::string>(doc, "group", where);
     const auto parsed = experiment::parse_run_group(group);
     if (!parsed.ok()) {
-      corrupt(where + ": group '" + group.substr(0, 64) + "'");
+      base::corrupt(where + ": group '" + group.substr(0, 64) + "'");
     }
     r.group = parsed.value();
     r.batch_size = base::json_field<int>(doc, "batch_size", where);
@@ -192,7 +189,7 @@ base::Result<SweepRow> sweep_row_from_json(const json& doc) {
     r.wall_s = base::json_field<double>(doc, "wall_s", where);
     if (r.item < 0 || r.prompt < 0 || r.batch_size < 1 || r.tokens_changed < 0 ||
         r.tokens_total < 0) {
-      corrupt(where + ": counts out of range");
+      base::corrupt(where + ": counts out of range");
     }
     return r;
   });
@@ -218,7 +215,7 @@ base::Result<std::string> prepare_sweep_dir(const fs::path& dir, const SweepSpec
     if (fs::exists(head, ec)) {
       const json doc = parse_file(head);
       if (!doc.is_object() || doc.value("format", std::string()) != kSweepFormat) {
-        corrupt(head.string() + " is not a sweep description (" + kSweepFormat + ")");
+        base::corrupt(head.string() + " is not a sweep description (" + kSweepFormat + ")");
       }
       if (doc.value("id", std::string()) != id) {
         base::raise(ErrorCode::InvalidArgument,
@@ -325,11 +322,11 @@ base::Result<SweepSpec> read_sweep_spec(const fs::path& dir) {
     const json doc = parse_file(head);
     if (!doc.is_object() || doc.value("format", std::string()) != kSweepFormat ||
         !doc.contains("spec")) {
-      corrupt(head.string() + " is not a sweep description (" + kSweepFormat + ")");
+      base::corrupt(head.string() + " is not a sweep description (" + kSweepFormat + ")");
     }
     SweepSpec spec = base::take(sweep_spec_from_json(doc.at("spec")));
     if (doc.value("id", std::string()) != sweep_id(spec)) {
-      corrupt(head.string() + ": its id does not match its spec");
+      base::corrupt(head.string() + ": its id does not match its spec");
     }
     return spec;
   });
@@ -352,11 +349,11 @@ base::Result<SweepRecords> read_sweep_dir(const fs::path& dir) {
       std::vector<SweepRow> rows = record_rows(doc, s.id, item.index, rec.string());
       const auto prov = doc.find("provenance");
       if (prov == doc.end()) {
-        corrupt(rec.string() + ": no field 'provenance'");
+        base::corrupt(rec.string() + ": no field 'provenance'");
       }
       auto p = experiment::provenance_from_json(*prov);
       if (!p.ok()) {
-        corrupt(rec.string() + ": " + p.error().message);
+        base::corrupt(rec.string() + ": " + p.error().message);
       }
       const int at = provenance_index(s.provenances, p.value());
       for (SweepRow& r : rows) {

@@ -30,10 +30,6 @@ constexpr std::size_t kMaxPromptBytes = std::size_t{1} << 20;
 // before it is read.
 constexpr std::uint64_t kMaxPromptFileBytes = std::uint64_t{64} << 20;
 
-[[noreturn]] void corrupt(const std::string& what) {
-  base::raise(ErrorCode::FileCorrupted, what);
-}
-
 }  // namespace
 
 base::Result<void> validate(const SweepSpec& spec) {
@@ -80,7 +76,7 @@ base::Result<SweepSpec> sweep_spec_from_json(const json& doc) {
     const std::string where = "sweep spec";
     if (!doc.is_object() || !doc.contains("base") || !doc.contains("prompts") ||
         !doc.contains("seeds")) {
-      corrupt(where + ": needs 'base', 'prompts' and 'seeds'");
+      base::corrupt(where + ": needs 'base', 'prompts' and 'seeds'");
     }
     SweepSpec s;
     s.base = base::take(experiment::spec_from_json(doc.at("base")));
@@ -88,23 +84,23 @@ base::Result<SweepSpec> sweep_spec_from_json(const json& doc) {
     const json& seeds = doc.at("seeds");
     if (!prompts.is_array() || prompts.size() > kMaxPrompts || !seeds.is_array() ||
         seeds.size() > kMaxSeeds) {
-      corrupt(where + ": 'prompts' and 'seeds' must be arrays of at most " +
-              std::to_string(kMaxPrompts) + " entries");
+      base::corrupt(where + ": 'prompts' and 'seeds' must be arrays of at most " +
+                    std::to_string(kMaxPrompts) + " entries");
     }
     for (const json& p : prompts) {
       if (!p.is_object()) {
-        corrupt(where + ": a prompt is not an object");
+        base::corrupt(where + ": a prompt is not an object");
       }
       SweepPrompt sp;
       sp.text = base::json_field<std::string>(p, "prompt", where);
       sp.chat_template = base::json_field<bool>(p, "chat_template", where);
       if (const auto ids = p.find("prompt_ids"); ids != p.end()) {
         if (!ids->is_array() || ids->size() > 1000000) {
-          corrupt(where + ": 'prompt_ids' is not an array");
+          base::corrupt(where + ": 'prompt_ids' is not an array");
         }
         for (const json& id : *ids) {
           if (!id.is_number_integer()) {
-            corrupt(where + ": a prompt id is not an integer");
+            base::corrupt(where + ": a prompt id is not an integer");
           }
           sp.ids.push_back(id.get<std::int64_t>());
         }
@@ -114,7 +110,7 @@ base::Result<SweepSpec> sweep_spec_from_json(const json& doc) {
     s.seeds.clear();
     for (const json& x : seeds) {
       if (!x.is_number_unsigned()) {
-        corrupt(where + ": a seed is not a non-negative integer");
+        base::corrupt(where + ": a seed is not a non-negative integer");
       }
       s.seeds.push_back(x.get<std::uint64_t>());
     }

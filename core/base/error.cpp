@@ -44,6 +44,10 @@ void raise(ErrorCode code, std::string message) {
   throw ErrorException(code, std::move(message));
 }
 
+void corrupt(std::string what) {
+  raise(ErrorCode::FileCorrupted, std::move(what));
+}
+
 namespace {
 
 // c10 messages end with a long C++ backtrace; users want the first line.

@@ -102,6 +102,9 @@ class ErrorException : public std::exception {
 /// Throws ErrorException{code, message}. For core code that reports through exceptions.
 [[noreturn]] void raise(ErrorCode code, std::string message);
 
+/// raise(ErrorCode::FileCorrupted, what): what every file reader reports for bad content.
+[[noreturn]] void corrupt(std::string what);
+
 /// The value of `r`, or throws its Error as ErrorException: the inverse of guarded(), for core
 /// code inside a guarded() block that calls Result-returning functions.
 template <class T>

@@ -48,10 +48,6 @@ constexpr std::int64_t kMaxElements = std::int64_t{1} << 31;  // per dataset
 // still: at most ~1100 times its size on disk.
 constexpr std::uint64_t kMaxReadBytes = std::uint64_t{16} << 30U;
 
-[[noreturn]] void corrupt(const std::string& what) {
-  base::raise(ErrorCode::FileCorrupted, what);
-}
-
 // ---- writing ------------------------------------------------------------------------------
 
 // An H5::Group that holds the only reference to a group id made with the C API.
@@ -272,12 +268,12 @@ std::vector<std::string> json_list(const std::string& text, const std::string& w
   }
   const nlohmann::json& j = parsed.value();
   if (!j.is_array()) {
-    corrupt(what + " is not a JSON list");
+    base::corrupt(what + " is not a JSON list");
   }
   std::vector<std::string> out;
   for (const auto& x : j) {
     if (!x.is_string()) {
-      corrupt(what + " holds a non-string");
+      base::corrupt(what + " holds a non-string");
     }
     out.push_back(x.get<std::string>());
   }
@@ -324,7 +320,7 @@ class Reader {
   /// Schema 1.2 on: fixed-length strings and checksums.
   bool sealed() const { return at_least({1, 2}); }
 
-  [[noreturn]] void fail(const std::string& what) const { corrupt(file_ + ": " + what); }
+  [[noreturn]] void fail(const std::string& what) const { base::corrupt(file_ + ": " + what); }
 
   /// Soft and external links are refused (hdf5_util.h: link_problem).
   void check_hard_link(hid_t parent, const std::string& name, const std::string& at) const {
@@ -884,7 +880,7 @@ void read_root(Reader& rd, GroupReader& root, experiment::Provenance& p) {
   FieldReader(rd, root, /*root=*/true).attributes(p);
   for (const char* g : {"provenance", "spec", "runs", "comparisons"}) {
     if (!exists(root.id(), g)) {
-      corrupt(file + ": missing group /" + std::string(g));
+      base::corrupt(file + ": missing group /" + std::string(g));
     }
   }
 }
@@ -1007,7 +1003,7 @@ ExperimentResult read_file(const std::string& file, std::uint64_t file_bytes) {
   H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG);
   const Hid f(H5Fopen(file.c_str(), H5F_ACC_RDONLY, fapl.get()));
   if (!f.ok()) {
-    corrupt(file + ": HDF5 cannot open it (truncated or damaged: " + hdf5_error_text() + ")");
+    base::corrupt(file + ": HDF5 cannot open it (truncated or damaged: " + hdf5_error_text() + ")");
   }
   GroupReader root(rd, H5Gopen2(f.get(), "/", H5P_DEFAULT), "/");
   ExperimentResult r;
@@ -1042,11 +1038,11 @@ ExperimentResult read_file(const std::string& file, std::uint64_t file_bytes) {
     const std::string at = g.at(key);
     const auto doc = base::parse_json(text, file + ": " + at, ErrorCode::FileCorrupted);
     if (!doc.ok()) {
-      corrupt(doc.error().message);
+      base::corrupt(doc.error().message);
     }
     auto record = parse(doc.value());
     if (!record.ok()) {
-      corrupt(file + ": " + at + ": " + record.error().message);
+      base::corrupt(file + ": " + at + ": " + record.error().message);
     }
     return std::move(record).value();
   };
@@ -1116,7 +1112,7 @@ base::Result<ExperimentResult> read_experiment(const fs::path& path) {
     try {
       return read_file(file, size.value());
     } catch (const H5::Exception& e) {
-      corrupt(file + ": damaged HDF5 data (" + e.getDetailMsg() + ")");
+      base::corrupt(file + ": damaged HDF5 data (" + e.getDetailMsg() + ")");
     }
   });
 }

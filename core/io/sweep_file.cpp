@@ -41,10 +41,6 @@ constexpr hsize_t kMaxRows = hsize_t{1} << 24;  // 16 M rows
 constexpr std::size_t kMaxStringWidth = std::size_t{1} << 20;
 constexpr std::size_t kMaxSpecBytes = std::size_t{256} << 20;
 
-[[noreturn]] void corrupt(const std::string& what) {
-  base::raise(ErrorCode::FileCorrupted, what);
-}
-
 // An integer column of the rows: how it is read from and written to a SweepRow.
 struct IntColumn {
   const char* name;
@@ -278,13 +274,13 @@ void write_groups(hid_t fid, const SweepRecords& s) {
 // ---- reading ------------------------------------------------------------------------------
 
 // Reads one sweep file's objects, each checked before it is read.
-class Reader {
+class SweepReader {
  public:
-  Reader(std::string file, std::uint64_t file_bytes)
+  SweepReader(std::string file, std::uint64_t file_bytes)
       : file_(std::move(file)), budget_(file_bytes * 64 + (std::uint64_t{1} << 20)) {}
 
   [[noreturn]] void fail(const std::string& at, const std::string& what) const {
-    corrupt(file_ + ": " + at + ": " + what);
+    base::corrupt(file_ + ": " + at + ": " + what);
   }
 
   static bool has(hid_t parent, const char* name) {
@@ -442,7 +438,7 @@ json parse_doc(const std::string& text, const std::string& what) {
   return base::take(base::parse_json(text, what, ErrorCode::FileCorrupted));
 }
 
-void read_rows(const Reader& rd, hid_t fid, SweepRecords& s) {
+void read_rows(const SweepReader& rd, hid_t fid, SweepRecords& s) {
   const Hid rows(rd.group(fid, "rows"));
   const auto items =
       rd.numbers<std::int64_t>(rows.get(), "item", -1, H5T_INTEGER, H5T_NATIVE_INT64);
@@ -487,13 +483,13 @@ void read_rows(const Reader& rd, hid_t fid, SweepRecords& s) {
   }
 }
 
-void read_tables(const Reader& rd, hid_t fid, SweepRecords& s, const std::string& file) {
+void read_tables(const SweepReader& rd, hid_t fid, SweepRecords& s, const std::string& file) {
   {
     const Hid prov(rd.group(fid, "provenance"));
     for (const std::string& doc : rd.strings(prov.get(), "json", -1)) {
       auto p = experiment::provenance_from_json(parse_doc(doc, file + ": provenance/json"));
       if (!p.ok()) {
-        corrupt(file + ": provenance/json: " + p.error().message);
+        base::corrupt(file + ": provenance/json: " + p.error().message);
       }
       s.provenances.push_back(std::move(p).value());
     }
@@ -519,13 +515,13 @@ void read_tables(const Reader& rd, hid_t fid, SweepRecords& s, const std::string
   }
 }
 
-SweepRecords read_file(const std::string& file, std::uint64_t file_bytes) {
-  const Reader rd(file, file_bytes);
+SweepRecords read_records_file(const std::string& file, std::uint64_t file_bytes) {
+  const SweepReader rd(file, file_bytes);
   const Hid fapl(H5Pcreate(H5P_FILE_ACCESS));
   H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG);
   const Hid f(H5Fopen(file.c_str(), H5F_ACC_RDONLY, fapl.get()));
   if (!f.ok()) {
-    corrupt(file + ": HDF5 cannot open it (truncated or damaged: " + hdf5_error_text() + ")");
+    base::corrupt(file + ": HDF5 cannot open it (truncated or damaged: " + hdf5_error_text() + ")");
   }
   const Hid root(H5Gopen2(f.get(), "/", H5P_DEFAULT));
   if (!root.ok() || H5Aexists(root.get(), "format") <= 0 ||
@@ -543,7 +539,7 @@ SweepRecords read_file(const std::string& file, std::uint64_t file_bytes) {
   const std::int64_t total = rd.attr_i64(root.get(), "items_total");
   const std::int64_t done = rd.attr_i64(root.get(), "items_done");
   if (total < 0 || total > std::numeric_limits<int>::max() || done < 0 || done > total) {
-    corrupt(file + ": items_total/items_done out of range");
+    base::corrupt(file + ": items_total/items_done out of range");
   }
   s.items_total = static_cast<int>(total);
   s.items_done = static_cast<int>(done);
@@ -551,13 +547,13 @@ SweepRecords read_file(const std::string& file, std::uint64_t file_bytes) {
       parse_doc(rd.scalar_str(f.get(), "spec_json", false, kMaxSpecBytes), file + ": spec_json");
   auto parsed = analysis::sweep_spec_from_json(spec);
   if (!parsed.ok()) {
-    corrupt(file + ": spec_json: " + parsed.error().message);
+    base::corrupt(file + ": spec_json: " + parsed.error().message);
   }
   s.spec = std::move(parsed).value();
   read_rows(rd, f.get(), s);
   read_tables(rd, f.get(), s, file);
   if (auto v = analysis::validate(s); !v.ok()) {
-    corrupt(file + ": " + v.error().message);
+    base::corrupt(file + ": " + v.error().message);
   }
   return s;
 }
@@ -589,7 +585,7 @@ base::Result<SweepRecords> read_sweep_file(const fs::path& path) {
   return base::guarded([&]() -> SweepRecords {
     const std::lock_guard<std::mutex> lock(hdf5_mutex());
     quiet_hdf5();
-    return read_file(path.string(), size.value());
+    return read_records_file(path.string(), size.value());
   });
 }
 
@@ -600,7 +596,7 @@ bool is_sweep_file(const fs::path& path) {
   auto kind = base::guarded([&] {
     const std::lock_guard<std::mutex> lock(hdf5_mutex());
     quiet_hdf5();
-    const Reader rd(path.string(), 0);
+    const SweepReader rd(path.string(), 0);
     const Hid fapl(H5Pcreate(H5P_FILE_ACCESS));
     H5Pset_fclose_degree(fapl.get(), H5F_CLOSE_STRONG);
     const Hid f(H5Fopen(path.c_str(), H5F_ACC_RDONLY, fapl.get()));

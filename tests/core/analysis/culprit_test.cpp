@@ -22,7 +22,7 @@ using namespace batchlens::analysis;  // NOLINT(google-build-using-namespace): t
 namespace fs = std::filesystem;
 
 // The demo preset, one canvas of 32 tokens, 4 steps, B=1 against B=2.
-ExperimentSpec small_spec(const std::string& policy) {
+ExperimentSpec culprit_spec(const std::string& policy) {
   ExperimentSpec s;
   s.model.preset = "demo";
   s.seed = 3;
@@ -35,9 +35,9 @@ ExperimentSpec small_spec(const std::string& policy) {
 }
 
 // One loaded demo model for every trial of every test (the reusable runner pieces).
-const setup::Session& session() {
+const setup::Session& culprit_session() {
   static const setup::Session s = [] {
-    auto opened = open_session_for(small_spec("default"));
+    auto opened = open_session_for(culprit_spec("default"));
     EXPECT_TRUE(opened.ok()) << (opened.ok() ? "" : opened.error().message);
     return std::move(opened).value();
   }();
@@ -48,7 +48,7 @@ CulpritReport find(const ExperimentSpec& spec, ops::Strategy strategy) {
   CulpritOptions o;
   o.strategy = strategy;
   o.cost_repeats = 1;
-  auto r = find_culprit(session(), spec, o);
+  auto r = find_culprit(culprit_session(), spec, o);
   EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
   return r.ok() ? r.value() : CulpritReport{};
 }
@@ -70,7 +70,7 @@ ops::FamilySet of(std::initializer_list<ops::OpFamily> families) {
 }
 
 TEST(Culprit, FindsExactlyTheFamiliesTheEmulationSplits) {
-  const CulpritReport r = find(small_spec("emulated_h100_report"), ops::Strategy::RowWise);
+  const CulpritReport r = find(culprit_spec("emulated_h100_report"), ops::Strategy::RowWise);
   EXPECT_TRUE(r.diverged);
   ASSERT_TRUE(r.found) << r.verdict;
   EXPECT_TRUE(r.confirmed) << r.verdict;
@@ -114,7 +114,7 @@ TEST(Culprit, ReportsOneProgressForTheWholeSearch) {
   control.progress = [&seen](const base::Progress& p) {
     seen.push_back(p);
   };
-  auto r = find_culprit(session(), small_spec("emulated_h100_report"), o, control);
+  auto r = find_culprit(culprit_session(), culprit_spec("emulated_h100_report"), o, control);
   ASSERT_TRUE(r.ok()) << r.error().message;
   ASSERT_GT(seen.size(), 10U);
   std::int64_t last_total = seen.front().total;
@@ -138,7 +138,7 @@ TEST(Culprit, ReportsOneProgressForTheWholeSearch) {
 }
 
 TEST(Culprit, BatchInvariantStrategyFixesTheH200ProfileWithOneFamily) {
-  const CulpritReport r = find(small_spec("emulated_h200"), ops::Strategy::BatchInvariant);
+  const CulpritReport r = find(culprit_spec("emulated_h200"), ops::Strategy::BatchInvariant);
   ASSERT_TRUE(r.found) << r.verdict;
   EXPECT_TRUE(r.confirmed);
   EXPECT_EQ(fix_families(r), of({ops::OpFamily::SelfCondMatmul}));
@@ -147,7 +147,7 @@ TEST(Culprit, BatchInvariantStrategyFixesTheH200ProfileWithOneFamily) {
 }
 
 TEST(Culprit, StopsAfterOneRunWhenNothingDiverges) {
-  const CulpritReport r = find(small_spec("default"), ops::Strategy::RowWise);
+  const CulpritReport r = find(culprit_spec("default"), ops::Strategy::RowWise);
   EXPECT_FALSE(r.diverged);
   EXPECT_FALSE(r.found);
   EXPECT_EQ(r.trials.size(), 1U);
@@ -157,7 +157,7 @@ TEST(Culprit, StopsAfterOneRunWhenNothingDiverges) {
 TEST(Culprit, SaysPlainlyWhenNoOpLevelFixExists) {
   // One random stream shared by the batch (the reference's sampler): row 0 draws other numbers
   // at B=2, whatever the ops compute.
-  ExperimentSpec s = small_spec("default");
+  ExperimentSpec s = culprit_spec("default");
   s.rng = generation::RngMode::Shared;
   const CulpritReport r = find(s, ops::Strategy::RowWise);
   EXPECT_TRUE(r.diverged);
@@ -167,11 +167,11 @@ TEST(Culprit, SaysPlainlyWhenNoOpLevelFixExists) {
 }
 
 TEST(Culprit, ATrialStopsAtTheFirstDifferenceWhereTheWholeRunSeesIt) {
-  const ExperimentSpec spec = small_spec("emulated_h200");
-  auto whole = run_experiment(session(), spec);
+  const ExperimentSpec spec = culprit_spec("emulated_h200");
+  auto whole = run_experiment(culprit_session(), spec);
   RunControl stop;
   stop.stop_at_first_difference = true;
-  auto stopped = run_experiment(session(), spec, stop);
+  auto stopped = run_experiment(culprit_session(), spec, stop);
   ASSERT_TRUE(whole.ok() && stopped.ok());
   const auto row0 = [](const ExperimentResult& r) -> const ComparisonResult& {
     for (const ComparisonResult& c : r.comparisons) {
@@ -206,7 +206,7 @@ TEST(Culprit, TapsLeadToTheOpsBehindThem) {
 TEST(Culprit, TheReportTravelsInTheExperimentFile) {
   CulpritOptions o;
   o.cost_repeats = 1;
-  const ExperimentSpec spec = small_spec("emulated_h200");
+  const ExperimentSpec spec = culprit_spec("emulated_h200");
   auto r = run_culprit_experiment(spec, o);
   ASSERT_TRUE(r.ok()) << r.error().message;
   ASSERT_TRUE(r.value().culprit.has_value());

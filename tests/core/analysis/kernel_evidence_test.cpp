@@ -26,7 +26,7 @@ using namespace batchlens::analysis;  // NOLINT(google-build-using-namespace): t
 namespace fs = std::filesystem;
 
 // The demo preset, one canvas of 32 tokens, 4 steps, B=1 against B=2.
-ExperimentSpec small_spec(const std::string& policy, bool kernels) {
+ExperimentSpec evidence_spec(const std::string& policy, bool kernels) {
   ExperimentSpec s;
   s.model.preset = "demo";
   s.seed = 5;
@@ -39,9 +39,9 @@ ExperimentSpec small_spec(const std::string& policy, bool kernels) {
   return s;
 }
 
-const setup::Session& session() {
+const setup::Session& evidence_session() {
   static const setup::Session s = [] {
-    auto opened = open_session_for(small_spec("default", false));
+    auto opened = open_session_for(evidence_spec("default", false));
     EXPECT_TRUE(opened.ok()) << (opened.ok() ? "" : opened.error().message);
     return std::move(opened).value();
   }();
@@ -49,7 +49,7 @@ const setup::Session& session() {
 }
 
 ExperimentResult run(const ExperimentSpec& spec) {
-  auto r = run_experiment(session(), spec);
+  auto r = run_experiment(evidence_session(), spec);
   EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
   return r.ok() ? std::move(r).value() : ExperimentResult{};
 }
@@ -57,7 +57,7 @@ ExperimentResult run(const ExperimentSpec& spec) {
 // On a CPU the record is the op layer's path: under the emulation the self-conditioning
 // matmul's K split differs between B=1 and B=2, which is the divergence's cause.
 TEST(Kernels, CpuRecordNamesThePathAndTheSplitThatDiffers) {
-  const ExperimentResult r = run(small_spec("emulated_h200", true));
+  const ExperimentResult r = run(evidence_spec("emulated_h200", true));
   ASSERT_TRUE(r.kernels.has_value());
   // ref and b2 (the repeat is the reference's engine again), each without and with SC.
   EXPECT_EQ(r.kernels->engines.size(), 4U);
@@ -122,8 +122,8 @@ bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
 
 // Recording is a separate pass: the runs' numbers are the same with and without it.
 TEST(Kernels, RecordingDoesNotChangeTheRuns) {
-  const ExperimentResult with = run(small_spec("emulated_h200", true));
-  const ExperimentResult without = run(small_spec("emulated_h200", false));
+  const ExperimentResult with = run(evidence_spec("emulated_h200", true));
+  const ExperimentResult without = run(evidence_spec("emulated_h200", false));
   EXPECT_FALSE(without.kernels.has_value());
   ASSERT_EQ(with.runs.size(), without.runs.size());
   for (std::size_t i = 0; i < with.runs.size(); ++i) {

@@ -55,7 +55,7 @@ ExperimentSpec small_spec(const std::string& policy, const std::string& dtype = 
   return s;
 }
 
-const setup::Session& session() {
+const setup::Session& repro_session() {
   static const setup::Session s = [] {
     auto opened = open_session_for(small_spec("default"));
     EXPECT_TRUE(opened.ok()) << (opened.ok() ? "" : opened.error().message);
@@ -66,21 +66,21 @@ const setup::Session& session() {
 
 const ExperimentResult& emulated() {
   static const ExperimentResult r = [] {
-    auto run = run_experiment(session(), small_spec("emulated_h200"));
+    auto run = run_experiment(repro_session(), small_spec("emulated_h200"));
     EXPECT_TRUE(run.ok()) << (run.ok() ? "" : run.error().message);
     return run.ok() ? std::move(run).value() : ExperimentResult{};
   }();
   return r;
 }
 
-fs::path fresh_dir(const std::string& name) {
+fs::path repro_dir(const std::string& name) {
   const fs::path p =
       fs::path(::testing::TempDir()) / ("bl_repro_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(p);
   return p;
 }
 
-std::string read_text(const fs::path& p) {
+std::string read_repro_text(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   std::stringstream s;
   s << in.rdbuf();
@@ -102,14 +102,14 @@ ReproExport export_to(const ExperimentResult& r, const fs::path& dir,
   req.out = dir;
   req.max_bytes = cap;
   req.source_file = "demo.h5";
-  auto e = export_repro(session(), r, req);
+  auto e = export_repro(repro_session(), r, req);
   EXPECT_TRUE(e.ok()) << (e.ok() ? "" : e.error().message);
   return e.ok() ? std::move(e).value() : ReproExport{};
 }
 
 TEST(Repro, EmbeddedScriptIsTheResourceFile) {
   EXPECT_EQ(std::string(repro_script()),
-            read_text(fs::path(BL_SOURCE_DIR) / "resources" / "repro" / "repro.py"));
+            read_repro_text(fs::path(BL_SOURCE_DIR) / "resources" / "repro" / "repro.py"));
 }
 
 TEST(Repro, Sha256MatchesKnownDigests) {
@@ -131,7 +131,7 @@ TEST(Repro, ExportsTheFirstDivergentOpWithItsCapturedInputs) {
   const ComparisonResult* c = r.comparison("ref__b2");
   ASSERT_NE(c, nullptr);
   ASSERT_TRUE(c->first.found());
-  const fs::path dir = fresh_dir("first");
+  const fs::path dir = repro_dir("first");
   const ReproExport e = export_to(r, dir);
   EXPECT_EQ(e.comparison, "ref__b2");
   EXPECT_EQ(e.family, "selfcond_matmul");
@@ -147,13 +147,14 @@ TEST(Repro, ExportsTheFirstDivergentOpWithItsCapturedInputs) {
   for (const char* f : {"repro.py", "inputs.safetensors", "op.json", "README.md"}) {
     EXPECT_TRUE(fs::exists(dir / f)) << f;
   }
-  const auto op = nlohmann::json::parse(read_text(dir / "op.json"));
+  const auto op = nlohmann::json::parse(read_repro_text(dir / "op.json"));
   EXPECT_EQ(op.at("format"), "batchlens-repro/2");
   EXPECT_EQ(op.at("family"), "selfcond_matmul");
   // op.json counts canvases from 1, as its README and every display do.
   EXPECT_EQ(op.at("canvas").get<int>(), c->first.canvas + 1);
-  EXPECT_NE(read_text(dir / "README.md").find("canvas " + std::to_string(c->first.canvas + 1)),
-            std::string::npos);
+  EXPECT_NE(
+      read_repro_text(dir / "README.md").find("canvas " + std::to_string(c->first.canvas + 1)),
+      std::string::npos);
   ASSERT_EQ(e.inputs.size(), 2U);
   const ReproInput& x = e.inputs[0];
   const ReproInput& w = e.inputs[1];
@@ -162,12 +163,12 @@ TEST(Repro, ExportsTheFirstDivergentOpWithItsCapturedInputs) {
   EXPECT_EQ(x.random, "softmax");  // the self-conditioning probabilities
   EXPECT_EQ(w.key, "model.decoder.embed_tokens.weight");
   // The weight is the model's, bit for bit; the input is row 0's probabilities.
-  const at::Tensor embed = session().model->weights().embed.contiguous();
+  const at::Tensor embed = repro_session().model->weights().embed.contiguous();
   EXPECT_EQ(w.sha256, base::sha256_hex(embed.data_ptr(), embed.numel() * embed.element_size()));
   const at::Tensor x_file = model::SafetensorsFile::open(dir / "inputs.safetensors")->tensor("x");
   EXPECT_EQ(x_file.sizes().vec(), x.shape);
   EXPECT_NEAR(x_file.to(at::kFloat).sum(-1).mean().item<double>(), 1.0, 1e-2);
-  const std::string readme = read_text(dir / "README.md");
+  const std::string readme = read_repro_text(dir / "README.md");
   EXPECT_NE(readme.find("python3 repro.py --emulate"), std::string::npos) << readme;
   EXPECT_NE(readme.find("Emulated split-K"), std::string::npos);
   EXPECT_NE(readme.find("batchlens-cli run "), std::string::npos);
@@ -197,7 +198,7 @@ TEST(Repro, ScriptReproducesTheEmulatedDivergenceOnlyWhenToldToEmulate) {
   if (!python_has_torch()) {
     GTEST_SKIP() << "python3-torch is not installed (scripts/install-deps.sh installs it)";
   }
-  const fs::path dir = fresh_dir("script");
+  const fs::path dir = repro_dir("script");
   ASSERT_TRUE(export_to(emulated(), dir).reproduces);
   const auto emulate = script(dir, {"--emulate"});
   EXPECT_EQ(emulate.exit_code, 1) << emulate.out << emulate.err;
@@ -239,10 +240,10 @@ TEST(Repro, ScriptRefusesCraftedFoldersBeforeAllocating) {
     }
     GTEST_SKIP() << "python3-torch is not installed (scripts/install-deps.sh installs it)";
   }
-  const fs::path dir = fresh_dir("crafted");
+  const fs::path dir = repro_dir("crafted");
   ASSERT_TRUE(export_to(emulated(), dir).reproduces);
-  const std::string op = read_text(dir / "op.json");
-  const std::string inputs = read_text(dir / "inputs.safetensors");
+  const std::string op = read_repro_text(dir / "op.json");
+  const std::string inputs = read_repro_text(dir / "inputs.safetensors");
   const auto write = [&](const std::string& name, const std::string& text) {
     std::ofstream(dir / name, std::ios::binary | std::ios::trunc) << text;
   };
@@ -311,13 +312,13 @@ TEST(Repro, ScriptRefusesCraftedFoldersBeforeAllocating) {
 // An export into a folder whose op.json is a FIFO is refused at once: reading it blocked forever
 // (issue #32).
 TEST(Repro, FolderWithAFifoForOpJsonIsRefusedWithoutBlocking) {
-  const fs::path dir = fresh_dir("fifo");
+  const fs::path dir = repro_dir("fifo");
   fs::create_directories(dir);
   ASSERT_EQ(::mkfifo((dir / "op.json").c_str(), 0600), 0);
   ReproRequest req;
   req.out = dir;
   req.source_file = "demo.h5";
-  const auto e = export_repro(session(), emulated(), req);
+  const auto e = export_repro(repro_session(), emulated(), req);
   ASSERT_FALSE(e.ok());
   EXPECT_NE(e.error().message.find("not a BatchLens repro folder"), std::string::npos)
       << e.error().message;
@@ -327,13 +328,13 @@ TEST(Repro, FolderWithAFifoForOpJsonIsRefusedWithoutBlocking) {
 
 // Beyond the cap the operands are named, not copied, and the script draws stand-ins.
 TEST(Repro, OperandsOverTheCapBecomeSeededStandIns) {
-  const fs::path dir = fresh_dir("cap");
+  const fs::path dir = repro_dir("cap");
   const ReproExport e = export_to(emulated(), dir, 1024);
   ASSERT_EQ(e.inputs.size(), 2U);
   EXPECT_FALSE(e.inputs[0].included);
   EXPECT_FALSE(e.inputs[1].included);
   EXPECT_EQ(e.inputs[1].key, "model.decoder.embed_tokens.weight");
-  EXPECT_NE(read_text(dir / "README.md").find("over the 1024 bytes cap"), std::string::npos);
+  EXPECT_NE(read_repro_text(dir / "README.md").find("over the 1024 bytes cap"), std::string::npos);
   EXPECT_LT(fs::file_size(dir / "inputs.safetensors"), 1024U);
   if (python_has_torch()) {
     const auto r = script(dir, {"--emulate"});
@@ -348,14 +349,14 @@ TEST(Repro, OperandsOverTheCapBecomeSeededStandIns) {
 // that holds something else is left as it was.
 TEST(Repro, ChosenOpsAndRefusals) {
   const ExperimentResult& r = emulated();
-  const fs::path dir = fresh_dir("chosen");
+  const fs::path dir = repro_dir("chosen");
   ReproRequest req;
   req.out = dir;
   req.family = "q_proj";
   req.layer = 1;
   req.step = 2;
   req.canvas = 0;
-  auto q = export_repro(session(), r, req);
+  auto q = export_repro(repro_session(), r, req);
   ASSERT_TRUE(q.ok()) << q.error().message;
   EXPECT_EQ(q.value().family, "q_proj");
   EXPECT_EQ(q.value().layer, 1);
@@ -364,7 +365,7 @@ TEST(Repro, ChosenOpsAndRefusals) {
   EXPECT_EQ(q.value().inputs[1].key, "model.decoder.layers.1.self_attn.q_proj.weight");
 
   const auto refused = [&](ReproRequest bad, const std::string& says) {
-    const auto e = export_repro(session(), r, bad);
+    const auto e = export_repro(repro_session(), r, bad);
     ASSERT_FALSE(e.ok());
     EXPECT_NE(e.error().message.find(says), std::string::npos) << e.error().message;
   };
@@ -384,20 +385,20 @@ TEST(Repro, ChosenOpsAndRefusals) {
   bad.family = "attention";
   refused(bad, "attention is not exported");
 
-  const fs::path other = fresh_dir("other");
+  const fs::path other = repro_dir("other");
   fs::create_directories(other);
   std::ofstream(other / "notes.txt") << "mine";
   bad = req;
   bad.out = other;
   refused(bad, "is not a BatchLens repro folder");
-  EXPECT_EQ(read_text(other / "notes.txt"), "mine");
+  EXPECT_EQ(read_repro_text(other / "notes.txt"), "mine");
 
   // An experiment whose row 0 never diverges has nothing to export by default.
-  auto plain = run_experiment(session(), small_spec("default"));
+  auto plain = run_experiment(repro_session(), small_spec("default"));
   ASSERT_TRUE(plain.ok());
   ReproRequest none;
   none.out = dir;
-  const auto e = export_repro(session(), plain.value(), none);
+  const auto e = export_repro(repro_session(), plain.value(), none);
   if (!plain.value().comparison("ref__b2")->first.found()) {
     ASSERT_FALSE(e.ok());
     EXPECT_NE(e.error().message.find("nothing to reproduce"), std::string::npos);
@@ -416,7 +417,7 @@ TEST(Repro, RealCpuDivergenceReproducesWithoutEmulation) {
   auto run = run_experiment(opened.value(), spec);
   ASSERT_TRUE(run.ok()) << run.error().message;
   ReproRequest req;
-  req.out = fresh_dir("fp32");
+  req.out = repro_dir("fp32");
   const auto e = export_repro(opened.value(), run.value(), req);
   if (!e.ok() && e.error().message.find("nothing to reproduce") != std::string::npos) {
     GTEST_SKIP() << "this CPU's fp32 kernels are batch invariant at the demo's shapes (B=1, 2, "

@@ -33,14 +33,14 @@ using namespace batchlens::analysis;  // NOLINT(google-build-using-namespace): t
 
 namespace fs = std::filesystem;
 
-fs::path fresh_dir(const std::string& name) {
+fs::path sweep_dir(const std::string& name) {
   const fs::path p =
       fs::path(::testing::TempDir()) / ("bl_sweep_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(p);
   return p;
 }
 
-std::string read_text(const fs::path& p) {
+std::string read_sweep_text(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
   std::stringstream s;
   s << in.rdbuf();
@@ -131,7 +131,7 @@ TEST(Sweep, SeedsAndPromptFilesParse) {
   for (const char* bad : {"", "3-1", "x", "1,,2", "0-100000", "-3"}) {
     EXPECT_FALSE(parse_seeds(bad).ok()) << bad;
   }
-  const fs::path dir = fresh_dir("prompts");
+  const fs::path dir = sweep_dir("prompts");
   fs::create_directories(dir);
   std::ofstream(dir / "lines.txt") << "Write about Lisbon.\n\n  \nExplain tides.\r\n";
   auto lines = read_prompts(dir / "lines.txt");
@@ -164,7 +164,7 @@ TEST(Sweep, SeedsAndPromptFilesParse) {
 // prompts, an empty file, a FIFO and a folder are each refused with their reason; 100,000 short
 // prompts are read.
 TEST(Sweep, HostilePromptFilesAreRefusedWithTheirReason) {
-  const fs::path dir = fresh_dir("hostile_prompts");
+  const fs::path dir = sweep_dir("hostile_prompts");
   fs::create_directories(dir);
   const auto refused = [&](const std::string& name, const std::string& reason) {
     const auto r = read_prompts(dir / name);
@@ -221,7 +221,7 @@ SweepSpec tiny_sweep() {
   return s;
 }
 
-const setup::Session& session() {
+const setup::Session& sweep_session() {
   static const setup::Session s = [] {
     const SweepSpec sweep = tiny_sweep();
     auto opened = open_session_for(item_spec(sweep, sweep_items(sweep).front()));
@@ -243,30 +243,30 @@ std::vector<nlohmann::json> without_times(const std::vector<SweepRow>& rows) {
 
 TEST(Sweep, EveryItemIsCommittedAndARunAgainSkipsWhatIsDone) {
   const SweepSpec spec = tiny_sweep();
-  const fs::path dir = fresh_dir("resume");
+  const fs::path dir = sweep_dir("resume");
   SweepRunOptions opt;
   opt.dir = dir;
-  auto first = run_sweep(session(), spec, opt);
+  auto first = run_sweep(sweep_session(), spec, opt);
   ASSERT_TRUE(first.ok()) << first.error().message;
   EXPECT_EQ(first.value().items_run, 4);
   EXPECT_EQ(first.value().rows.size(), 4U);  // one batch size, one group
   for (int i = 0; i < 4; ++i) {
     EXPECT_TRUE(fs::exists(dir / "items" / ("item-00000" + std::to_string(i) + ".json"))) << i;
   }
-  const std::string kept = read_text(dir / "items" / "item-000000.json");
+  const std::string kept = read_sweep_text(dir / "items" / "item-000000.json");
   // A run again does nothing and rewrites nothing.
-  auto again = run_sweep(session(), spec, opt);
+  auto again = run_sweep(sweep_session(), spec, opt);
   ASSERT_TRUE(again.ok());
   EXPECT_EQ(again.value().items_run, 0);
   EXPECT_EQ(again.value().items_skipped, 4);
   EXPECT_EQ(without_times(again.value().rows), without_times(first.value().rows));
   // A lost item is run again, alone; the others stay as they were.
   fs::remove(dir / "items" / "item-000002.json");
-  auto third = run_sweep(session(), spec, opt);
+  auto third = run_sweep(sweep_session(), spec, opt);
   ASSERT_TRUE(third.ok());
   EXPECT_EQ(third.value().items_run, 1);
   EXPECT_EQ(without_times(third.value().rows), without_times(first.value().rows));
-  EXPECT_EQ(read_text(dir / "items" / "item-000000.json"), kept);
+  EXPECT_EQ(read_sweep_text(dir / "items" / "item-000000.json"), kept);
   // The folder reads back with its statistics.
   const auto records = read_sweep_dir(dir);
   ASSERT_TRUE(records.ok()) << records.error().message;
@@ -279,11 +279,11 @@ TEST(Sweep, EveryItemIsCommittedAndARunAgainSkipsWhatIsDone) {
   // Another sweep may not write into this folder; a damaged record is named.
   SweepSpec other = spec;
   other.seeds = {7};
-  const auto refused = run_sweep(session(), other, opt);
+  const auto refused = run_sweep(sweep_session(), other, opt);
   ASSERT_FALSE(refused.ok());
   EXPECT_NE(refused.error().message.find("not this one"), std::string::npos);
   std::ofstream(dir / "items" / "item-000001.json") << "{\"format\": 3";
-  const auto damaged = run_sweep(session(), spec, opt);
+  const auto damaged = run_sweep(sweep_session(), spec, opt);
   ASSERT_FALSE(damaged.ok());
   EXPECT_EQ(damaged.error().code, base::ErrorCode::FileCorrupted);
   EXPECT_NE(damaged.error().message.find("item-000001.json"), std::string::npos);
@@ -293,18 +293,18 @@ TEST(Sweep, EveryItemIsCommittedAndARunAgainSkipsWhatIsDone) {
 // Shards of one sweep together hold exactly what one process computes.
 TEST(Sweep, ShardsTogetherEqualOneProcess) {
   const SweepSpec spec = tiny_sweep();
-  const fs::path one = fresh_dir("one");
-  const fs::path split = fresh_dir("split");
+  const fs::path one = sweep_dir("one");
+  const fs::path split = sweep_dir("split");
   SweepRunOptions opt;
   opt.dir = one;
-  auto whole = run_sweep(session(), spec, opt);
+  auto whole = run_sweep(sweep_session(), spec, opt);
   ASSERT_TRUE(whole.ok());
   std::vector<SweepRow> parts;
   for (int i = 0; i < 3; ++i) {
     SweepRunOptions s;
     s.dir = split;
     s.shard = {i, 3};
-    auto part = run_sweep(session(), spec, s);
+    auto part = run_sweep(sweep_session(), spec, s);
     ASSERT_TRUE(part.ok()) << part.error().message;
     parts.insert(parts.end(), part.value().rows.begin(), part.value().rows.end());
   }
@@ -362,7 +362,7 @@ TEST(Sweep, ShardsTogetherEqualOneProcess) {
   SweepRunOptions bad;
   bad.dir = split;
   bad.shard = {3, 3};
-  EXPECT_FALSE(run_sweep(session(), spec, bad).ok());
+  EXPECT_FALSE(run_sweep(sweep_session(), spec, bad).ok());
   fs::remove_all(one);
   fs::remove_all(split);
 }
@@ -370,7 +370,7 @@ TEST(Sweep, ShardsTogetherEqualOneProcess) {
 // Cancelled in the middle: what finished is committed, the next run does the rest.
 TEST(Sweep, CancelKeepsFinishedItems) {
   const SweepSpec spec = tiny_sweep();
-  const fs::path dir = fresh_dir("cancel");
+  const fs::path dir = sweep_dir("cancel");
   base::CancelToken cancel;
   RunControl control;
   control.cancel = &cancel;
@@ -381,12 +381,12 @@ TEST(Sweep, CancelKeepsFinishedItems) {
   };
   SweepRunOptions opt;
   opt.dir = dir;
-  const auto stopped = run_sweep(session(), spec, opt, control);
+  const auto stopped = run_sweep(sweep_session(), spec, opt, control);
   ASSERT_FALSE(stopped.ok());
   EXPECT_EQ(stopped.error().code, base::ErrorCode::Cancelled);
   EXPECT_TRUE(fs::exists(dir / "items" / "item-000001.json"));
   EXPECT_FALSE(fs::exists(dir / "items" / "item-000002.json"));
-  auto rest = run_sweep(session(), spec, opt);
+  auto rest = run_sweep(sweep_session(), spec, opt);
   ASSERT_TRUE(rest.ok());
   EXPECT_EQ(rest.value().items_skipped, 2);
   EXPECT_EQ(rest.value().items_run, 2);

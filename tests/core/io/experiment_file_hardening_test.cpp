@@ -86,7 +86,7 @@ fs::path temp_dir() {
   return dir;
 }
 
-std::string temp_path(const std::string& name) {
+std::string hardening_path(const std::string& name) {
   return (temp_dir() / (name + ".h5")).string();
 }
 
@@ -246,11 +246,11 @@ class Crafted : public ::testing::Test {
  protected:
   void SetUp() override {
     ASSERT_FALSE(tiny_experiment().runs.empty());
-    good_ = temp_path("crafted_good");
+    good_ = hardening_path("crafted_good");
     ASSERT_TRUE(write_experiment(good_, tiny_experiment()).ok());
   }
   std::string copy(const std::string& name) const {
-    const std::string p = temp_path(name);
+    const std::string p = hardening_path(name);
     fs::copy_file(good_, p, fs::copy_options::overwrite_existing);
     return p;
   }
@@ -502,7 +502,7 @@ TEST(ExperimentFileConsistency, InconsistentResultsAreRefusedNamingWhat) {
   for (const Case& c : cases) {
     ExperimentResult bad = good;
     c.damage(bad);
-    const std::string p = temp_path("inconsistent");
+    const std::string p = hardening_path("inconsistent");
     const auto w = write_experiment(p, bad);
     ASSERT_FALSE(w.ok()) << c.label;
     EXPECT_NE(w.error().message.find(c.says), std::string::npos)
@@ -520,7 +520,7 @@ TEST(ExperimentFileConsistency, LockstepExperimentsWithRowComparisonsRoundTrip) 
     rows += c.kind == experiment::ComparisonKind::Rows ? 1 : 0;
   }
   ASSERT_EQ(rows, 4) << "b2.rows and b3.rows, in the main and the workaround group";
-  const std::string p = temp_path("lockstep");
+  const std::string p = hardening_path("lockstep");
   const auto w = write_experiment(p, r);
   ASSERT_TRUE(w.ok()) << w.error().message;
   const auto back = read_experiment(p);
@@ -573,7 +573,7 @@ TEST(ExperimentFileConsistency, LockstepExperimentsWithRowComparisonsRoundTrip) 
   for (const Case& c : cases) {
     ExperimentResult bad = r;
     c.damage(bad);
-    const std::string q = temp_path("inconsistent_rows");
+    const std::string q = hardening_path("inconsistent_rows");
     const auto wr = write_experiment(q, bad);
     ASSERT_FALSE(wr.ok()) << c.label;
     EXPECT_NE(wr.error().message.find(c.says), std::string::npos)
@@ -591,7 +591,7 @@ TEST(ExperimentFileStrings, TextWithNulBytesAndInvalidUtf8RoundTripsByteForByte)
   r.runs[1].text = std::string(1, '\0');
   r.prompt_text = std::string("\xc3\x28 broken", 9);
   r.provenance.host = "";
-  const std::string p = temp_path("strings");
+  const std::string p = hardening_path("strings");
   const auto w = write_experiment(p, r);
   ASSERT_TRUE(w.ok()) << w.error().message;
   const auto back = read_experiment(p);
@@ -611,12 +611,12 @@ TEST(ExperimentFileStrings, TextWithNulBytesAndInvalidUtf8RoundTripsByteForByte)
 // (tests/CMakeLists.txt, SLOW).
 TEST(ExperimentFileMutations, EveryMutationIsDetectedOrHarmless) {
   const ExperimentResult& r = tiny_experiment();
-  const std::string good = temp_path("mutation_good");
+  const std::string good = hardening_path("mutation_good");
   ASSERT_TRUE(write_experiment(good, r).ok());
   const std::string bytes = slurp(good);
   ASSERT_GT(bytes.size(), 1000U);
   std::mt19937_64 rng(20261203);
-  const std::string p = temp_path("mutated");
+  const std::string p = hardening_path("mutated");
   int detected = 0;
   int harmless = 0;
   constexpr int kMutations = 1000;
@@ -639,13 +639,13 @@ TEST(ExperimentFileMutations, EveryMutationIsDetectedOrHarmless) {
 // about at exit ("infinite loop closing library", issue #32).
 TEST(ExperimentFileHandles, DamagedFilesLeaveNoHdf5ObjectOpen) {
   const ExperimentResult& r = tiny_experiment();
-  const std::string good = temp_path("handles_good");
+  const std::string good = hardening_path("handles_good");
   ASSERT_TRUE(write_experiment(good, r).ok());
   const std::string bytes = slurp(good);
   ASSERT_TRUE(read_experiment(good).ok());  // the library's own identifiers exist from here on
   const std::vector<hsize_t> before = testing::open_hdf5_ids();
   std::mt19937_64 rng(32);
-  const std::string p = temp_path("handles_damaged");
+  const std::string p = hardening_path("handles_damaged");
   int refused = 0;
   for (int i = 0; i < 100; ++i) {
     const std::string m = testing::damaged(bytes, rng, i);
@@ -666,7 +666,7 @@ TEST(ExperimentFileWrites, NearlyFullDiskKeepsTheGoodFileAndSaysWhy) {
   const fs::path mnt = temp_dir() / "small_disk";
   fs::create_directories(mnt);
   const ExperimentResult& r = tiny_experiment();
-  const std::string probe = temp_path("disk_probe");
+  const std::string probe = hardening_path("disk_probe");
   ASSERT_TRUE(write_experiment(probe, r).ok());
   const auto size = fs::file_size(probe);
   ExperimentResult bigger = r;
@@ -712,7 +712,7 @@ TEST(ExperimentFileWrites, NearlyFullDiskKeepsTheGoodFileAndSaysWhy) {
 }
 
 TEST(ExperimentFileWrites, OrphanedTemporariesOfDeadWritersAreRemovedLiveOnesKept) {
-  const std::string target = temp_path("orphans");
+  const std::string target = hardening_path("orphans");
   // A pid that cannot be alive (above pid_max) and this process's own.
   const std::string dead = target + ".tmp-99999999-abcdef";
   const std::string live = target + ".tmp-" + std::to_string(::getpid()) + "-ghijkl";
@@ -742,12 +742,12 @@ TEST(ExperimentFileOldSchema, FieldsAddedIn11MayBeMissingBefore12AllOrNone) {
   // and pos_max_ulp reads, without them; one that lacks only pos_max_ulp does not. From 1.2 on
   // both are required.
   const ExperimentResult& r = tiny_experiment();
-  const std::string good = temp_path("old_schema_good");
+  const std::string good = hardening_path("old_schema_good");
   ASSERT_TRUE(write_experiment(good, r).ok());
   const std::string cmp = "/comparisons/" + r.comparisons.front().id;
   ASSERT_EQ(r.comparisons.front().kind, experiment::ComparisonKind::Row0);
   const auto edited = [&](std::int64_t minor, std::vector<const char*> remove) {
-    const std::string p = temp_path("old_schema");
+    const std::string p = hardening_path("old_schema");
     fs::copy_file(good, p, fs::copy_options::overwrite_existing);
     const hid_t f = H5Fopen(p.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
     EXPECT_GE(f, 0);
@@ -792,7 +792,7 @@ TEST(ExperimentFileCpuIsa, RoundTripsInItsOwnGroupBesideTheProvenanceOf12) {
   r.provenance.cpu.onednn_isa = "avx2";
   r.provenance.cpu.bf16_matmul = "ATen";
   r.provenance.cpu.caps = "ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2";
-  const std::string p = temp_path("cpu_isa");
+  const std::string p = hardening_path("cpu_isa");
   ASSERT_TRUE(write_experiment(p, r).ok());
   const auto back = read_experiment(p);
   ASSERT_TRUE(back.ok()) << back.error().message;
@@ -891,7 +891,7 @@ std::set<std::string> with_digest(std::set<std::string> names) {
 TEST(ExperimentFileSchema, TheFileHoldsExactlyTheDeclaredFields) {
   // Lockstep with a workaround: row0 and rows comparisons, main and workaround runs.
   const ExperimentResult& r = tiny_lockstep_experiment();
-  const std::string p = temp_path("declared");
+  const std::string p = hardening_path("declared");
   ASSERT_TRUE(write_experiment(p, r).ok());
   const hid_t f = H5Fopen(p.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   ASSERT_GE(f, 0);
@@ -934,7 +934,7 @@ TEST(ExperimentFileSchema, TheFileHoldsExactlyTheDeclaredFields) {
 // ---- special files -------------------------------------------------------------------------
 
 TEST(ExperimentFileInputs, FifoDeviceAndFolderAreRefusedWithoutBlocking) {
-  const std::string fifo = temp_path("fifo");
+  const std::string fifo = hardening_path("fifo");
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
   const auto start = std::chrono::steady_clock::now();
   auto r = read_experiment(fifo);

@@ -30,7 +30,7 @@ using base::ErrorCode;
 
 constexpr std::uint64_t kGiB = std::uint64_t{1} << 30;
 
-ModelConfig preset(const std::string& name) {
+ModelConfig loader_preset(const std::string& name) {
   auto c = load_preset(name);
   EXPECT_TRUE(c.ok()) << c.error().message;
   return c.value();
@@ -60,7 +60,7 @@ FreeMemoryFn fake_free(std::uint64_t bytes) {
 TEST(MemoryEstimate, WeightsAreTheParametersInTheRunDtype) {
   for (const auto& name : preset_names()) {
     SCOPED_TRACE(name);
-    const ModelConfig c = preset(name);
+    const ModelConfig c = loader_preset(name);
     const MemoryEstimate bf16 = estimate_memory(c, "bf16");
     const MemoryEstimate fp32 = estimate_memory(c, "fp32");
     EXPECT_EQ(bf16.weights, parameter_count(c) * 2);
@@ -71,14 +71,14 @@ TEST(MemoryEstimate, WeightsAreTheParametersInTheRunDtype) {
     EXPECT_GT(bf16.activations, 0U);
   }
   // The weights the loader builds for a small preset are exactly what the estimate says.
-  const ModelConfig demo = preset("demo");
+  const ModelConfig demo = loader_preset("demo");
   EXPECT_EQ(static_cast<std::uint64_t>(random_weights(demo, 0, at::kCPU, at::kBFloat16).bytes()),
             estimate_memory(demo, "bf16").weights);
 }
 
 TEST(MemoryEstimate, ReleasedModelIsWithinSaneBounds) {
   // DiffusionGemma 26B-A4B: about 25-26 billion parameters, ~48 GiB in bf16.
-  const ModelConfig c = preset("26b-a4b");
+  const ModelConfig c = loader_preset("26b-a4b");
   const MemoryEstimate m = estimate_memory(c, "bf16");
   EXPECT_GT(m.weights, 45 * kGiB);
   EXPECT_LT(m.weights, 55 * kGiB);
@@ -113,7 +113,7 @@ TEST(MemoryEstimate, HostFreeMemoryIsReadOnLinux) {
 }
 
 TEST(MemoryEstimate, CheckComparesWithTheFreeMemory) {
-  const MemoryEstimate m = estimate_memory(preset("tiny"), "bf16");
+  const MemoryEstimate m = estimate_memory(loader_preset("tiny"), "bf16");
   EXPECT_TRUE(check_memory(m, "tiny", "cpu", fake_free(m.total())).ok());
   const auto refused = check_memory(m, "tiny", "cpu", fake_free(m.total() - 1));
   ASSERT_FALSE(refused.ok());
@@ -146,7 +146,7 @@ TEST(LoadModel, ReleasedPresetOnASmallMachineIsRefusedUpFront) {
 }
 
 TEST(LoadModel, FitsWhenTheFreeMemoryIsEnoughAndTheWorkloadCounts) {
-  const MemoryEstimate one = estimate_memory(preset("tiny"), "bf16");
+  const MemoryEstimate one = estimate_memory(loader_preset("tiny"), "bf16");
   LoadOptions options;
   options.free_memory = fake_free(one.total());
   ASSERT_TRUE(load_model(ModelSource{"tiny", {}, 0}, options).ok());

@@ -15,7 +15,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-ModelConfig preset(const std::string& name) {
+ModelConfig weights_preset(const std::string& name) {
   auto c = load_preset(name);
   EXPECT_TRUE(c.ok()) << c.error().message;
   return c.value();
@@ -42,7 +42,7 @@ class TempDir {
 };
 
 TEST(WeightSpecs, ReleasedArchitectureHas25Point25BillionTextParameters) {
-  const ModelConfig c = preset("26b-a4b");
+  const ModelConfig c = weights_preset("26b-a4b");
   std::int64_t total = 0;
   std::set<std::string> keys;
   for (const auto& s : weight_specs(c.text)) {
@@ -74,7 +74,7 @@ TEST(WeightSpecs, ReleasedArchitectureHas25Point25BillionTextParameters) {
 }
 
 TEST(RandomWeights, SeededDeterministicAndFollowingTheReferenceInit) {
-  const ModelConfig c = preset("tiny");
+  const ModelConfig c = weights_preset("tiny");
   const ModelWeights a = random_weights(c, 3, at::kCPU, at::kBFloat16);
   const ModelWeights b = random_weights(c, 3, at::kCPU, at::kBFloat16);
   const ModelWeights d = random_weights(c, 4, at::kCPU, at::kBFloat16);
@@ -97,7 +97,7 @@ TEST(RandomWeights, SeededDeterministicAndFollowingTheReferenceInit) {
 }
 
 TEST(LoadWeights, RoundTripsThroughAShardedCheckpoint) {
-  const ModelConfig c = preset("tiny");
+  const ModelConfig c = weights_preset("tiny");
   const ModelWeights w = random_weights(c, 5, at::kCPU, at::kBFloat16);
   TempDir dir;
   write_checkpoint(dir.path(), named_tensors(w, c.text), 64 * 1024);
@@ -119,7 +119,7 @@ TEST(LoadWeights, RoundTripsThroughAShardedCheckpoint) {
 }
 
 TEST(LoadWeights, NamesMissingUnexpectedAndMisshapenKeys) {
-  const ModelConfig c = preset("tiny");
+  const ModelConfig c = weights_preset("tiny");
   const ModelWeights w = random_weights(c, 6, at::kCPU, at::kBFloat16);
   auto tensors = named_tensors(w, c.text);
   TempDir dir;
@@ -164,7 +164,7 @@ TEST(LoadWeights, NamesMissingUnexpectedAndMisshapenKeys) {
 }
 
 TEST(LoadWeights, CancelStopsLoading) {
-  const ModelConfig c = preset("tiny");
+  const ModelConfig c = weights_preset("tiny");
   TempDir dir;
   write_safetensors(dir.path() / "m.safetensors",
                     named_tensors(random_weights(c, 1, at::kCPU, at::kBFloat16), c.text));
