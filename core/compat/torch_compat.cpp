@@ -73,7 +73,14 @@ at::Tensor sdpa_math(const at::Tensor& q, const at::Tensor& k, const at::Tensor&
       scores = scores + m.to(scores.scalar_type());
     }
   }
-  const at::Tensor probs = at::softmax(scores, -1);
+  at::Tensor probs = at::softmax(scores, -1);
+  if (m.defined()) {
+    // A query that may attend to no key (a padding token's, whose keys are all padding) gets
+    // zeros, not NaN: LibTorch 2.5+'s math backend (_safe_softmax). Its output then stays
+    // finite, and so do the keys and values later layers make from it.
+    const at::Tensor none = (scores == -std::numeric_limits<float>::infinity()).all(-1, true);
+    probs = probs.masked_fill(none, 0.0);
+  }
   return at::matmul(probs, vf).to(q.scalar_type());  // [B, Hq, Sq, Dv]
 }
 

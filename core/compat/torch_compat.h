@@ -68,7 +68,8 @@ at::Tensor sdpa(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                 bool enable_gqa = false);
 
 /// The same as sdpa(), always through BatchLens's math path: PyTorch's math backend
-/// (fp32 for half/bf16 inputs, q and k each scaled by sqrt(scale), softmax, matmul).
+/// (fp32 for half/bf16 inputs, q and k each scaled by sqrt(scale), softmax, matmul), with its
+/// 2.5+ safe softmax: a query the mask leaves no key gets zeros.
 at::Tensor sdpa_math(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                      const at::Tensor& mask, double scale, bool is_causal = false,
                      bool enable_gqa = false);

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/generation/engine.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -16,11 +17,7 @@ namespace {
 using model::DiffusionGemma;
 using model::KvCache;
 
-const GenerateOptions& checked(const at::Tensor& prompt, const GenerateOptions& options) {
-  if (options.batch_size < 1 || prompt.dim() != 2 || prompt.size(0) != 1 || prompt.size(1) < 1) {
-    base::raise(base::ErrorCode::InvalidArgument,
-                "generate: expected a prompt [1, L] with L >= 1 and a batch size >= 1");
-  }
+const GenerateOptions& checked_config(const GenerateOptions& options) {
   if (options.config.sampler.max_denoising_steps < 1 || options.config.max_new_tokens < 1) {
     base::raise(base::ErrorCode::InvalidArgument,
                 "generate: max_denoising_steps and max_new_tokens must be >= 1");
@@ -28,37 +25,129 @@ const GenerateOptions& checked(const at::Tensor& prompt, const GenerateOptions& 
   return options;
 }
 
+const GenerateOptions& checked(const at::Tensor& prompt, const GenerateOptions& options) {
+  if (options.batch_size < 1 || prompt.dim() != 2 || prompt.size(0) != 1 || prompt.size(1) < 1) {
+    base::raise(base::ErrorCode::InvalidArgument,
+                "generate: expected a prompt [1, L] with L >= 1 and a batch size >= 1");
+  }
+  return checked_config(options);
+}
+
+const GenerateOptions& checked(const PaddedPrompts& p, const GenerateOptions& options) {
+  const std::int64_t b = options.batch_size;
+  const bool shaped = p.ids.defined() && p.ids.dim() == 2 && p.ids.scalar_type() == at::kLong &&
+                      p.ids.size(0) == b && p.ids.size(1) >= 1 && p.valid.defined() &&
+                      p.valid.scalar_type() == at::kBool && p.valid.sizes() == p.ids.sizes() &&
+                      static_cast<std::int64_t>(p.lengths.size()) == b;
+  if (b < 1 || !shaped) {
+    base::raise(base::ErrorCode::InvalidArgument,
+                "generate: a batch of prompts needs ids [B, L] int64, valid [B, L] bool and B "
+                "lengths, B the batch size");
+  }
+  if (b > 1 && options.prefill == PrefillMode::Copied) {
+    base::raise(base::ErrorCode::InvalidArgument,
+                "generate: a batch of different prompts is prefilled as one batch (prefill "
+                "'batched'); 'copied' copies one prompt's cache into every row");
+  }
+  return checked_config(options);
+}
+
 }  // namespace
 
-GenerationEngine::GenerationEngine(const DiffusionGemma& model, const at::Tensor& prompt,
-                                   const GenerateOptions& options)
+PaddedPrompts pad_left(const std::vector<std::vector<std::int64_t>>& rows, std::int64_t pad_id) {
+  std::size_t longest = 0;
+  for (const auto& row : rows) {
+    if (row.empty()) {
+      base::raise(base::ErrorCode::InvalidArgument, "generate: a prompt in the batch is empty");
+    }
+    longest = std::max(longest, row.size());
+  }
+  if (rows.empty()) {
+    base::raise(base::ErrorCode::InvalidArgument, "generate: a batch needs at least one prompt");
+  }
+  const auto b = static_cast<std::int64_t>(rows.size());
+  const auto l = static_cast<std::int64_t>(longest);
+  PaddedPrompts out;
+  out.ids = at::full({b, l}, pad_id, at::TensorOptions().dtype(at::kLong));
+  out.valid = at::zeros({b, l}, at::TensorOptions().dtype(at::kBool));
+  for (std::int64_t r = 0; r < b; ++r) {
+    const auto& row = rows[static_cast<std::size_t>(r)];
+    const auto n = static_cast<std::int64_t>(row.size());
+    out.ids[r].narrow(0, l - n, n).copy_(at::tensor(row, at::TensorOptions().dtype(at::kLong)));
+    out.valid[r].narrow(0, l - n, n).fill_(true);
+    out.lengths.push_back(n);
+  }
+  return out;
+}
+
+GenerationEngine::GenerationEngine(const DiffusionGemma& model, const GenerateOptions& options)
     : model_(model),
-      options_(checked(prompt, options)),
+      options_(options),
       ctx_{options_.policy, nullptr, /*check_id_range=*/false, /*fused_kernels=*/true,
            options_.observer},
       streams_(options_.rng, options_.seed, options_.batch_size, model.device()),
       stopping_(options_.config.sampler.stability_threshold,
-                options_.config.sampler.confidence_threshold) {
-  const at::Device device = model.device();
+                options_.config.sampler.confidence_threshold) {}
+
+GenerationEngine::GenerationEngine(const DiffusionGemma& model, const at::Tensor& prompt,
+                                   const GenerateOptions& options)
+    : GenerationEngine(model, checked(prompt, options)) {
+  PaddedPrompts one;
+  one.ids = prompt;  // [1, L], repeated into every row
+  start(one);
+}
+
+GenerationEngine::GenerationEngine(const DiffusionGemma& model, const PaddedPrompts& prompts,
+                                   const GenerateOptions& options)
+    : GenerationEngine(model, checked(prompts, options)) {
+  start(prompts);
+}
+
+void GenerationEngine::start(const PaddedPrompts& prompts) {
+  const at::Device device = model_.device();
   const std::int64_t b = options_.batch_size;
   const GenerationConfig& gc = options_.config;
   eos_ = at::tensor(gc.eos_token_ids, at::TensorOptions().dtype(at::kLong)).to(device);
-  prompt_ = prompt.to(device);
-  // Prefill. ref: generate -> _prepare_encoder_inputs + encoder (is_prefill)
-  if (options_.prefill == PrefillMode::Copied) {
+  const bool identical = !prompts.valid.defined();  // one prompt [1, L] in every row
+  prompt_ = identical ? prompts.ids.to(device).expand({b, -1}).contiguous()
+                      : prompts.ids.to(device);  // [B, L]
+  // Prefill. ref: generate -> _prepare_encoder_inputs + encoder (is_prefill), with the 2D
+  // attention_mask of a left-padded batch.
+  model::TokenLayout layout;
+  if (!identical) {
+    layout.valid = prompts.valid.to(device);
+    padded_ = !layout.valid.all().item<bool>();
+    lengths_ = at::tensor(prompts.lengths, at::TensorOptions().dtype(at::kLong))
+                   .to(device)
+                   .unsqueeze(1);  // [B, 1]
+    if (padded_ && options_.positions == PositionMode::PerRow) {
+      // Each row counts its real tokens; padding slots get 0 (they are never attended to).
+      layout.positions = (layout.valid.to(at::kLong).cumsum(1) - 1).clamp_min(0);  // [B, L]
+    }
+  }
+  if (identical && options_.prefill == PrefillMode::Copied) {
     KvCache one;
-    model_.encode(prompt_, one, ctx_);
+    model_.encode(prompt_.narrow(0, 0, 1), one, ctx_);
     cache_ = one.repeat_rows(b);
   } else {
-    model_.encode(prompt_.expand({b, -1}).contiguous(), cache_, ctx_);
+    model_.encode(prompt_, cache_, ctx_, layout);
   }
-  input_ids_ = prompt_.expand({b, -1}).contiguous();  // [B, L]
+  input_ids_ = prompt_;  // [B, L]
   const std::int64_t c = model_.config().canvas_length;
-  max_length_ = prompt.size(1) + gc.max_new_tokens;
+  max_length_ = prompt_.size(1) + gc.max_new_tokens;
   max_canvases_ = static_cast<int>((gc.max_new_tokens + c - 1) / c);
   finished_sequences_ = at::zeros({b}, at::TensorOptions().dtype(at::kBool).device(device));
   use_graph_ =
       options_.cuda_graph && options_.observer == nullptr && compat::DeviceGraph::supported(device);
+}
+
+at::Tensor GenerationEngine::canvas_positions() const {
+  if (!padded_ || options_.positions != PositionMode::PerRow) {
+    return {};  // transformers' shared positions: the model's default, cache.seq_length + i
+  }
+  const std::int64_t c = model_.config().canvas_length;
+  return lengths_ + canvas_ * c +
+         at::arange(c, at::TensorOptions().dtype(at::kLong).device(model_.device()));  // [B, C]
 }
 
 namespace {
@@ -117,7 +206,7 @@ at::Tensor GenerationEngine::graph_decode(const at::Tensor& canvas_in, probe::Ta
   // of its inputs.
   const model::ForwardContext eager_ctx{options_.policy, taps, /*check_id_range=*/false,
                                         /*fused_kernels=*/true, options_.observer};
-  at::Tensor eager = model_.decode(canvas_in, cache_, sc_logits_, eager_ctx);
+  at::Tensor eager = model_.decode(canvas_in, cache_, sc_logits_, eager_ctx, canvas_positions_);
   graph_.reset();
   graph_taps_.clear();
   graph_canvas_ = canvas_;
@@ -128,8 +217,9 @@ at::Tensor GenerationEngine::graph_decode(const at::Tensor& canvas_in, probe::Ta
     CapturedTaps captured(taps, graph_taps_);
     const model::ForwardContext ctx{options_.policy, taps != nullptr ? &captured : nullptr,
                                     /*check_id_range=*/false};
-    graph_.capture(model_.device(),
-                   [&] { graph_out_ = model_.decode(graph_in_, cache_, graph_sc_, ctx); });
+    graph_.capture(model_.device(), [&] {
+      graph_out_ = model_.decode(graph_in_, cache_, graph_sc_, ctx, canvas_positions_);
+    });
     graph_.replay();
     if (!at::equal(graph_out_.view(at::kInt), eager.view(at::kInt))) {
       std::fprintf(stderr,
@@ -161,10 +251,14 @@ void GenerationEngine::begin_canvas() {
   const std::int64_t b = options_.batch_size;
   const std::int64_t c = model_.config().canvas_length;
   if (canvas_ >= 0) {
-    // Commit: the last canvas is encoded causally and appended to the cache.
-    model_.encode(input_ids_.narrow(1, input_ids_.size(1) - c, c), cache_, ctx_);
+    // Commit: the last canvas is encoded causally and appended to the cache, at the positions
+    // it was decoded at. ref: _prepare_kwargs_for_next_canvas (encoder_position_ids)
+    model::TokenLayout layout;
+    layout.positions = canvas_positions_;
+    model_.encode(input_ids_.narrow(1, input_ids_.size(1) - c, c), cache_, ctx_, layout);
   }
   ++canvas_;
+  canvas_positions_ = canvas_positions();
   // ref: _prepare_denoiser_inputs
   current_ = streams_.randint(model_.config().text.vocab_size, c);
   argmax_ = current_;
@@ -196,7 +290,8 @@ const StepTensors& GenerationEngine::step(probe::TapSink* taps) {
   const at::Tensor canvas_in = current_;
   const at::Tensor raw = use_graph_ && sc_logits_.defined()
                              ? graph_decode(canvas_in, taps)
-                             : model_.decode(canvas_in, cache_, sc_logits_, ctx);  // [B, C, V]
+                             : model_.decode(canvas_in, cache_, sc_logits_, ctx,
+                                             canvas_positions_);  // [B, C, V]
   const at::Tensor temp = temperature(cur_step_, gc.sampler, device);
   at::Tensor processed = raw / temp;
   const at::Tensor probs = at::softmax(processed, -1, at::kFloat);
@@ -292,9 +387,9 @@ GenerationResult GenerationEngine::result() const {
   return result;
 }
 
-GenerationResult generate(const DiffusionGemma& model, const at::Tensor& prompt,
-                          const GenerateOptions& options) {
-  GenerationEngine engine(model, prompt, options);
+namespace {
+
+GenerationResult run_to_end(GenerationEngine& engine, const GenerateOptions& options) {
   while (!engine.done()) {
     engine.begin_canvas();
     while (!engine.canvas_done()) {
@@ -317,6 +412,20 @@ GenerationResult generate(const DiffusionGemma& model, const at::Tensor& prompt,
     engine.end_canvas();
   }
   return engine.result();
+}
+
+}  // namespace
+
+GenerationResult generate(const DiffusionGemma& model, const at::Tensor& prompt,
+                          const GenerateOptions& options) {
+  GenerationEngine engine(model, prompt, options);
+  return run_to_end(engine, options);
+}
+
+GenerationResult generate(const DiffusionGemma& model, const PaddedPrompts& prompts,
+                          const GenerateOptions& options) {
+  GenerationEngine engine(model, prompts, options);
+  return run_to_end(engine, options);
 }
 
 }  // namespace batchlens::generation

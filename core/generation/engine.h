@@ -36,12 +36,26 @@ struct StepRecord {
 /// Called after every denoising step; may return false to cancel.
 using StepObserver = std::function<void(const StepRecord&)>;
 
+/// A batch of different prompts, left-padded to the longest as transformers' tokenizer
+/// (padding_side="left") and inference servers build it (issue #35).
+struct PaddedPrompts {
+  at::Tensor ids;                     ///< [B, L] int64, pad_token_id left of shorter rows
+  at::Tensor valid;                   ///< [B, L] bool: the real tokens
+  std::vector<std::int64_t> lengths;  ///< real tokens per row
+};
+
+/// `rows` (each at least one token) left-padded with `pad_id`. InvalidArgument on no rows or
+/// an empty row.
+PaddedPrompts pad_left(const std::vector<std::vector<std::int64_t>>& rows, std::int64_t pad_id);
+
 /// Everything a generation run needs besides the model and the prompt.
 struct GenerateOptions {
   std::int64_t batch_size = 1;
   std::uint64_t seed = 0;
   RngMode rng = RngMode::PerRow;
   PrefillMode prefill = PrefillMode::Copied;
+  /// A batch of different prompts: the rows' position ids (identical rows: no effect).
+  PositionMode positions = PositionMode::Shared;
   GenerationConfig config;
   const ops::OpPolicy* policy = nullptr;      ///< null = default
   const base::CancelToken* cancel = nullptr;  ///< checked before every step
@@ -95,7 +109,13 @@ struct DenoiserState {
 /// canvas_done(), end_canvas(); until done(). Throws as generate().
 class GenerationEngine {
  public:
+  /// options.batch_size identical rows of `prompt` [1, L].
   GenerationEngine(const model::DiffusionGemma& model, const at::Tensor& prompt,
+                   const GenerateOptions& options);
+  /// A batch of different prompts (options.batch_size rows), prefilled as one batch, padding
+  /// masked and positioned by options.positions. ref: generate with a left-padded input_ids and
+  /// its attention_mask
+  GenerationEngine(const model::DiffusionGemma& model, const PaddedPrompts& prompts,
                    const GenerateOptions& options);
 
   bool done() const { return done_; }
@@ -123,6 +143,12 @@ class GenerationEngine {
   GenerationResult result() const;
 
  private:
+  // The members both public constructors share (options checked by them).
+  GenerationEngine(const model::DiffusionGemma& model, const GenerateOptions& options);
+  // Both constructors: prefill and the run's tensors.
+  void start(const PaddedPrompts& prompts);
+  // The current canvas's position ids for options_.positions (undefined: transformers' own).
+  at::Tensor canvas_positions() const;
   // The decoder pass of a step without taps: a CUDA graph replay when possible, else eager.
   at::Tensor graph_decode(const at::Tensor& canvas_in, probe::TapSink* taps);
   // Which (tap, layer) `taps` wants, as a key: a new set means a new capture.
@@ -130,7 +156,10 @@ class GenerationEngine {
 
   const model::DiffusionGemma& model_;
   GenerateOptions options_;
-  at::Tensor prompt_;  // [1, L]
+  at::Tensor prompt_;            // [B, L] the rows' prompts (left-padded when they differ)
+  at::Tensor lengths_;           // [B, 1] int64: real prompt tokens per row (per-row positions)
+  bool padded_ = false;          // some prompt is padded
+  at::Tensor canvas_positions_;  // [B, C] int64 per-row positions of this canvas, or undefined
   model::ForwardContext ctx_;
   RandomStreams streams_;
   StableConfidentStopping stopping_;
@@ -168,6 +197,9 @@ class GenerationEngine {
 /// Throws base::ErrorException (InvalidArgument, Cancelled) and c10 errors (OutOfMemory).
 /// ref: DiffusionGemmaGenerationMixin.generate, _denoising_step, _finalize_canvas
 GenerationResult generate(const model::DiffusionGemma& model, const at::Tensor& prompt,
+                          const GenerateOptions& options);
+/// Generates for a batch of different prompts (options.batch_size rows, prefill 'batched').
+GenerationResult generate(const model::DiffusionGemma& model, const PaddedPrompts& prompts,
                           const GenerateOptions& options);
 
 }  // namespace batchlens::generation

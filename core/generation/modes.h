@@ -21,12 +21,22 @@ enum class PrefillMode {
   Batched,  ///< prefill all rows together (prefill kernels then see the batch shape too)
 };
 
+/// How the rows of a batch of different prompts (left-padded to the longest) get their position
+/// ids (issue #35).
+enum class PositionMode {
+  Shared,  ///< one set for every row, counting padding slots: transformers' generate
+  PerRow,  ///< each row its own, counting its real tokens only (what a fix would do)
+};
+
 /// "per_row" / "shared".
 const char* name(RngMode mode);
+/// "shared" / "per_row".
+const char* name(PositionMode mode);
 /// "copied" / "batched".
 const char* name(PrefillMode mode);
 /// The mode of a name; InvalidArgument naming the accepted ones otherwise.
 base::Result<RngMode> parse_rng_mode(std::string_view text);
 base::Result<PrefillMode> parse_prefill_mode(std::string_view text);
+base::Result<PositionMode> parse_position_mode(std::string_view text);
 
 }  // namespace batchlens::generation

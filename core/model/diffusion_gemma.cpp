@@ -40,6 +40,10 @@ KvCache KvCache::repeat_rows(std::int64_t rows) const {
     out.k.push_back(rep(k[i]));
     out.v.push_back(rep(v[i]));
   }
+  if (valid.defined()) {
+    out.valid = valid.narrow(0, 0, 1).expand({rows, valid.size(1)}).contiguous();
+    out.padded = padded;
+  }
   return out;
 }
 
@@ -135,6 +139,11 @@ class Pass {
     }
   }
 
+  // Which slots (the cache's and this pass's) are real: [B, seq_length + S] bool on the device.
+  // Set before the layers run, and only when some slot is padding: undefined, no layer masks
+  // (transformers' shortcuts when the 2D mask is all ones).
+  void set_slots(at::Tensor valid) { slots_valid_ = std::move(valid); }
+
   bool wants(Tap tap, int layer) const { return taps_ != nullptr && taps_->wants(tap, layer); }
   void record(Tap tap, int layer, const at::Tensor& value) const {
     if (wants(tap, layer)) {
@@ -193,7 +202,9 @@ class Pass {
   // RMSNorm then RoPE (q and k). ref: DiffusionGemmaDecoderTextAttention.forward
   at::Tensor norm_rope(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos,
                        const at::Tensor& sin) const {
-    if (!fuse_norm(x, {weight, cos, sin}) || x.dim() != 4) {
+    // The fused kernel takes one table for every row ([1, S, D]); per-row positions ([B, S, D])
+    // run ATen's chain (the same bits).
+    if (!fuse_norm(x, {weight, cos, sin}) || x.dim() != 4 || cos.size(0) != 1) {
       return apply_rope(rms_norm(x, weight, t_.rms_norm_eps), cos, sin);
     }
     kernels::NormApply a = tail(x, mean_sq(x), weight);
@@ -280,28 +291,44 @@ class Pass {
       values = at::cat({v}, -2);
     }
 
-    // Masks. The decoder attends to everything (mask None). The encoder is causal (plus a
-    // window on sliding layers); transformers passes no mask and is_causal=True when it can
-    // (no past, and on sliding layers fewer keys than the window), else a boolean mask.
-    // ref: masking_utils.sdpa_mask + _ignore_causal_mask_sdpa
+    // Masks, over cache slots (q_idx and kv_idx count every slot, padding included). Without
+    // padding the decoder attends to everything (mask None) and the encoder is causal (plus a
+    // window on sliding layers): transformers passes no mask and is_causal=True when it can (no
+    // past, and on sliding layers fewer keys than the window), else a boolean mask. With
+    // padding, keys at padding slots are masked too: in the encoder whenever its keys hold one,
+    // in the decoder on every layer once any slot of the batch is padding.
+    // ref: masking_utils.sdpa_mask, _ignore_causal_mask_sdpa, padding_mask_function;
+    // create_diffusion_decoder_attention_mask (its shortcut: decoder_attention_mask.all())
+    const std::int64_t kv_len = keys.size(2);
+    const std::int64_t kv_first = cache.seq_length + s - kv_len;  // slot of the first key
+    at::Tensor key_valid;                                         // [B, 1, 1, Kv] bool
+    if (slots_valid_.defined()) {
+      key_valid = slots_valid_.narrow(1, kv_first, kv_len).view({b, 1, 1, kv_len});
+    }
     at::Tensor mask;
     bool is_causal = false;
     if (encoder) {
-      const std::int64_t kv_len = keys.size(2);
-      const bool skip = !has_past && (!sliding || kv_len < t_.sliding_window);
+      // Without past the keys are every slot, so "the keys hold padding" is "the batch does".
+      const bool skip =
+          !has_past && (!sliding || kv_len < t_.sliding_window) && !key_valid.defined();
       if (skip) {
         is_causal = s > 1;
       } else {
         const auto lopt = at::TensorOptions().dtype(at::kLong).device(h.device());
         const at::Tensor q_pos = at::arange(cache.seq_length, cache.seq_length + s, lopt);
-        const at::Tensor k_pos =
-            at::arange(cache.seq_length + s - kv_len, cache.seq_length + s, lopt);
+        const at::Tensor k_pos = at::arange(kv_first, cache.seq_length + s, lopt);
         at::Tensor m = k_pos.unsqueeze(0) <= q_pos.unsqueeze(1);  // [S, Kv]
         if (sliding) {
           m = m & (k_pos.unsqueeze(0) > (q_pos.unsqueeze(1) - t_.sliding_window));
         }
         mask = m.unsqueeze(0).unsqueeze(0).expand({b, 1, s, kv_len});
+        if (key_valid.defined()) {
+          mask = mask & key_valid;  // [B, 1, S, Kv]
+        }
       }
+    } else if (key_valid.defined()) {
+      // Materialised, as transformers' and_masks broadcast makes it (kernels see its strides).
+      mask = key_valid.expand({b, 1, s, kv_len}).contiguous();
     }
     const std::int64_t groups = t_.num_attention_heads / t_.layer_kv_heads(layer);
     // ref: sdpa_attention_forward / use_gqa_in_sdpa
@@ -533,7 +560,8 @@ class Pass {
   ops::OpRunner runner_;
   probe::TapSink* taps_;
   std::int64_t rows_;
-  FusedKernels use_;  // all false unless the context allows them
+  at::Tensor slots_valid_;  // [B, seq_length + S] bool, undefined without padding
+  FusedKernels use_;        // all false unless the context allows them
 };
 
 // On a CPU the forward pass runs below LibTorch's autograd and ADInplaceOrView dispatch keys:
@@ -568,6 +596,24 @@ void check_ids(const at::Tensor& ids, std::int64_t vocab, const char* what, bool
                       "), got range [" + std::to_string(lo) + ", " + std::to_string(hi) + "]");
     }
   }
+}
+
+// A pass's position ids on `device`: `given` checked ([1, S] or [B, S] integers), else
+// first .. first + S - 1 ([S], shared by every row). ref: generate's encoder/decoder_position_ids
+at::Tensor pass_positions(const at::Tensor& given, std::int64_t b, std::int64_t s,
+                          std::int64_t first, const at::Device& device, const char* what) {
+  if (!given.defined()) {
+    return at::arange(first, first + s, at::TensorOptions().dtype(at::kLong).device(device));
+  }
+  if (given.dim() != 2 || (given.size(0) != 1 && given.size(0) != b) || given.size(1) != s ||
+      !at::isIntegralType(given.scalar_type(), /*includeBool=*/false)) {
+    base::raise(base::ErrorCode::InvalidArgument,
+                std::string(what) + ": position ids must be integers of shape [1, " +
+                    std::to_string(s) + "] or [" + std::to_string(b) + ", " + std::to_string(s) +
+                    "], got " + std::string(c10::toString(given.scalar_type())) + " " +
+                    c10::str(given.sizes()));
+  }
+  return given.to(device, at::kLong);
 }
 
 }  // namespace
@@ -639,8 +685,8 @@ DiffusionGemma::DiffusionGemma(ModelConfig config, ModelWeights weights, RunSett
   fused_ = check_fused_kernels(config_.text, device(), dtype(), settings_.switches);
 }
 
-void DiffusionGemma::encode(const at::Tensor& ids, KvCache& cache,
-                            const ForwardContext& ctx) const {
+void DiffusionGemma::encode(const at::Tensor& ids, KvCache& cache, const ForwardContext& ctx,
+                            const TokenLayout& layout) const {
   const TextConfig& t = config_.text;
   check_ids(ids, t.vocab_size, "encoder input ids", ctx.check_id_range);
   const std::int64_t b = ids.size(0);
@@ -654,12 +700,37 @@ void DiffusionGemma::encode(const at::Tensor& ids, KvCache& cache,
     cache.k.resize(static_cast<std::size_t>(t.num_hidden_layers));
     cache.v.resize(static_cast<std::size_t>(t.num_hidden_layers));
   }
+  const at::Tensor& given_valid = layout.valid;
+  if (given_valid.defined() && (given_valid.scalar_type() != at::kBool || given_valid.dim() != 2 ||
+                                given_valid.size(0) != b || given_valid.size(1) != s)) {
+    base::raise(base::ErrorCode::InvalidArgument,
+                "encoder: the padding mask must be bool [" + std::to_string(b) + ", " +
+                    std::to_string(s) + "], got " +
+                    std::string(c10::toString(given_valid.scalar_type())) + " " +
+                    c10::str(given_valid.sizes()));
+  }
   const HostDispatch fast_dispatch(device());
   Pass pass(*this, ctx, b, /*record_taps=*/false);
+  const at::Tensor positions =
+      pass_positions(layout.positions, b, s, cache.seq_length, device(), "encoder");
+  // Which slots are real after this pass: the cache's and the new tokens'. One host read per
+  // encoder pass says whether the new tokens hold padding.
+  at::Tensor slots;  // [B, seq_length + S] bool, undefined while no slot was ever padding
+  bool padded = cache.padded;
+  if (cache.valid.defined() || given_valid.defined()) {
+    const auto bopt = at::TensorOptions().dtype(at::kBool).device(device());
+    const at::Tensor old =
+        cache.valid.defined() ? cache.valid : at::ones({b, cache.seq_length}, bopt);
+    const at::Tensor cur =
+        given_valid.defined() ? given_valid.to(device()) : at::ones({b, s}, bopt);
+    padded = padded || !cur.all().item<bool>();
+    slots = at::cat({old, cur}, 1);
+  }
+  if (padded) {
+    pass.set_slots(slots);
+  }
   const at::Tensor ids_dev = ids.to(device());
   at::Tensor x = pass.embed(ids_dev, embed_scale_);  // [B, S, H]
-  const at::Tensor positions = at::arange(cache.seq_length, cache.seq_length + s,
-                                          at::TensorOptions().dtype(at::kLong).device(device()));
   const auto [cos_s, sin_s] = rope_tables(inv_freq_sliding_, positions, dtype());
   const auto [cos_f, sin_f] = rope_tables(inv_freq_full_, positions, dtype());
   for (int l = 0; l < static_cast<int>(t.num_hidden_layers); ++l) {
@@ -669,11 +740,13 @@ void DiffusionGemma::encode(const at::Tensor& ids, KvCache& cache,
                    /*encoder=*/true, /*attention_only=*/last);
   }
   cache.seq_length += s;
+  cache.valid = slots;
+  cache.padded = padded;
 }
 
 at::Tensor DiffusionGemma::decode(const at::Tensor& canvas, const KvCache& cache,
                                   const at::Tensor& self_conditioning_logits,
-                                  const ForwardContext& ctx) const {
+                                  const ForwardContext& ctx, const at::Tensor& positions) const {
   const TextConfig& t = config_.text;
   check_ids(canvas, t.vocab_size, "canvas", ctx.check_id_range);
   const std::int64_t b = canvas.size(0);
@@ -691,8 +764,22 @@ at::Tensor DiffusionGemma::decode(const at::Tensor& canvas, const KvCache& cache
                                                       std::to_string(b) + ", " + std::to_string(c) +
                                                       ", " + std::to_string(t.vocab_size) + "]");
   }
+  if (cache.valid.defined() &&
+      (cache.valid.size(0) != b || cache.valid.size(1) != cache.seq_length)) {
+    base::raise(base::ErrorCode::InvalidArgument,
+                "decoder: the cache's padding mask is " + c10::str(cache.valid.sizes()) + " for " +
+                    std::to_string(b) + " rows and " + std::to_string(cache.seq_length) + " slots");
+  }
   const HostDispatch fast_dispatch(device());
   Pass pass(*this, ctx, b, /*record_taps=*/true);
+  // The canvas continues after everything in the cache (default positions), and is never
+  // padding; with padding in the cache every layer masks it among its keys.
+  const at::Tensor canvas_positions =
+      pass_positions(positions, b, c, cache.seq_length, device(), "decoder");
+  if (cache.padded) {
+    pass.set_slots(at::cat(
+        {cache.valid, at::ones({b, c}, at::TensorOptions().dtype(at::kBool).device(device()))}, 1));
+  }
   const at::Tensor canvas_dev = canvas.to(device());
   const at::Tensor inputs_embeds = pass.embed(canvas_dev, embed_scale_);  // [B, C, H]
 
@@ -715,11 +802,8 @@ at::Tensor DiffusionGemma::decode(const at::Tensor& canvas, const KvCache& cache
   at::Tensor x = pass.norm(inputs_embeds + signal, at::Tensor());
   pass.record(Tap::SelfCondOut, probe::kNoLayer, x);
 
-  // The canvas continues the absolute positions after everything in the cache.
-  const at::Tensor positions = at::arange(cache.seq_length, cache.seq_length + c,
-                                          at::TensorOptions().dtype(at::kLong).device(device()));
-  const auto [cos_s, sin_s] = rope_tables(inv_freq_sliding_, positions, dtype());
-  const auto [cos_f, sin_f] = rope_tables(inv_freq_full_, positions, dtype());
+  const auto [cos_s, sin_s] = rope_tables(inv_freq_sliding_, canvas_positions, dtype());
+  const auto [cos_f, sin_f] = rope_tables(inv_freq_full_, canvas_positions, dtype());
   auto& readonly = const_cast<KvCache&>(cache);  // the decoder never writes it
   for (int l = 0; l < static_cast<int>(t.num_hidden_layers); ++l) {
     const bool sliding = t.is_sliding(l);

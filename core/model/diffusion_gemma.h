@@ -43,12 +43,29 @@ const char* experts_impl_name(ExpertsImpl impl);
 struct KvCache {
   std::vector<at::Tensor> k;    ///< per layer [B, Hkv, L_kept, D]
   std::vector<at::Tensor> v;    ///< per layer [B, Hkv, L_kept, D]
-  std::int64_t seq_length = 0;  ///< positions seen in all (the next position id)
+  std::int64_t seq_length = 0;  ///< slots seen in all (padding included)
+  /// Which of the seq_length slots hold a real token (false: left padding), on the device:
+  /// transformers' 2D attention_mask as generate grows it. Undefined: every slot is real.
+  at::Tensor valid;     ///< [B, seq_length] bool
+  bool padded = false;  ///< some slot is padding (`valid` has a false); known on the host
 
   std::int64_t batch_size() const { return k.empty() ? 0 : k.front().size(0); }
   /// A cache of `rows` rows, each a bitwise copy of row 0 (the batch-1 prompt cache copied into
   /// every row, the user's setup).
   KvCache repeat_rows(std::int64_t rows) const;
+};
+
+/// Where one pass's tokens sit in a padded batch: their position ids and which are padding,
+/// as transformers' generate passes them (position_ids, the 2D attention_mask). The default is
+/// a batch without padding whose positions continue the cache (seq_length + i in every row).
+/// ref: DiffusionGemmaGenerationMixin.generate (encoder/decoder position ids, attention_mask)
+struct TokenLayout {
+  /// [1, S] (one set for every row, transformers' generate) or [B, S] int64 (each row its own).
+  /// Undefined: cache.seq_length .. cache.seq_length + S - 1.
+  at::Tensor positions;
+  /// [B, S] bool: the pass's tokens that are real (false: padding, masked as keys). Encoder
+  /// only (a canvas is never padding). Undefined: every token is real.
+  at::Tensor valid;
 };
 
 /// What one forward pass reports to and is steered by.
@@ -91,17 +108,23 @@ class DiffusionGemma {
   at::ScalarType dtype() const { return weights_.dtype(); }
 
   /// Encoder pass over `ids` [B, L] int64 (causal), appending to `cache` (empty for prefill;
-  /// B must match a non-empty cache). Positions continue at cache.seq_length.
+  /// B must match a non-empty cache). Positions and padding from `layout` (default: positions
+  /// continue at cache.seq_length, no padding). Keys at padding slots are masked, as
+  /// transformers' create_causal_mask / create_sliding_window_causal_mask do.
   /// ref: DiffusionGemmaEncoderTextModel.forward
-  void encode(const at::Tensor& ids, KvCache& cache, const ForwardContext& ctx = {}) const;
+  void encode(const at::Tensor& ids, KvCache& cache, const ForwardContext& ctx = {},
+              const TokenLayout& layout = {}) const;
 
   /// One decoder pass: canvas [B, C] int64, the cache (read only; B rows), optional
   /// self-conditioning logits [B, C, V] (the previous step's processed logits, any float
   /// dtype; undefined on the first step). Returns soft-capped logits [B, C, V] fp32.
-  /// ref: DiffusionGemmaDecoderModel.forward + DiffusionGemmaForBlockDiffusion.forward
+  /// `positions` [1, C] or [B, C] int64: the canvas's position ids (undefined: seq_length + i).
+  /// With padding in the cache every layer masks the padding slots among its keys.
+  /// ref: DiffusionGemmaDecoderModel.forward + DiffusionGemmaForBlockDiffusion.forward,
+  /// create_diffusion_decoder_attention_mask
   at::Tensor decode(const at::Tensor& canvas, const KvCache& cache,
-                    const at::Tensor& self_conditioning_logits,
-                    const ForwardContext& ctx = {}) const;
+                    const at::Tensor& self_conditioning_logits, const ForwardContext& ctx = {},
+                    const at::Tensor& positions = {}) const;
 
  private:
   ModelConfig config_;

@@ -20,7 +20,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const std::int64_t half = x.size(-1) / 2;
   const at::Tensor rotated = at::cat({-x.narrow(-1, half, half), x.narrow(-1, 0, half)}, -1);
-  const at::Tensor c = cos.unsqueeze(2);  // [1, S, 1, D]
+  const at::Tensor c = cos.unsqueeze(2);  // [1 or B, S, 1, D]
   const at::Tensor s = sin.unsqueeze(2);
   return (x * c) + (rotated * s);
 }
@@ -51,12 +51,12 @@ at::Tensor rope_inv_freq(const RopeParams& rope, std::int64_t head_dim) {
 
 std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& inv_freq,
                                               const at::Tensor& positions, at::ScalarType dtype) {
-  const at::Tensor pos = positions.view({1, -1});  // [1, S]
-  // inv_freq[None, :, None].expand(B, -1, 1) @ position_ids[:, None, :]  -> [1, D/2, S]
+  const at::Tensor pos = positions.dim() == 1 ? positions.view({1, -1}) : positions;  // [P, S]
+  // inv_freq[None, :, None].expand(P, -1, 1) @ position_ids[:, None, :]  -> [P, D/2, S]
   const at::Tensor inv =
       inv_freq.unsqueeze(0).unsqueeze(2).expand({pos.size(0), -1, 1}).to(pos.device(), at::kFloat);
   const at::Tensor freqs = at::matmul(inv, pos.unsqueeze(1).to(at::kFloat)).transpose(1, 2);
-  const at::Tensor emb = at::cat({freqs, freqs}, -1);  // [1, S, D]
+  const at::Tensor emb = at::cat({freqs, freqs}, -1);  // [P, S, D]
   return {emb.cos().to(dtype), emb.sin().to(dtype)};
 }
 

@@ -19,8 +19,8 @@ namespace batchlens::model {
 /// ref: compute_default_rope_parameters, _compute_proportional_rope_parameters
 at::Tensor rope_inv_freq(const RopeParams& rope, std::int64_t head_dim);
 
-/// cos and sin tables [1, S, D] in `dtype` for positions [S] (int64). ref:
-/// DiffusionGemmaTextRotaryEmbedding.forward
+/// cos and sin tables [P, S, D] in `dtype` for positions [S] (P = 1) or [P, S] (int64): one
+/// table for every row (P = 1) or one per row. ref: DiffusionGemmaTextRotaryEmbedding.forward
 std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& inv_freq,
                                               const at::Tensor& positions, at::ScalarType dtype);
 
@@ -28,7 +28,8 @@ std::pair<at::Tensor, at::Tensor> rope_tables(const at::Tensor& inv_freq,
 /// `weight` may be undefined (no scale). ref: DiffusionGemmaRMSNorm
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
-/// x * cos + rotate_half(x) * sin with cos/sin [1, S, D] broadcast over heads of x [B, S, H, D].
+/// x * cos + rotate_half(x) * sin with cos/sin [1 or B, S, D] broadcast over heads of x
+/// [B, S, H, D].
 /// ref: apply_rotary_pos_emb(unsqueeze_dim=2)
 at::Tensor apply_rope(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 

@@ -26,14 +26,16 @@ Tensor gelu_tanh(const Tensor& x) {
   return 0.5 * x * (1.0 + at::tanh(c * (x + 0.044715 * x * x * x)));
 }
 
-// Rotates pairs (i, i + D/2) of x [S, D] by angle pos * inv_freq[i].
-Tensor rope(const Tensor& x, const std::vector<double>& inv_freq, std::int64_t first_pos) {
+// Rotates pairs (i, i + D/2) of x [S, D] by angle pos[p] * inv_freq[i].
+Tensor rope(const Tensor& x, const std::vector<double>& inv_freq,
+            const std::vector<std::int64_t>& pos) {
   Tensor out = x.clone();
   const std::int64_t s = x.size(0);
   const std::int64_t half = x.size(1) / 2;
   for (std::int64_t p = 0; p < s; ++p) {
     for (std::int64_t i = 0; i < half; ++i) {
-      const double a = static_cast<double>(first_pos + p) * inv_freq[static_cast<std::size_t>(i)];
+      const double a = static_cast<double>(pos[static_cast<std::size_t>(p)]) *
+                       inv_freq[static_cast<std::size_t>(i)];
       const double x1 = x[p][i].item<double>();
       const double x2 = x[p][i + half].item<double>();
       out[p][i] = x1 * std::cos(a) - x2 * std::sin(a);
@@ -66,10 +68,14 @@ struct LayerKv {
   Tensor v;
 };
 
-// One layer over x [S, H] of one row. Encoder: causal (+window), appends to kv. Decoder: sees
-// kv (already truncated) + itself, everything.
+// One layer over x [S, H] of one row, whose tokens fill slots first_slot .. first_slot + S - 1
+// at position ids `pos`; `real[slot]` says which slots (all so far, these included) are not
+// padding. Encoder: causal (+window) over slots, appends to kv. Decoder: sees kv (already
+// truncated) + itself. Both never attend to a padding slot; a query with nothing to attend to
+// gets zeros.
 Tensor layer(const model::ModelConfig& cfg, const model::LayerWeights& w, int l, const Tensor& x,
-             std::int64_t first_pos, LayerKv& kv, bool encoder) {
+             const std::vector<std::int64_t>& pos, std::int64_t first_slot,
+             const std::vector<bool>& real, LayerKv& kv, bool encoder) {
   const auto& t = cfg.text;
   const double eps = t.rms_norm_eps;
   const std::int64_t s = x.size(0);
@@ -87,7 +93,7 @@ Tensor layer(const model::ModelConfig& cfg, const model::LayerWeights& w, int l,
   std::vector<Tensor> k_new;
   std::vector<Tensor> v_new;
   for (std::int64_t j = 0; j < hkv; ++j) {
-    k_new.push_back(rope(rms(k_all.select(1, j), w.k_norm, eps), freqs, first_pos));
+    k_new.push_back(rope(rms(k_all.select(1, j), w.k_norm, eps), freqs, pos));
     v_new.push_back(rms(v_all.select(1, j), Tensor(), eps));
   }
   const Tensor k_cur = at::stack(k_new);  // [Hkv, S, D]
@@ -100,21 +106,26 @@ Tensor layer(const model::ModelConfig& cfg, const model::LayerWeights& w, int l,
   Tensor attn = at::zeros({s, hq * dh}, x.options());
   for (std::int64_t i = 0; i < hq; ++i) {
     const std::int64_t j = i / (hq / hkv);
-    const Tensor q = rope(rms(q_all.select(1, i), w.q_norm, eps), freqs, first_pos);  // [S, D]
-    Tensor scores = at::matmul(q, keys[j].t());                                       // scale 1.0
-    if (encoder) {
-      for (std::int64_t a = 0; a < s; ++a) {
-        const std::int64_t qpos = first_pos + a;
-        for (std::int64_t b = 0; b < kv_len; ++b) {
-          const std::int64_t kpos = first_pos + s - kv_len + b;
-          const bool ok = kpos <= qpos && (!sliding || kpos > qpos - t.sliding_window);
-          if (!ok) {
-            scores[a][b] = -INFINITY;
-          }
+    const Tensor q = rope(rms(q_all.select(1, i), w.q_norm, eps), freqs, pos);  // [S, D]
+    Tensor scores = at::matmul(q, keys[j].t());                                 // scale 1.0
+    for (std::int64_t a = 0; a < s; ++a) {
+      const std::int64_t qslot = first_slot + a;
+      bool any = false;
+      for (std::int64_t b = 0; b < kv_len; ++b) {
+        const std::int64_t kslot = first_slot + s - kv_len + b;
+        bool ok = real[static_cast<std::size_t>(kslot)];
+        if (encoder) {
+          ok = ok && kslot <= qslot && (!sliding || kslot > qslot - t.sliding_window);
         }
+        if (!ok) {
+          scores[a][b] = -INFINITY;
+        }
+        any = any || ok;
       }
+      const Tensor out =
+          any ? at::matmul(at::softmax(scores[a], -1), values[j]) : at::zeros({dh}, x.options());
+      attn[a].narrow(0, i * dh, dh).copy_(out);
     }
-    attn.narrow(1, i * dh, dh).copy_(at::matmul(at::softmax(scores, -1), values[j]));
   }
   Tensor y = x + rms(at::matmul(attn, d(w.o_proj).t()), w.post_attention_layernorm, eps);
 
@@ -159,6 +170,25 @@ Tensor layer(const model::ModelConfig& cfg, const model::LayerWeights& w, int l,
 at::Tensor naive_forward(const model::ModelConfig& config, const model::ModelWeights& weights,
                          const at::Tensor& prompt, const at::Tensor& canvas,
                          const at::Tensor& sc_logits) {
+  const std::int64_t b = prompt.size(0);
+  const std::int64_t l = prompt.size(1);
+  const std::int64_t c = canvas.size(1);
+  const auto lopt = at::TensorOptions().dtype(at::kLong);
+  return naive_forward_padded(config, weights, prompt, at::ones({b, l}, at::kBool),
+                              at::arange(l, lopt).expand({b, l}), canvas,
+                              at::arange(l, l + c, lopt).expand({b, c}), sc_logits);
+}
+
+at::Tensor naive_forward_padded(const model::ModelConfig& config,
+                                const model::ModelWeights& weights, const at::Tensor& prompt,
+                                const at::Tensor& valid, const at::Tensor& prompt_positions,
+                                const at::Tensor& canvas, const at::Tensor& canvas_positions,
+                                const at::Tensor& sc_logits) {
+  const auto to_vec = [](const Tensor& row) {
+    const Tensor r = row.to(at::kLong).contiguous();
+    return std::vector<std::int64_t>(r.data_ptr<std::int64_t>(),
+                                     r.data_ptr<std::int64_t>() + r.numel());
+  };
   const auto& t = config.text;
   const double eps = t.rms_norm_eps;
   const Tensor embed = d(weights.embed);
@@ -169,12 +199,19 @@ at::Tensor naive_forward(const model::ModelConfig& config, const model::ModelWei
   std::vector<Tensor> rows;
   for (std::int64_t b = 0; b < canvas.size(0); ++b) {
     std::vector<LayerKv> kv(static_cast<std::size_t>(t.num_hidden_layers));
+    std::vector<bool> real;
+    for (const std::int64_t v : to_vec(valid[b])) {
+      real.push_back(v != 0);
+    }
+    const std::vector<std::int64_t> prompt_pos = to_vec(prompt_positions[b]);
     Tensor x = embed.index({prompt[b]}) * scale;
     for (int l = 0; l < t.num_hidden_layers; ++l) {
-      x = layer(config, weights.layers[static_cast<std::size_t>(l)], l, x, 0,
+      x = layer(config, weights.layers[static_cast<std::size_t>(l)], l, x, prompt_pos, 0, real,
                 kv[static_cast<std::size_t>(l)], true);
     }
     const std::int64_t first = prompt.size(1);
+    real.resize(real.size() + static_cast<std::size_t>(canvas.size(1)), true);
+    const std::vector<std::int64_t> canvas_pos = to_vec(canvas_positions[b]);
     const Tensor e = embed.index({canvas[b]}) * scale;
     Tensor soft = at::zeros_like(e);
     if (sc_logits.defined()) {
@@ -186,7 +223,7 @@ at::Tensor naive_forward(const model::ModelConfig& config, const model::ModelWei
         d(weights.sc_down).t());
     x = rms(e + sc, Tensor(), eps);
     for (int l = 0; l < t.num_hidden_layers; ++l) {
-      x = layer(config, weights.layers[static_cast<std::size_t>(l)], l, x, first,
+      x = layer(config, weights.layers[static_cast<std::size_t>(l)], l, x, canvas_pos, first, real,
                 kv[static_cast<std::size_t>(l)], false);
     }
     const Tensor logits = at::matmul(rms(x, weights.final_norm, eps), embed.t());

@@ -17,4 +17,14 @@ at::Tensor naive_forward(const model::ModelConfig& config, const model::ModelWei
                          const at::Tensor& prompt, const at::Tensor& canvas,
                          const at::Tensor& sc_logits);
 
+/// naive_forward of a left-padded batch: `valid` [B, L] bool marks the prompt's real tokens
+/// (padding slots are never attended to), `prompt_positions` [B, L] and `canvas_positions`
+/// [B, C] are each token's position id. Causality and the sliding window count slots, padding
+/// included, as transformers' masks do.
+at::Tensor naive_forward_padded(const model::ModelConfig& config,
+                                const model::ModelWeights& weights, const at::Tensor& prompt,
+                                const at::Tensor& valid, const at::Tensor& prompt_positions,
+                                const at::Tensor& canvas, const at::Tensor& canvas_positions,
+                                const at::Tensor& sc_logits);
+
 }  // namespace batchlens::testing

@@ -99,6 +99,25 @@ TEST(TorchCompat, CausalSdpaEqualsLowerTriangularMask) {
   EXPECT_TRUE(at::allclose(causal[0][0][0], v[0][0][0], 1e-6, 1e-6));
 }
 
+TEST(TorchCompat, SdpaMathGivesZerosToAQueryWithNoKeyAndChangesNoOtherBit) {
+  // A padding token's query in a left-padded batch may attend to no key (issue #35): LibTorch
+  // 2.5+'s math backend returns zeros there (_safe_softmax), not NaN.
+  at::manual_seed(6);
+  const auto q = at::randn({2, 2, 4, 8}).to(at::kBFloat16);
+  const auto k = at::randn({2, 2, 5, 8}).to(at::kBFloat16);
+  const auto v = at::randn({2, 2, 5, 8}).to(at::kBFloat16);
+  auto mask = at::ones({2, 1, 4, 5}, at::kBool);
+  mask[0][0][1].fill_(false);  // row 0, query 1: nothing to attend to
+  const auto out = sdpa_math(q, k, v, mask, 1.0, false, false);
+  EXPECT_TRUE(out.isfinite().all().item<bool>());
+  EXPECT_TRUE(at::equal(out[0].select(1, 1), at::zeros_like(out[0].select(1, 1))));
+  // Every other query: the bits of the call without that row masked.
+  const auto plain = sdpa_math(q, k, v, at::ones({2, 1, 4, 5}, at::kBool), 1.0, false, false);
+  EXPECT_TRUE(at::equal(out[1], plain[1]));
+  EXPECT_TRUE(at::equal(out[0].select(1, 0), plain[0].select(1, 0)));
+  EXPECT_TRUE(at::equal(out[0].narrow(1, 2, 2), plain[0].narrow(1, 2, 2)));
+}
+
 TEST(DeviceGraph, NeverSupportedOnTheCpu) {
   EXPECT_FALSE(DeviceGraph::supported(at::Device(at::kCPU)));
   DeviceGraph graph;

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "core/base/error.h"
+#include "core/compat/torch_compat.h"
 #include "core/model/weights.h"
 
 namespace batchlens::generation {
@@ -146,6 +147,109 @@ TEST(Generate, CancelAndBadInputsAreReported) {
   });
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.error().code, base::ErrorCode::InvalidArgument);
+}
+
+// Mixed batches (issue #35): the prompt under test beside prompts of other lengths.
+std::vector<std::int64_t> tokens(std::int64_t first, std::int64_t n) {
+  std::vector<std::int64_t> out;
+  for (std::int64_t i = 0; i < n; ++i) {
+    out.push_back(first + i);
+  }
+  return out;
+}
+
+// The CPU tests of mixed batches are about BatchLens's math attention (LibTorch < 2.1).
+bool math_attention() {
+  return compat::sdpa_backend() == compat::SdpaBackend::Math;
+}
+constexpr const char* kNativeAttention =
+    "LibTorch's own attention may pick another kernel for a masked call; this is about "
+    "BatchLens's math path (LibTorch < 2.1)";
+
+std::vector<std::int64_t> prompt_tokens() {
+  return tokens(5, 12);  // prompt() as a list
+}
+
+TEST(Generate, PadLeftPadsShorterRowsAtTheLeftAndRefusesEmptyOnes) {
+  const PaddedPrompts p = pad_left({tokens(3, 2), tokens(7, 4)}, 0);
+  EXPECT_TRUE(at::equal(p.ids, at::tensor({0, 0, 3, 4, 7, 8, 9, 10}, at::kLong).view({2, 4})));
+  EXPECT_TRUE(at::equal(
+      p.valid, at::tensor({0, 0, 1, 1, 1, 1, 1, 1}, at::kLong).view({2, 4}).to(at::kBool)));
+  EXPECT_EQ(p.lengths, (std::vector<std::int64_t>{2, 4}));
+  for (const auto& rows : {std::vector<std::vector<std::int64_t>>{},
+                           std::vector<std::vector<std::int64_t>>{tokens(1, 2), {}}}) {
+    const auto r = base::guarded([&] { return pad_left(rows, 0).lengths.size(); });
+    ASSERT_FALSE(r.ok());
+    EXPECT_EQ(r.error().code, base::ErrorCode::InvalidArgument);
+  }
+}
+
+TEST(Generate, BatchOfOnePromptUnpaddedIsTheBatchedPrefillOfIdenticalRows) {
+  const auto m = tiny_model();
+  auto o = fast_options(3, 5);
+  o.prefill = PrefillMode::Batched;
+  const GenerationResult identical = generate(m, prompt(), o);
+  for (const PositionMode mode : {PositionMode::Shared, PositionMode::PerRow}) {
+    o.positions = mode;
+    const GenerationResult rows =
+        generate(m, pad_left({prompt_tokens(), prompt_tokens(), prompt_tokens()}, 0), o);
+    EXPECT_TRUE(at::equal(rows.sequences, identical.sequences)) << name(mode);
+  }
+}
+
+TEST(Generate, LongestRowOfAMixedBatchIsItsPromptAloneOnCpu) {
+  if (!math_attention()) {
+    GTEST_SKIP() << kNativeAttention;
+  }
+  // Row 0 (12 tokens) is not padded; the batch is (5 and 8 tokens). With per-row streams and
+  // this CPU's batch-invariant kernels, row 0 generates what it generates alone, whichever
+  // positions the batch uses: its own are the same either way.
+  const auto m = tiny_model();
+  const GenerationResult alone = generate(m, prompt(), fast_options(1, 9));
+  auto o = fast_options(3, 9);
+  o.prefill = PrefillMode::Batched;
+  for (const PositionMode mode : {PositionMode::Shared, PositionMode::PerRow}) {
+    o.positions = mode;
+    const GenerationResult mixed =
+        generate(m, pad_left({prompt_tokens(), tokens(40, 5), tokens(60, 8)}, 0), o);
+    EXPECT_TRUE(at::equal(mixed.sequences[0], alone.sequences[0])) << name(mode);
+    EXPECT_EQ(mixed.rows[0].steps, alone.rows[0].steps) << name(mode);
+    // The padded rows keep their padding in front of what they generated.
+    EXPECT_TRUE(at::equal(mixed.sequences[1].narrow(0, 0, 7), at::zeros({7}, at::kLong)));
+  }
+}
+
+TEST(Generate, PaddedRowGeneratesItsTextAloneWithPerRowPositionsOnCpu) {
+  if (!math_attention()) {
+    GTEST_SKIP() << kNativeAttention;
+  }
+  // Row 0 (5 tokens) is padded beside 12- and 8-token prompts, over two canvases (commits at
+  // per-row positions included).
+  const auto m = tiny_model();
+  const at::Tensor short_prompt = at::arange(40, 45, at::kLong).view({1, 5});
+  const GenerationResult alone = generate(m, short_prompt, fast_options(1, 4));
+  auto o = fast_options(3, 4);
+  o.prefill = PrefillMode::Batched;
+  o.positions = PositionMode::PerRow;
+  const GenerationResult mixed =
+      generate(m, pad_left({tokens(40, 5), prompt_tokens(), tokens(60, 8)}, 0), o);
+  ASSERT_EQ(mixed.canvases, alone.canvases);
+  EXPECT_EQ(mixed.rows[0].tokens, alone.rows[0].tokens);
+  EXPECT_EQ(mixed.rows[0].steps, alone.rows[0].steps);
+}
+
+TEST(Generate, MixedBatchesAreRefusedWhenCopiedOrMisshaped) {
+  const auto m = tiny_model();
+  const PaddedPrompts rows = pad_left({prompt_tokens(), tokens(40, 5)}, 0);
+  auto o = fast_options(2, 1);  // prefill copied (the default)
+  const auto copied = base::guarded([&] { return generate(m, rows, o).canvases; });
+  ASSERT_FALSE(copied.ok());
+  EXPECT_NE(copied.error().message.find("batched"), std::string::npos) << copied.error().message;
+  o.prefill = PrefillMode::Batched;
+  o.batch_size = 3;  // two rows given
+  const auto wrong = base::guarded([&] { return generate(m, rows, o).canvases; });
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_EQ(wrong.error().code, base::ErrorCode::InvalidArgument);
 }
 
 }  // namespace

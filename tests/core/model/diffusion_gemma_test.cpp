@@ -3,6 +3,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 
 #include <ATen/ATen.h>
@@ -120,6 +121,165 @@ TEST(DiffusionGemma, PromptLongerThanSlidingWindowUsesTheWindow) {
   const at::Tensor logits = m.decode(canvas, cache, at::Tensor());
   const at::Tensor ref = testing::naive_forward(m.config(), m.weights(), prompt, canvas, {});
   EXPECT_LT(max_abs(logits, ref), 1e-5) << "logit scale " << ref.abs().max().item<double>();
+}
+
+// A left-padded batch of three prompts of 9, 5 and 7 tokens (issue #35): which slots are real,
+// and each row's position ids counted over its real tokens (what a fix would pass).
+struct PaddedBatch {
+  at::Tensor ids;            // [3, 9] int64, padding 0 at the left
+  at::Tensor valid;          // [3, 9] bool
+  at::Tensor row_positions;  // [3, 9] int64: real tokens 0.., padding 0
+  at::Tensor lengths;        // [3] int64
+};
+
+PaddedBatch padded_batch(std::int64_t vocab) {
+  PaddedBatch p;
+  p.ids = random_ids(3, 9, vocab, 61);
+  p.lengths = at::tensor({5, 9, 7}, at::kLong);
+  const at::Tensor slot = at::arange(9, at::kLong).unsqueeze(0);  // [1, 9]
+  p.valid = slot >= (9 - p.lengths).unsqueeze(1);                 // [3, 9]
+  p.ids = p.ids.masked_fill(p.valid.logical_not(), 0);
+  p.row_positions = (p.valid.to(at::kLong).cumsum(1) - 1).clamp_min(0);
+  return p;
+}
+
+TEST(DiffusionGemma, PaddedBatchMatchesIndependentFp64ModelWithSharedAndPerRowPositions) {
+  const DiffusionGemma m = make_model(at::kFloat, 3);
+  const auto& t = m.config().text;
+  const std::int64_t c = m.config().canvas_length;
+  const PaddedBatch p = padded_batch(t.vocab_size);
+  const at::Tensor canvas = random_ids(3, c, t.vocab_size, 62);
+  const auto lopt = at::TensorOptions().dtype(at::kLong);
+  // transformers' generate: one set of positions for every row, counting the padding.
+  const at::Tensor shared_prompt = at::arange(9, lopt).unsqueeze(0);           // [1, 9]
+  const at::Tensor shared_canvas = at::arange(9, 9 + c, lopt).unsqueeze(0);    // [1, C]
+  const at::Tensor row_canvas = p.lengths.unsqueeze(1) + at::arange(c, lopt);  // [3, C]
+  for (const bool per_row : {false, true}) {
+    SCOPED_TRACE(per_row ? "per-row positions" : "shared positions");
+    KvCache cache;
+    m.encode(p.ids, cache, {}, TokenLayout{per_row ? p.row_positions : shared_prompt, p.valid});
+    EXPECT_TRUE(cache.padded);
+    ASSERT_EQ(cache.valid.sizes(), (at::IntArrayRef{3, 9}));
+    const at::Tensor logits =
+        m.decode(canvas, cache, at::Tensor(), {}, per_row ? row_canvas : shared_canvas);
+    const at::Tensor ref = testing::naive_forward_padded(
+        m.config(), m.weights(), p.ids, p.valid,
+        per_row ? p.row_positions : shared_prompt.expand({3, 9}), canvas,
+        per_row ? row_canvas : shared_canvas.expand({3, c}), {});
+    EXPECT_LT(max_abs(logits, ref), 1e-5) << "logit scale " << ref.abs().max().item<double>();
+    // RoPE is relative and padding is masked: in exact arithmetic row 0 (4 padding slots) is
+    // row 0 alone, with either set of positions (the window is longer than the batch).
+    ASSERT_GT(t.sliding_window, 9);  // the decoder's cache keeps every prompt slot
+    const at::Tensor alone_ids = p.ids.narrow(0, 0, 1).narrow(1, 4, 5);
+    const at::Tensor alone =
+        testing::naive_forward(m.config(), m.weights(), alone_ids, canvas.narrow(0, 0, 1), {});
+    EXPECT_LT(max_abs(ref[0], alone[0]), 1e-9);
+    EXPECT_LT(max_abs(logits[0], alone[0]), 1e-5);
+  }
+}
+
+TEST(DiffusionGemma, AllRealPaddingMaskAndExplicitPositionsChangeNoBit) {
+  const DiffusionGemma m = make_model(at::kBFloat16, 4);
+  const auto& t = m.config().text;
+  const std::int64_t c = m.config().canvas_length;
+  const at::Tensor prompt = random_ids(2, 6, t.vocab_size, 71);
+  const at::Tensor canvas = random_ids(2, c, t.vocab_size, 72);
+  KvCache plain;
+  m.encode(prompt, plain);
+  const at::Tensor expected = m.decode(canvas, plain, at::Tensor());
+  const auto lopt = at::TensorOptions().dtype(at::kLong);
+  // The same positions given [1, S] and [B, S], and a mask with no padding: no mask is
+  // materialised (transformers' shortcuts) and every bit stays.
+  for (const bool per_row : {false, true}) {
+    KvCache cache;
+    const at::Tensor pp = at::arange(6, lopt).unsqueeze(0);
+    m.encode(prompt, cache, {},
+             TokenLayout{per_row ? pp.expand({2, 6}) : pp, at::ones({2, 6}, at::kBool)});
+    EXPECT_FALSE(cache.padded);
+    const at::Tensor cp = at::arange(6, 6 + c, lopt).unsqueeze(0);
+    const at::Tensor logits =
+        m.decode(canvas, cache, at::Tensor(), {}, per_row ? cp.expand({2, c}) : cp);
+    EXPECT_TRUE(at::equal(logits, expected)) << (per_row ? "per-row" : "shared");
+  }
+}
+
+TEST(DiffusionGemma, PaddedBatchRowsAreThemselvesAloneOnlyWithTheirOwnPositionsOnCpu) {
+  if (compat::sdpa_backend() != compat::SdpaBackend::Math) {
+    GTEST_SKIP() << "LibTorch's own attention may pick another kernel for a masked call; this "
+                    "is about BatchLens's math path (LibTorch < 2.1)";
+  }
+  // Each row against its prompt alone, on this CPU's batch-invariant kernels and BatchLens's
+  // math attention. Row 1 (9 tokens) is not padded: only the mask differs, and masking none of
+  // its own keys changes no bit. Row 0 (5 tokens after 4 padding slots): transformers' shared
+  // positions shift it by 4, and bf16 RoPE is not relative, so its logits change; counting its
+  // own tokens (a fix) gives every bit back.
+  const DiffusionGemma m = make_model(at::kBFloat16, 6);
+  const auto& t = m.config().text;
+  const std::int64_t c = m.config().canvas_length;
+  const PaddedBatch p = padded_batch(t.vocab_size);
+  const at::Tensor canvas = random_ids(3, c, t.vocab_size, 81);
+  const auto alone = [&](std::int64_t row, std::int64_t pad) {
+    KvCache cache;
+    m.encode(p.ids.narrow(0, row, 1).narrow(1, pad, 9 - pad), cache);
+    return m.decode(canvas.narrow(0, row, 1), cache, at::Tensor())[0];
+  };
+  KvCache shared;
+  m.encode(p.ids, shared, {}, TokenLayout{{}, p.valid});
+  const at::Tensor shifted = m.decode(canvas, shared, at::Tensor());
+  EXPECT_TRUE(shifted.isfinite().all().item<bool>()) << "padding queries must not make NaN";
+  EXPECT_TRUE(at::equal(shifted[1], alone(1, 0)));
+  const at::Tensor row0 = alone(0, 4);
+  EXPECT_GT((shifted[0] != row0).to(at::kDouble).mean().item<double>(), 0.5);
+  KvCache own;
+  m.encode(p.ids, own, {}, TokenLayout{p.row_positions, p.valid});
+  const at::Tensor row_canvas =
+      p.lengths.unsqueeze(1) + at::arange(c, at::TensorOptions().dtype(at::kLong));
+  EXPECT_TRUE(at::equal(m.decode(canvas, own, at::Tensor(), {}, row_canvas)[0], row0));
+}
+
+TEST(DiffusionGemma, BadPaddingLayoutsAreRefused) {
+  const DiffusionGemma m = make_model(at::kFloat, 2);
+  const auto& t = m.config().text;
+  const at::Tensor prompt = random_ids(2, 5, t.vocab_size, 91);
+  const auto expect_invalid = [](const std::function<void()>& f, const std::string& needle) {
+    try {
+      f();
+      ADD_FAILURE() << "no error; expected one naming " << needle;
+    } catch (const base::ErrorException& e) {
+      EXPECT_EQ(e.error().code, base::ErrorCode::InvalidArgument);
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  const auto lopt = at::TensorOptions().dtype(at::kLong);
+  expect_invalid(
+      [&] {
+        KvCache c;
+        m.encode(prompt, c, {}, TokenLayout{{}, at::ones({2, 4}, at::kBool)});
+      },
+      "padding mask");
+  expect_invalid(
+      [&] {
+        KvCache c;
+        m.encode(prompt, c, {}, TokenLayout{{}, at::ones({2, 5}, at::kLong)});
+      },
+      "padding mask");
+  expect_invalid(
+      [&] {
+        KvCache c;
+        m.encode(prompt, c, {}, TokenLayout{at::arange(5, lopt).unsqueeze(0).expand({3, 5}), {}});
+      },
+      "position ids");
+  expect_invalid(
+      [&] {
+        KvCache c;
+        m.encode(prompt, c, {}, TokenLayout{at::zeros({1, 5}, at::kFloat), {}});
+      },
+      "position ids");
+  KvCache cache;
+  m.encode(prompt, cache);
+  const at::Tensor canvas = random_ids(2, m.config().canvas_length, t.vocab_size, 92);
+  expect_invalid([&] { m.decode(canvas, cache, at::Tensor(), {}, at::arange(3, lopt)); },
+                 "position ids");
 }
 
 TEST(DiffusionGemma, Bf16ForwardFollowsTheReferenceDtypes) {
