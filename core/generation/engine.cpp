@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include <ATen/ATen.h>
 
@@ -80,9 +81,9 @@ PaddedPrompts pad_left(const std::vector<std::vector<std::int64_t>>& rows, std::
   return out;
 }
 
-GenerationEngine::GenerationEngine(const DiffusionGemma& model, const GenerateOptions& options)
+GenerationEngine::GenerationEngine(const DiffusionGemma& model, GenerateOptions options)
     : model_(model),
-      options_(options),
+      options_(std::move(options)),
       ctx_{options_.policy, nullptr, /*check_id_range=*/false, /*fused_kernels=*/true,
            options_.observer},
       streams_(options_.rng, options_.seed, options_.batch_size, model.device()),

@@ -144,7 +144,7 @@ class GenerationEngine {
 
  private:
   // The members both public constructors share (options checked by them).
-  GenerationEngine(const model::DiffusionGemma& model, const GenerateOptions& options);
+  GenerationEngine(const model::DiffusionGemma& model, GenerateOptions options);
   // Both constructors: prefill and the run's tensors.
   void start(const PaddedPrompts& prompts);
   // The current canvas's position ids for options_.positions (undefined: transformers' own).
