@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "core/base/error.h"
+#include "core/base/system_info.h"
 #include "core/compat/torch_compat.h"
 #include "core/model/weights.h"
 
@@ -222,6 +223,12 @@ TEST(Generate, LongestRowOfAMixedBatchIsItsPromptAloneOnCpu) {
 TEST(Generate, PaddedRowGeneratesItsTextAloneWithPerRowPositionsOnCpu) {
   if (!math_attention()) {
     GTEST_SKIP() << kNativeAttention;
+  }
+  // ATen's DEFAULT (unvectorised) kernels reduce a row with padding keys in another order than
+  // the same row alone (measured: one token of 32 changes in canvas 2), so there the mask
+  // itself is a cause, which this test is not about.
+  if (base::query_cpu_isa().aten_capability == "DEFAULT") {
+    GTEST_SKIP() << "ATen's DEFAULT kernels: the padding mask changes bits of the padded row";
   }
   // Row 0 (5 tokens) is padded beside 12- and 8-token prompts, over two canvases (commits at
   // per-row positions included).
