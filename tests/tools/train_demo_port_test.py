@@ -145,5 +145,62 @@ class QualityTableTest(unittest.TestCase):
         self.assertIsNone(rows["held-out loss"]["value"])
 
 
+class ObjectiveTest(unittest.TestCase):
+    """diffusion_loss (issue #33): the objective is the cross-entropy over every canvas position;
+    "corrupted" keeps the first runs' mean over the corrupted ones; self-conditioning goes to the
+    batch's first half, whose no-grad pass alone runs."""
+
+    def setUp(self):
+        torch.manual_seed(1)
+        self.model = dgemma.DiffusionGemmaPort(train.model_config(True)).eval()
+        self.ctx = torch.randint(3, train.VOCAB, (4, 9))
+        self.tgt = torch.randint(3, train.VOCAB, (4, train.CANVAS))
+        gen = torch.Generator()
+        gen.manual_seed(5)
+        self.noise = train.draw_noise(torch, gen, 4, train.CANVAS, train.VOCAB, False, "cpu")
+        self.noise["t"].fill_(0.3)
+
+    def test_all_and_corrupted_positions(self):
+        canvas, mask = train.corrupt(torch, self.tgt, self.noise)
+        self.assertTrue(mask.any() and (~mask).any())
+        with torch.no_grad():
+            logits = self.model(self.ctx, canvas).float()
+            each = torch.nn.functional.cross_entropy(logits.flatten(0, 1), self.tgt.flatten(),
+                                                     reduction="none").view(4, -1)
+            loss_all = train.diffusion_loss(torch, self.model, self.ctx, self.tgt, self.noise)
+            loss_cor = train.diffusion_loss(torch, self.model, self.ctx, self.tgt, self.noise,
+                                            positions="corrupted")
+            both = train.diffusion_loss(torch, self.model, self.ctx, self.tgt, self.noise,
+                                        both=True)
+            masked = train.diffusion_loss(torch, self.model, self.ctx, self.tgt, self.noise,
+                                          masked_mean=True, positions="corrupted")
+        self.assertAlmostEqual(loss_all.item(), each.mean().item(), places=5)
+        self.assertAlmostEqual(loss_cor.item(), each[mask].mean().item(), places=5)
+        self.assertAlmostEqual(masked.item(), loss_cor.item(), places=5)
+        self.assertAlmostEqual(both[0].item(), loss_all.item(), places=5)
+        self.assertAlmostEqual(both[1].item(), loss_cor.item(), places=5)
+        self.assertGreater(abs(loss_all.item() - loss_cor.item()), 1e-4)
+
+    def test_self_conditioning_goes_to_the_first_half(self):
+        gen = torch.Generator()
+        gen.manual_seed(5)
+        noise = train.draw_noise(torch, gen, 4, train.CANVAS, train.VOCAB, True, "cpu")
+        self.assertEqual(list(noise["temp"].shape), [2, 1, 1])
+        canvas, _ = train.corrupt(torch, self.tgt, noise)
+        with torch.no_grad():
+            first = self.model(self.ctx[:2], canvas[:2]).float()
+            sc = torch.zeros(4, train.CANVAS, train.VOCAB)
+            sc[:2] = (first / noise["temp"]).to(torch.bfloat16).float()
+            logits = self.model(self.ctx, canvas, sc, torch.tensor([True, True, False, False]))
+            want = torch.nn.functional.cross_entropy(logits.float().flatten(0, 1),
+                                                     self.tgt.flatten())
+            got = train.diffusion_loss(torch, self.model, self.ctx, self.tgt, noise)
+            plain = self.model(self.ctx, canvas).float()
+        self.assertAlmostEqual(got.item(), want.item(), places=5)
+        # The second half is the plain pass; the first half is changed by its logits.
+        self.assertTrue(torch.equal(logits[2:], plain[2:]))
+        self.assertGreater((logits[:2] - plain[:2]).abs().max().item(), 1e-3)
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -7,7 +7,8 @@
 #      BENCH_VARIANTS kernel pair (default grouped/sdpa; dense/eager was the previous step),
 #      each first checked against the reference kernels (loss and gradients);
 #   2. train: --fast (CUDA graphs) with the fastest variant that passed its check, STEPS steps
-#      (default 10000, warm-up 3 %), resumable, stopped DEADLINE_S (default 560) seconds after
+#      (default 10000, warm-up 3 %) or BUDGET_S=auto (a schedule that ends before the deadline),
+#      LOSS_POSITIONS (default all), resumable, stopped DEADLINE_S (default 560) seconds after
 #      the start less a margin for the export;
 #   3. export (bf16, released layout, parity inputs) of the state reached, as
 #      demo-trained.tgz.part-NN (15 MB parts), and the log.
@@ -57,8 +58,16 @@ PY
     echo "h200_fast: training with experts/attention = ${best/ //}"
     [ "${EXPERTS:-auto}" = auto ] && kernels=(--experts "${best% *}" --attention "${best#* }")
   fi
-  train train --backend port --fast --device cuda "${kernels[@]}" --steps "${STEPS:-10000}" \
-    --warmup-share 0.03 --eval-every 500 --save-every 1000 --log-every 100 \
+  # BUDGET_S=auto: a schedule measured to end before the deadline (steps 10-40 timed; the
+  # held-out evaluations and the export's margin left out), else STEPS steps.
+  if [ "${BUDGET_S:-}" = auto ]; then
+    length=(--budget-seconds "$(( $(left) - ${EXPORT_MARGIN_S:-40} - ${EVAL_MARGIN_S:-30} ))")
+  else
+    length=(--steps "${STEPS:-10000}")
+  fi
+  train train --backend port --fast --device cuda "${kernels[@]}" "${length[@]}" \
+    --warmup-share 0.03 --eval-every "${EVAL_EVERY:-500}" --save-every 1000 --log-every 100 \
+    --loss-positions "${LOSS_POSITIONS:-all}" \
     --batch "${BATCH:-256}" --max-seconds "$(( $(left) - ${EXPORT_MARGIN_S:-40} ))"
   cp "$work/log.jsonl" "$out/"
   done=$(python3 -c '

@@ -14,9 +14,10 @@ The objective is the model's own: a clean prompt (the chat template around one v
 causally into the KV cache; the canvas after it (the next verse and <turn|>, pads after it)
 is corrupted by replacing each token, with probability t ~ U(0, 1) per example, by a token drawn
 uniformly from the whole vocabulary (uniform-state diffusion: no mask token, as the sampler's
-initial canvas and renoise); cross-entropy on the corrupted positions. Self-conditioning is
-trained the two-pass way: a first no-grad pass, and for half of the examples its logits
-(temperature-scaled as the sampler's are) are fed back as self_conditioning_logits.
+initial canvas and renoise); cross-entropy on every canvas position (--loss-positions; the
+first runs counted the corrupted ones only, and their model never learnt to keep a right token).
+Self-conditioning is trained the two-pass way: for half of the examples a first no-grad pass,
+whose logits (temperature-scaled as the sampler's are) are fed back as self_conditioning_logits.
 Every batch is drawn from a generator seeded by (seed, step), so a resumed run sees the same
 batches as an uninterrupted one.
 """
@@ -317,8 +318,9 @@ class GraphedSteps:
     needs are undone (parameters and optimizer state restored), so a graphed run trains on the
     same batches and noise as an eager one."""
 
-    def __init__(self, torch, model, opt, params, batches, batch, autocast):
+    def __init__(self, torch, model, opt, params, batches, batch, autocast, positions="all"):
         self.torch, self.model, self.opt, self.params = torch, model, opt, params
+        self.positions = positions
         self.autocast = autocast
         self.graphs = {}
         dev = next(model.parameters()).device
@@ -367,7 +369,8 @@ class GraphedSteps:
         torch = self.torch
         ctx, pad, tgt = static
         with self.autocast(cache_enabled=False):
-            loss = diffusion_loss(torch, self.model, ctx, tgt, noise, masked_mean=True, pad=pad)
+            loss = diffusion_loss(torch, self.model, ctx, tgt, noise, masked_mean=True, pad=pad,
+                                  positions=self.positions)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.params, 1.0, foreach=True)
         self.opt.step()
@@ -391,13 +394,14 @@ def draw_noise(torch, gen, b, c, vocab, self_cond, device):
     """A step's randomness, drawn before its passes (so that --fast's CUDA graphs take it as an
     input): per example the noise level t ~ U(0, 1) [B, 1], the uniforms u [B, C] that pick the
     corrupted positions, the replacement tokens [B, C]; with self-conditioning the temperature
-    [B, 1, 1] and the uniforms [B] that pick who gets it."""
+    [B, 1, 1] of the fed-back logits. Self-conditioning goes to the batch's first half (the
+    examples are drawn at random, so that is a random half), and only that half runs the
+    no-grad pass: a fixed shape, and half of that pass's work."""
     out = {"t": torch.rand(b, 1, generator=gen, device=device),
            "u": torch.rand(b, c, generator=gen, device=device),
            "tokens": torch.randint(0, vocab, (b, c), generator=gen, device=device)}
     if self_cond:
-        out["temp"] = 0.4 + 0.4 * torch.rand(b, 1, 1, generator=gen, device=device)
-        out["sc"] = torch.rand(b, generator=gen, device=device)
+        out["temp"] = 0.4 + 0.4 * torch.rand(b // 2, 1, 1, generator=gen, device=device)
     return out
 
 
@@ -411,25 +415,40 @@ def corrupt(torch, target, noise):
     return torch.where(mask, noise["tokens"], target), mask
 
 
-def diffusion_loss(torch, model, ctx, target, noise, masked_mean=False, pad=None):
+LOSS_POSITIONS = ("all", "corrupted")
+
+
+def diffusion_loss(torch, model, ctx, target, noise, masked_mean=False, pad=None,
+                   positions="all", both=False):
     """The step's loss under `noise` (draw_noise; self-conditioning when it has "temp").
-    masked_mean: the same mean over the corrupted positions without selecting them (a boolean
-    index waits for the GPU to count them: --fast). pad: ctx is left-padded (--fast)."""
+    positions: the cross-entropy's mean over every canvas position ("all": the objective, issue
+    #33) or over the corrupted ones only (the first runs' objective). Why every position: the
+    sampler keeps a token only while the model predicts it with low entropy (the entropy bound),
+    and commits the argmax of every position; a model never trained on the clean positions does
+    not learn to keep a right token, so its canvas never builds up and the argmax falls back to
+    the commonest words ("the the ,,,"). masked_mean: the corrupted mean without selecting them
+    (a boolean index waits for the GPU to count them: --fast). pad: ctx is left-padded (--fast).
+    both: returns (all, corrupted), the held-out evaluation's pair."""
     import torch.nn.functional as F
     canvas, mask = corrupt(torch, target, noise)
     sc_logits = sc_mask = None
     if "temp" in noise:
+        half = noise["temp"].shape[0]
         with torch.no_grad():
-            first = forward(model, ctx, canvas, pad=pad)
-        # The sampler feeds the temperature-scaled logits rounded to bf16.
-        sc_logits = (first.float() / noise["temp"]).to(torch.bfloat16).float().detach()
-        sc_mask = noise["sc"] < 0.5
+            first = forward(model, ctx[:half], canvas[:half],
+                            pad=None if pad is None else pad[:half])
+        # The sampler feeds the temperature-scaled logits rounded to bf16. [B, C, V] fp32
+        sc_logits = torch.zeros(target.shape + (first.shape[-1],), device=first.device)
+        sc_logits[:half] = (first.float() / noise["temp"]).to(torch.bfloat16).float()
+        sc_mask = torch.arange(target.shape[0], device=target.device) < half
     logits = forward(model, ctx, canvas, sc_logits, sc_mask, pad)
-    if masked_mean:
-        each = F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), reduction="none")
-        weight = mask.flatten().float()
-        return (each * weight).sum() / weight.sum()
-    return F.cross_entropy(logits[mask].float(), target[mask])
+    each = F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), reduction="none")
+    weight = mask.flatten().float()
+    corrupted = ((each * weight).sum() / weight.sum() if masked_mean or both
+                 else F.cross_entropy(logits[mask].float(), target[mask]))
+    if both:
+        return each.mean(), corrupted
+    return each.mean() if positions == "all" else corrupted
 
 
 def warmup_steps(args, total):
@@ -447,11 +466,12 @@ def lr_at(step, total, peak, warmup):
 
 
 def held_out_loss(torch, model, batches, device, autocast, count=16, size=128):
-    """Mean loss over fixed held-out batches and fixed noise (seeded), self-conditioning off."""
+    """Mean loss over fixed held-out batches and fixed noise (seeded), self-conditioning off:
+    (over every position, over the corrupted positions)."""
     rng = random.Random(1234)
     gen = torch.Generator(device=device)
     gen.manual_seed(1234)
-    total = 0.0
+    total = [0.0, 0.0]
     model.eval()
     with torch.no_grad(), autocast():
         for _ in range(count):
@@ -459,9 +479,10 @@ def held_out_loss(torch, model, batches, device, autocast, count=16, size=128):
             ctx = torch.tensor([e[0] for e in ex], device=device)
             tgt = torch.tensor([e[1] for e in ex], device=device)
             noise = draw_noise(torch, gen, tgt.shape[0], tgt.shape[1], VOCAB, False, device)
-            total += float(diffusion_loss(torch, model, ctx, tgt, noise))
+            for i, value in enumerate(diffusion_loss(torch, model, ctx, tgt, noise, both=True)):
+                total[i] += float(value)
     model.train()
-    return total / count
+    return total[0] / count, total[1] / count
 
 
 def trained_parameters(model):
@@ -512,6 +533,10 @@ def train(args):
     step, elapsed, total = 0, 0.0, args.steps
     if os.path.exists(state_path) and not args.fresh:
         st = torch.load(state_path, map_location=device)
+        if st.get("loss_positions", "corrupted") != args.loss_positions:
+            raise SystemExit("%s was trained with --loss-positions %s, not %s: --fresh starts "
+                             "again" % (state_path, st.get("loss_positions", "corrupted"),
+                                        args.loss_positions))
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
         if graphs:
@@ -537,14 +562,15 @@ def train(args):
     def save():
         tmp = state_path + ".tmp"
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
-                    "elapsed": elapsed, "total": total}, tmp)
+                    "elapsed": elapsed, "total": total,
+                    "loss_positions": args.loss_positions}, tmp)
         os.replace(tmp, state_path)
 
     model.train()
     graphed = None
     if graphs:
         graphed = GraphedSteps(torch, model, opt, [p for _, p in trained_parameters(model)],
-                               gpu_b, args.batch, autocast)
+                               gpu_b, args.batch, autocast, args.loss_positions)
         print("captured %d CUDA graphs (context buckets %s) in %.1f s" % (
             len(graphed.graphs), gpu_b.lengths(), graphed.capture_seconds), flush=True)
     start = time.time()
@@ -567,9 +593,9 @@ def train(args):
             rec = {"step": st, "loss": value, "lr": lr, "seconds": round(elapsed, 2),
                    "total": total}
             if held is not None:
-                rec["held_out"] = held
-                print("step %d  loss %.3f  held-out %.3f  %.0f s" % (st, value, held, elapsed),
-                      flush=True)
+                rec["held_out"], rec["held_out_corrupted"] = held
+                print("step %d  loss %.3f  held-out %.3f (corrupted positions %.3f)  %.0f s"
+                      % (st, value, held[0], held[1], elapsed), flush=True)
             log.write(json.dumps(rec) + "\n")
         pending.clear()
 
@@ -608,7 +634,8 @@ def train(args):
                 g["lr"] = lr
             noise = draw_noise(torch, gen, tgt.shape[0], CANVAS, VOCAB, True, device)
             with autocast():
-                loss = diffusion_loss(torch, model, ctx, tgt, noise, masked_mean=fast, pad=pad)
+                loss = diffusion_loss(torch, model, ctx, tgt, noise, masked_mean=fast, pad=pad,
+                                      positions=args.loss_positions)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -1043,8 +1070,13 @@ def plot(args):
     ax.plot(steps, smooth, color="#2e86de", linewidth=1.5, label="training (mean of %d)" % k)
     ax.plot([h[0] for h in held], [h[1] for h in held], "o-", color="#ee5253", markersize=3,
             label="held-out chapters")
+    corrupted = [(r["step"], r["held_out_corrupted"]) for r in log if "held_out_corrupted" in r]
+    if corrupted:
+        ax.plot([h[0] for h in corrupted], [h[1] for h in corrupted], "s--", color="#8e44ad",
+                markersize=3, label="held-out, corrupted positions only")
     ax.set_xlabel("step (batch of %d canvases)" % args.batch)
-    ax.set_ylabel("cross-entropy on corrupted positions (nats)")
+    ax.set_ylabel("cross-entropy (nats): every position%s" %
+                  ("" if corrupted else " (old runs: corrupted positions)"))
     ax.set_title("demo-trained: block-diffusion training on the KJV (%.0f s on %s)" %
                  (log[-1]["seconds"], args.device_name))
     ax.grid(alpha=0.3)
@@ -1167,6 +1199,9 @@ def main():
     ap.add_argument("--log-every", type=int, default=50,
                     help="--fast: steps between waits for the GPU (log records are written then)")
     ap.add_argument("--eval-every", type=int, default=250)
+    ap.add_argument("--loss-positions", choices=LOSS_POSITIONS, default="all",
+                    help="train: the cross-entropy over every canvas position (default) or only "
+                    "the corrupted ones (the first runs' objective)")
     ap.add_argument("--save-every", type=int, default=500)
     ap.add_argument("--device-name", default="an NVIDIA H200", help="plot: where it trained")
     ap.add_argument("--eos-prompts", type=int, default=48,
