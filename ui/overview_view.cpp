@@ -561,6 +561,7 @@ QString OverviewView::detailsHtml() const {
                                QString::fromLatin1(generation::name(r->spec.rng)),
                                QString::fromLatin1(generation::name(r->spec.prefill)))
                           .arg(r->spec.seed));
+  row(tr("Batch rows"), q(experiment::describe(r->spec.composition)));
   row(tr("Shape"), tr("%1 layers, canvas %2, top-k %3, %4 taps")
                        .arg(r->layers)
                        .arg(r->canvas_length)

@@ -443,6 +443,9 @@ QString environmentSection(const experiment::ExperimentResult& r) {
   md += QStringLiteral("- Policy: %1; workaround: %2\n")
             .arg(q(ops::describe(r.spec.policy)),
                  r.spec.workaround ? q(ops::describe(*r.spec.workaround)) : QStringLiteral("none"));
+  if (r.spec.composition.mixed() || r.spec.composition.row != 0) {
+    md += QStringLiteral("- Batch rows: %1\n").arg(q(experiment::describe(r.spec.composition)));
+  }
   md += QStringLiteral("- Mode %1, rng %2, prefill %3, seed %4; %5 layers, canvas %6\n")
             .arg(QString::fromLatin1(experiment::name(r.spec.mode)),
                  QString::fromLatin1(generation::name(r.spec.rng)),

@@ -50,7 +50,7 @@ QString promptText(const analysis::SweepSpec& spec, int prompt) {
   if (prompt < 0 || prompt >= static_cast<int>(spec.prompts.size())) {
     return QStringLiteral("?");
   }
-  const analysis::SweepPrompt& p = spec.prompts[static_cast<std::size_t>(prompt)];
+  const setup::Prompt& p = spec.prompts[static_cast<std::size_t>(prompt)];
   return p.ids.empty() ? QString::fromStdString(p.text)
                        : QObject::tr("(%1 token ids)").arg(p.ids.size());
 }

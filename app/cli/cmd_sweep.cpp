@@ -60,7 +60,7 @@ std::optional<analysis::SweepSpec> sweep_of(SweepOptions& o, int& exit_code) {
   sweep.base = o.spec.spec;
   const auto& b = sweep.base;
   if (!o.prompts.empty()) {
-    auto prompts = analysis::read_prompts(o.prompts);
+    auto prompts = setup::read_prompts(o.prompts);
     if (!prompts.ok()) {
       exit_code = report_error(prompts.error());
       return std::nullopt;

@@ -21,6 +21,7 @@
 #include "core/experiment/runner.h"
 #include "core/io/experiment_file.h"
 #include "core/model/config.h"
+#include "core/setup/prompt.h"
 
 namespace batchlens::cli {
 
@@ -108,7 +109,20 @@ void add_spec_options(CLI::App* cmd, SpecOptions& o, bool workaround, const char
   cmd->add_option("--max-new-tokens", ov.max_new_tokens, "max_new_tokens [256]");
   cmd->add_option("--rng", o.rng, "per_row (BatchLens) or shared (the reference)")
       ->capture_default_str();
-  cmd->add_option("--prefill", o.prefill, "copied (batch-1 cache in every row) or batched")
+  o.prefill_option =
+      cmd->add_option("--prefill", o.prefill,
+                      "copied (batch-1 cache in every row) or batched [copied; batched with "
+                      "--companions]");
+  cmd->add_option("--companions", o.companions,
+                  "Prompts of the other rows of every batch (one per line, or JSON Lines with "
+                  "\"prompt\"/\"prompt_ids\"), cycled: a batch of different prompts, left-padded "
+                  "and masked as transformers' generate builds it. The B=1 reference is the prompt "
+                  "alone");
+  cmd->add_option("--row", o.row, "Which row of every batch holds the prompt under test")
+      ->capture_default_str();
+  cmd->add_option("--positions", o.positions,
+                  "Position ids of a padded batch: shared (transformers' generate: one set from "
+                  "the padded length) or per_row (each row from its own mask, what a fix would do)")
       ->capture_default_str();
   cmd->add_option("--mode", o.mode,
                   "free (each run its own trajectory) or lockstep (batched runs forced onto the "
@@ -142,6 +156,8 @@ bool resolve_spec(SpecOptions& o, const char* command, int& exit_code, bool file
   }
   if (!parse_mode(o.rng, generation::parse_rng_mode, spec.rng, command, exit_code) ||
       !parse_mode(o.prefill, generation::parse_prefill_mode, spec.prefill, command, exit_code) ||
+      !parse_mode(o.positions, generation::parse_position_mode, spec.composition.positions, command,
+                  exit_code) ||
       !parse_mode(o.mode, experiment::parse_run_mode, spec.mode, command, exit_code) ||
       !resolve_policy(o.policy, spec.policy, exit_code)) {
     return false;
@@ -150,6 +166,20 @@ bool resolve_spec(SpecOptions& o, const char* command, int& exit_code, bool file
     spec.workaround.emplace();
     if (!resolve_policy(o.workaround, *spec.workaround, exit_code)) {
       return false;
+    }
+  }
+  spec.composition.row = o.row;
+  if (!o.companions.empty()) {
+    // Read and checked before any work (issue #35): an empty file, invalid UTF-8, a 100 MB line.
+    auto companions = setup::read_prompts(o.companions, "companions file");
+    if (!companions.ok()) {
+      std::cerr << "batchlens-cli " << command << ": " << companions.error().message << "\n";
+      exit_code = kExitUsage;
+      return false;
+    }
+    spec.composition.companions = std::move(companions.value());
+    if (o.prefill_option == nullptr || o.prefill_option->count() == 0) {
+      spec.prefill = generation::PrefillMode::Batched;  // a server prefills the batch at once
     }
   }
   std::string bad;

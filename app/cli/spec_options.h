@@ -31,6 +31,10 @@ struct SpecOptions {
   // The program's edge: how files are written, as the environment sets it.
   io::WriteOptions write = io::WriteOptions::from_environment();
   std::string prefill = "copied";
+  CLI::Option* prefill_option = nullptr;  // given: kept as given, even beside companions
+  std::string companions;                 // a prompt file: the other rows (issue #35)
+  std::int64_t row = 0;
+  std::string positions = "shared";
   std::string mode = "free";
   bool raw = false;
   bool no_kernels = false;

@@ -113,7 +113,8 @@ class Finder {
       }
     }
     if (o.identical) {
-      report_.verdict = "no divergence: row 0 of every batch size is already bitwise B=1's";
+      report_.verdict = "no divergence: row " + std::to_string(spec_.composition.row) +
+                        " of every batch size is already bitwise B=1's";
       report_.wall_s = seconds_since(start);
       return report_;
     }
@@ -132,8 +133,16 @@ class Finder {
       }
       if (add.none()) {
         report_.verdict = "no op-level fix exists: with every op family " + strategy_word() +
-                          " row 0 still differs (first at " + where(o) +
+                          " row " + std::to_string(spec_.composition.row) +
+                          " still differs (first at " + where(o) +
                           "), so the divergence comes from outside the op layer";
+        if (spec_.composition.mixed() &&
+            spec_.composition.positions == generation::PositionMode::Shared) {
+          // issue #35: beside other prompts the batch's layout is an input of its own.
+          report_.verdict +=
+              "; the batch holds other prompts, padded with shared positions: "
+              "run again with per_row positions to see whether they are the cause";
+        }
         report_.wall_s = seconds_since(start);
         return report_;
       }

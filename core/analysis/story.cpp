@@ -70,7 +70,9 @@ std::string subject(const ExperimentResult& r, const ComparisonResult& c) {
   if (run != nullptr && run->batch_size == 1) {
     return prefix + "The B=1 repeat";
   }
-  return prefix + (prefix.empty() ? "Row 0 of " : "row 0 of ") + b;
+  // The row under test: row 0 unless a mixed batch holds the prompt elsewhere (issue #35).
+  const std::string row = "ow " + std::to_string(r.spec.composition.row) + " of ";
+  return prefix + (prefix.empty() ? "R" : "r") + row + b;
 }
 
 // Clause 1: where the comparison first differs.

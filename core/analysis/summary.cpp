@@ -104,6 +104,12 @@ nlohmann::json summary_json(const ExperimentResult& r) {
   out["mode"] = name(r.spec.mode);
   out["rng"] = generation::name(r.spec.rng);
   out["prefill"] = generation::name(r.spec.prefill);
+  if (r.spec.composition.mixed() || r.spec.composition.row != 0) {
+    out["batch_rows"] = describe(r.spec.composition);
+    out["companions"] = r.spec.composition.companions.size();
+    out["row"] = r.spec.composition.row;
+    out["positions"] = generation::name(r.spec.composition.positions);
+  }
   if (const std::string switches = r.spec.load.switches.describe(); !switches.empty()) {
     out["switches"] = switches;
   }
@@ -143,6 +149,9 @@ std::string summary_text(const ExperimentResult& r) {
   o << "mode " << name(r.spec.mode) << ", rng " << generation::name(r.spec.rng) << ", prefill "
     << generation::name(r.spec.prefill) << ", seed " << r.spec.seed << ", " << r.layers
     << " layers, taps " << r.taps.size() << "\n";
+  if (r.spec.composition.mixed() || r.spec.composition.row != 0) {
+    o << "batch rows: " << describe(r.spec.composition) << "\n";
+  }
   if (const std::string switches = r.spec.load.switches.describe(); !switches.empty()) {
     o << "switches: " << switches << "\n";
   }
@@ -186,7 +195,7 @@ std::string summary_text(const ExperimentResult& r) {
     }
     o << std::fixed << std::setprecision(2) << "  (" << run.wall_time_s << " s)\n";
   }
-  o << "\ncomparisons (row 0 unless noted):\n";
+  o << "\ncomparisons (row " << r.spec.composition.row << " unless noted):\n";
   for (const auto& c : r.comparisons) {
     o << "  " << c.id << (c.kind == experiment::ComparisonKind::Rows ? " (rows 1.. vs row 0)" : "")
       << ":\n";

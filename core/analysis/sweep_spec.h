@@ -6,7 +6,6 @@
 #pragma once
 
 #include <cstdint>
-#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -14,15 +13,9 @@
 
 #include "core/base/error.h"
 #include "core/experiment/experiment.h"
+#include "core/setup/prompt.h"
 
 namespace batchlens::analysis {
-
-/// One prompt of a sweep: text (through the chat template unless told not) or exact ids.
-struct SweepPrompt {
-  std::string text;
-  bool chat_template = true;
-  std::vector<std::int64_t> ids;  ///< used instead of `text` when not empty
-};
 
 /// What a sweep runs: `base` (model, load, batch sizes, policy, workaround, mode, generation
 /// overrides, taps) for every prompt × seed. Its prompt and seed are the item's; its repeats are
@@ -30,7 +23,7 @@ struct SweepPrompt {
 /// provenance is recorded.
 struct SweepSpec {
   experiment::ExperimentSpec base;
-  std::vector<SweepPrompt> prompts;
+  std::vector<setup::Prompt> prompts;
   std::vector<std::uint64_t> seeds{0};
 };
 
@@ -68,11 +61,5 @@ bool in_shard(const SweepItem& item, const Shard& shard);
 /// "0-23", "0,5,9-11": seeds, ascending, each once. InvalidArgument on anything else or more
 /// than 100000 seeds. Never throws.
 base::Result<std::vector<std::uint64_t>> parse_seeds(const std::string& text);
-
-/// Prompts from a file: JSON Lines (every non-empty line an object with "prompt" or
-/// "prompt_ids", optional "chat_template") when the first non-empty line starts with '{', else
-/// one prompt per non-empty line. InvalidArgument naming the line for bad lines; at most 100000
-/// prompts of 1 MiB each. Never throws.
-base::Result<std::vector<SweepPrompt>> read_prompts(const std::filesystem::path& path);
 
 }  // namespace batchlens::analysis

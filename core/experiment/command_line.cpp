@@ -70,6 +70,13 @@ std::string cli_run_command(const ExperimentSpec& spec, const std::vector<std::i
   arg("--repeats", std::to_string(spec.repeats));
   arg("--rng", generation::name(spec.rng));
   arg("--prefill", generation::name(spec.prefill));
+  if (spec.composition.row != 0) {
+    arg("--row", std::to_string(spec.composition.row));
+  }
+  if (spec.composition.mixed()) {
+    arg("--companions", "COMPANIONS.jsonl");
+    arg("--positions", generation::name(spec.composition.positions));
+  }
   arg("--mode", name(spec.mode));
   arg("--policy", ops::policy_text(spec.policy));
   if (spec.workaround) {
@@ -88,6 +95,11 @@ std::string cli_run_command(const ExperimentSpec& spec, const std::vector<std::i
   if (ov.t_min || ov.t_max || ov.entropy_bound || ov.stability_threshold ||
       ov.confidence_threshold) {
     also = "generation overrides without an option (see the file's spec JSON)";
+  }
+  if (spec.composition.mixed()) {
+    also += (also.empty() ? "" : "; ") + std::to_string(spec.composition.companions.size()) +
+            " companion prompts: write the file's spec JSON 'composition.companions' to "
+            "COMPANIONS.jsonl, one per line";
   }
   if (const std::string switches = spec.load.switches.describe(); !switches.empty()) {
     also += (also.empty() ? "" : "; ") + std::string("set in the environment: ") + switches;

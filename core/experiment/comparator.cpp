@@ -18,12 +18,12 @@ namespace {
 using probe::Tap;
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 
-// Row 0 of the tap of each layer, stacked (a copy of row 0 only): [n, C, ...].
-at::Tensor stack_row0(const StepTaps& taps, Tap tap, int layers) {
+// The row under test of the tap of each layer, stacked (a copy of that row only): [n, C, ...].
+at::Tensor stack_test_row(const StepTaps& taps, Tap tap, int layers, std::int64_t row) {
   std::vector<at::Tensor> rows;
   rows.reserve(static_cast<std::size_t>(layers));
   for (int l = 0; l < layers; ++l) {
-    rows.push_back(taps.get(tap, l).select(0, 0));
+    rows.push_back(taps.get(tap, l).select(0, row));
   }
   return at::stack(rows);
 }
@@ -105,9 +105,9 @@ void Comparator::queue_row0(bool both) {
   std::vector<probe::TapRow> ys;
   tapped_pairs(
       ref_->taps(), run_->taps(), lay_,
-      [](const at::Tensor& x, const at::Tensor& y, auto& xv, auto& yv) {
-        xv.push_back({x, 0});
-        yv.push_back({y, 0});
+      [&](const at::Tensor& x, const at::Tensor& y, auto& xv, auto& yv) {
+        xv.push_back({x, ref_->tap_row()});
+        yv.push_back({y, run_->tap_row()});
       },
       xs, ys, p.where);
   if (!xs.empty()) {
@@ -118,10 +118,10 @@ void Comparator::queue_row0(bool both) {
     for (int l = 0; l < lay_.layers; ++l) {
       scores = scores && ref_->taps().get(Tap::RouterScores, l).defined();
     }
-    p.ids_ref = stack_row0(ref_->taps(), Tap::RouterTopkIds, lay_.layers);
-    p.ids_run = stack_row0(run_->taps(), Tap::RouterTopkIds, lay_.layers);
+    p.ids_ref = stack_test_row(ref_->taps(), Tap::RouterTopkIds, lay_.layers, ref_->tap_row());
+    p.ids_run = stack_test_row(run_->taps(), Tap::RouterTopkIds, lay_.layers, run_->tap_row());
     if (scores) {
-      p.scores = stack_row0(ref_->taps(), Tap::RouterScores, lay_.layers);
+      p.scores = stack_test_row(ref_->taps(), Tap::RouterScores, lay_.layers, ref_->tap_row());
     }
   }
   p.sampler = true;

@@ -119,6 +119,7 @@ void visit_spec(S& s, V& v) {
   v.field("workaround", s.workaround);
   v.field("taps", s.taps);
   v.field("switches", s.load.switches);
+  v.field("composition", s.composition);
   // Not `kernels`: whether kernel provenance is recorded never changes the runs (the file's
   // /kernels group says whether it was).
 }
@@ -141,6 +142,10 @@ base::Result<generation::RngMode> parse_as(generation::RngMode /*tag*/, std::str
 base::Result<generation::PrefillMode> parse_as(generation::PrefillMode /*tag*/,
                                                std::string_view text) {
   return generation::parse_prefill_mode(text);
+}
+base::Result<generation::PositionMode> parse_as(generation::PositionMode /*tag*/,
+                                                std::string_view text) {
+  return generation::parse_position_mode(text);
 }
 base::Result<RunMode> parse_as(RunMode /*tag*/, std::string_view text);
 
@@ -174,6 +179,19 @@ class SpecWriter {
                    {"fused_off", value.fused_off},
                    {"cuda_graphs", value.cuda_graphs}};
     }
+  }
+  // Only for a mixed batch or another row: identical-row files stay as they were.
+  void field(const char* key, const Composition& value) {
+    if (!value.mixed() && value.row == 0) {
+      return;
+    }
+    nlohmann::json companions = nlohmann::json::array();
+    for (const setup::Prompt& p : value.companions) {
+      companions.push_back(setup::to_json(p));
+    }
+    out_[key] = {{"companions", std::move(companions)},
+                 {"row", value.row},
+                 {"positions", generation::name(value.positions)}};
   }
   void object(const char* key, const generation::GenerationOverrides& value) {
     nlohmann::json sub = nlohmann::json::object();
@@ -238,6 +256,26 @@ class SpecReader {
       value.cuda_graphs = w.at("cuda_graphs").get<bool>();
     }
   }
+  void field(const char* key, Composition& value) {
+    if (!in_.contains(key)) {
+      return;
+    }
+    const nlohmann::json& c = in_.at(key);
+    const std::string where = prefix_ + key;
+    if (!c.is_object() || !c.contains("companions") || !c.at("companions").is_array() ||
+        c.at("companions").size() > setup::kMaxPrompts) {
+      base::corrupt(where + ": needs 'companions', an array of at most " +
+                    std::to_string(setup::kMaxPrompts) + " prompts");
+    }
+    int i = 0;
+    for (const nlohmann::json& p : c.at("companions")) {
+      value.companions.push_back(
+          base::take(setup::prompt_from_json(p, where + " companion " + std::to_string(++i))));
+    }
+    SpecReader r(c, where + ".");
+    r.field("row", value.row);
+    r.field("positions", value.positions);
+  }
   void object(const char* key, generation::GenerationOverrides& value) {
     if (in_.contains(key)) {
       SpecReader r(in_[key], prefix_ + key + ".");
@@ -264,6 +302,60 @@ namespace {
 base::Result<RunMode> parse_as(RunMode /*tag*/, std::string_view text) {
   return parse_run_mode(text);
 }
+}  // namespace
+
+std::string describe(const Composition& c) {
+  if (!c.mixed()) {
+    return c.row == 0 ? "identical rows"
+                      : "identical rows, row " + std::to_string(c.row) + " under test";
+  }
+  const std::size_t n = c.companions.size();
+  return "the prompt in row " + std::to_string(c.row) + " beside " + std::to_string(n) +
+         (n == 1 ? " companion" : " companions") + " (cycled), " + generation::name(c.positions) +
+         " positions";
+}
+
+namespace {
+
+// The composition's part of validate().
+base::Result<void> validate_composition(const ExperimentSpec& s) {
+  const Composition& c = s.composition;
+  std::int64_t smallest = 0;
+  for (const std::int64_t b : s.batch_sizes) {
+    smallest = smallest == 0 ? b : std::min(smallest, b);
+  }
+  if (c.row < 0 || (smallest > 0 && c.row >= smallest)) {
+    return bad("the row under test must be in 0.." +
+               std::to_string(std::max<std::int64_t>(smallest - 1, 0)) +
+               " (the smallest batch has " + std::to_string(smallest) + " rows), not " +
+               std::to_string(c.row));
+  }
+  if (c.companions.size() > setup::kMaxPrompts) {
+    return bad("at most " + std::to_string(setup::kMaxPrompts) + " companions");
+  }
+  for (std::size_t i = 0; i < c.companions.size(); ++i) {
+    const setup::Prompt& p = c.companions[i];
+    const std::string what = "companion " + std::to_string(i + 1);
+    if (p.ids.empty() && p.text.empty()) {
+      return bad(what + " is empty");
+    }
+    if (auto utf8 = base::check_utf8(p.text, what); !utf8.ok()) {
+      return utf8.error();
+    }
+  }
+  if (c.mixed() && s.prefill == generation::PrefillMode::Copied) {
+    return bad(
+        "a batch of different prompts is prefilled as one batch (as a server does): "
+        "prefill 'batched', not 'copied'");
+  }
+  if (!c.mixed() && c.positions == generation::PositionMode::PerRow) {
+    return bad(
+        "per_row positions differ from shared ones only beside other prompts: give "
+        "companions");
+  }
+  return base::ok_result();
+}
+
 }  // namespace
 
 base::Result<void> validate(const ExperimentSpec& s) {
@@ -295,6 +387,9 @@ base::Result<void> validate(const ExperimentSpec& s) {
   }
   if (s.prompt_ids.empty() && s.prompt.empty()) {
     return bad("the prompt is empty");
+  }
+  if (auto c = validate_composition(s); !c.ok()) {
+    return c;
   }
   const bool none = s.taps.size() == 1 && s.taps[0] == "none";
   for (const auto& name : s.taps) {

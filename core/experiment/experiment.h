@@ -21,6 +21,7 @@
 #include "core/generation/modes.h"
 #include "core/model/loader.h"
 #include "core/ops/policy.h"
+#include "core/setup/prompt.h"
 #include "core/text/token_diff.h"
 
 namespace batchlens::experiment {
@@ -87,6 +88,21 @@ const char* name(RunMode mode);
 /// The mode of a name; InvalidArgument naming the accepted ones otherwise.
 base::Result<RunMode> parse_run_mode(std::string_view text);
 
+/// What the rows of each batched run hold (issue #35). Without companions every row holds the
+/// prompt (identical rows, as every experiment before). With companions the batch is what a
+/// server builds: the prompt under test in row `row`, the companions (other requests' prompts)
+/// cycled over the other rows, left-padded, masked, and positioned as transformers' `generate`
+/// does it (`positions` shared) or from each row's own mask (per_row, what a fix would do). The
+/// B=1 reference is always the prompt alone; each row keeps its own noise stream (RngMode).
+struct Composition {
+  std::vector<setup::Prompt> companions;
+  std::int64_t row = 0;  ///< the row under test, in every batch
+  generation::PositionMode positions = generation::PositionMode::Shared;
+  bool mixed() const { return !companions.empty(); }
+};
+/// "B rows: the prompt in row K, 3 companions cycled, shared positions", or "identical rows".
+std::string describe(const Composition& composition);
+
 /// What to run. Defaults: B=1 reference, one B=1 repeat, B = 2, 3, 4; per-row random streams,
 /// the prompt cache copied from batch 1, free trajectories, the default policy.
 struct ExperimentSpec {
@@ -108,6 +124,8 @@ struct ExperimentSpec {
   /// When set, every run again with ops::combine(policy, workaround).
   std::optional<ops::OpPolicy> workaround;
   std::vector<std::string> taps;  ///< tap names; empty = all
+  /// The rows of each batch (in the spec JSON only when it has companions or a row other than 0).
+  Composition composition;
   /// Record each engine's kernels per op family and layer (experiment/kernel_provenance.h): one
   /// extra decoder pass per engine, with and without self-conditioning, apart from the runs. How,
   /// not what: not in the spec JSON (a file's /kernels group says whether it was recorded).

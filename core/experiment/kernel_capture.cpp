@@ -3,6 +3,7 @@
 
 #include <chrono>
 #include <map>
+#include <optional>
 #include <set>
 #include <utility>
 
@@ -13,6 +14,7 @@
 #include "core/base/system_info.h"
 #include "core/experiment/plan.h"
 #include "core/experiment/run_vocabulary.h"
+#include "core/generation/engine.h"
 #include "core/model/diffusion_gemma.h"
 #include "core/ops/op_observer.h"
 #include "core/ops/op_profile.h"
@@ -102,9 +104,11 @@ std::string library_of(const at::Device& device, at::ScalarType dtype) {
   return "BLAS (" + std::string(at::hasMKL() ? "MKL" : "LibTorch's") + ")";
 }
 
-// One pass of `run`: prefill as the spec makes it, then the decoder over a seeded canvas.
+// One pass of `run`: prefill as the spec makes it (a mixed batch: `mixed`, padded, masked and
+// positioned as its engine does), then the decoder over a seeded canvas.
 EngineKernels capture_one(const model::DiffusionGemma& model, const ExperimentSpec& spec,
-                          const at::Tensor& prompt, const PlannedRun& run, bool sc) {
+                          const at::Tensor& prompt, const generation::PaddedPrompts* mixed,
+                          const PlannedRun& run, bool sc) {
   const auto start = Clock::now();
   const at::Device device = model.device();
   const std::int64_t b = run.batch_size;
@@ -112,7 +116,13 @@ EngineKernels capture_one(const model::DiffusionGemma& model, const ExperimentSp
   const std::int64_t vocab = model.config().text.vocab_size;
   const model::ForwardContext plain{&run.policy, nullptr};
   model::KvCache cache;
-  if (spec.prefill == generation::PrefillMode::Copied) {
+  at::Tensor positions;  // [B, C] int64 for per-row positions, else the model's default
+  if (mixed != nullptr) {
+    const generation::PositionMode mode = spec.composition.positions;
+    model.encode(mixed->ids.to(device), cache, plain,
+                 generation::prefill_layout(*mixed, mode, device));
+    positions = generation::canvas_positions(*mixed, mode, 0, c, device);
+  } else if (spec.prefill == generation::PrefillMode::Copied) {
     model::KvCache one;
     model.encode(prompt, one, plain);
     cache = one.repeat_rows(b);
@@ -143,10 +153,10 @@ EngineKernels capture_one(const model::DiffusionGemma& model, const ExperimentSp
   e.device = device.str();
   if (device.is_cuda() && ops::kernel_profiler_available()) {
     // A warm-up first: library handles and heuristics caches are made outside the trace.
-    (void)model.decode(canvas, cache, sc_logits,
-                       model::ForwardContext{&run.policy, nullptr, false});
+    (void)model.decode(canvas, cache, sc_logits, model::ForwardContext{&run.policy, nullptr, false},
+                       positions);
     const std::vector<ops::KernelSeen> launched = ops::profile_marked_kernels(
-        [&] { (void)model.decode(canvas, cache, sc_logits, observed); });
+        [&] { (void)model.decode(canvas, cache, sc_logits, observed, positions); });
     for (const ops::KernelSeen& k : launched) {
       std::string family;
       int layer = -1;
@@ -168,7 +178,7 @@ EngineKernels capture_one(const model::DiffusionGemma& model, const ExperimentSp
       same->total_us += k.duration_us;
     }
   } else {
-    (void)model.decode(canvas, cache, sc_logits, observed);
+    (void)model.decode(canvas, cache, sc_logits, observed, positions);
   }
   e.ops = std::move(collector.ops());
   e.seconds = std::chrono::duration<double>(Clock::now() - start).count();
@@ -179,6 +189,7 @@ EngineKernels capture_one(const model::DiffusionGemma& model, const ExperimentSp
 
 KernelProvenance capture_kernels(const setup::Session& session, const ExperimentSpec& spec,
                                  const std::vector<std::int64_t>& prompt_ids,
+                                 const std::vector<std::vector<std::int64_t>>& companion_ids,
                                  const std::vector<PlannedGroup>& groups,
                                  const base::CancelToken* cancel) {
   const auto start = Clock::now();
@@ -199,7 +210,13 @@ KernelProvenance capture_kernels(const setup::Session& session, const Experiment
         if (cancel != nullptr && cancel->cancelled()) {
           base::raise(base::ErrorCode::Cancelled, "kernel provenance cancelled");
         }
-        k.engines.push_back(capture_one(model, spec, prompt, run, sc));
+        std::optional<generation::PaddedPrompts> mixed;
+        if (!companion_ids.empty() && run.batch_size > 1) {
+          mixed = generation::pad_left(
+              batch_rows(prompt_ids, companion_ids, run.batch_size, spec.composition.row),
+              session.model->config().text.pad_token_id);
+        }
+        k.engines.push_back(capture_one(model, spec, prompt, mixed ? &*mixed : nullptr, run, sc));
       }
     }
   }

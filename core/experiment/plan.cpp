@@ -27,13 +27,14 @@ std::vector<PlannedGroup> plan_groups(const ExperimentSpec& spec) {
   return groups;
 }
 
-std::vector<PlannedComparison> plan_comparisons(const PlannedGroup& group, RunMode mode) {
+std::vector<PlannedComparison> plan_comparisons(const PlannedGroup& group, RunMode mode,
+                                                bool mixed) {
   std::vector<PlannedComparison> out;
   for (std::size_t i = 1; i < group.runs.size(); ++i) {
     const std::string& run = group.runs[i].id;
     out.push_back(
         {comparison_id(ComparisonKind::Row0, group.runs[0].id, run), 0, i, ComparisonKind::Row0});
-    if (mode == RunMode::Lockstep && group.runs[i].batch_size > 1) {
+    if (mode == RunMode::Lockstep && !mixed && group.runs[i].batch_size > 1) {
       out.push_back({comparison_id(ComparisonKind::Rows, run, run), i, i, ComparisonKind::Rows});
     }
   }
@@ -49,6 +50,23 @@ model::Workload workload_of(const ExperimentSpec& spec) {
     w.max_batch = std::max(w.max_batch, b);
   }
   return w;
+}
+
+std::vector<std::vector<std::int64_t>> batch_rows(
+    const std::vector<std::int64_t>& prompt,
+    const std::vector<std::vector<std::int64_t>>& companions, std::int64_t batch_size,
+    std::int64_t row) {
+  std::vector<std::vector<std::int64_t>> rows;
+  rows.reserve(static_cast<std::size_t>(batch_size));
+  std::size_t next = 0;
+  for (std::int64_t r = 0; r < batch_size; ++r) {
+    if (r == row || companions.empty()) {
+      rows.push_back(prompt);
+    } else {
+      rows.push_back(companions[next++ % companions.size()]);
+    }
+  }
+  return rows;
 }
 
 std::vector<probe::Tap> planned_taps(const std::vector<std::string>& names) {

@@ -42,9 +42,11 @@ struct PlannedComparison {
 /// batch size with ops::combine(policy, workaround), ids prefixed "wa.").
 std::vector<PlannedGroup> plan_groups(const ExperimentSpec& spec);
 
-/// The comparisons of a group: its reference against every other run; in lockstep mode also
-/// each batched run's rows against its own row 0.
-std::vector<PlannedComparison> plan_comparisons(const PlannedGroup& group, RunMode mode);
+/// The comparisons of a group: its reference against every other run's row under test; in
+/// lockstep mode, for batches of identical rows, also each batched run's rows against its own
+/// row 0 (a mixed batch's rows hold other prompts: nothing to compare).
+std::vector<PlannedComparison> plan_comparisons(const PlannedGroup& group, RunMode mode,
+                                                bool mixed = false);
 
 /// What the runs hold at once, for the memory check before loading: a group's engines coexist
 /// (its B=1 reference and repeats and every batch), the groups run one after the other. The
@@ -83,6 +85,14 @@ base::Result<StepCount> count_steps(const ExperimentSpec& spec, const ModelStepF
 base::Result<StepCount> count_steps(const ExperimentSpec& spec);
 /// The steps the runs of a finished experiment took (RunResult::steps), weighted as StepCount.
 StepCount steps_taken(const ExperimentResult& result);
+
+/// The prompts of a batch of `batch_size` rows with companions (issue #35): `prompt` in row
+/// `row`, the companions cycled over the other rows in order. Empty companions: `prompt` in
+/// every row.
+std::vector<std::vector<std::int64_t>> batch_rows(
+    const std::vector<std::int64_t>& prompt,
+    const std::vector<std::vector<std::int64_t>>& companions, std::int64_t batch_size,
+    std::int64_t row);
 
 /// The tapped taps in the order of the T axis: every tap for an empty list, none for {"none"}.
 /// The names must be valid (validate()).

@@ -38,6 +38,8 @@ struct Context {
   const setup::Inputs& inputs;
   const Layout& layout;
   const at::Tensor& prompt;  // [1, L] int64
+  // The companions' ids (spec.composition), empty for identical rows.
+  const std::vector<std::vector<std::int64_t>>& companion_ids;
   const RunControl& control;
   base::ProgressClock clock;
   std::int64_t ticks_done = 0;
@@ -83,17 +85,27 @@ void run_group(Context& ctx, const PlannedGroup& group, ExperimentResult& out) {
   o.config = ctx.inputs.generation;
   o.cancel = ctx.control.cancel;
   o.cuda_graph = ctx.session.load.switches.cuda_graphs && ctx.control.cuda_graphs;
+  o.positions = spec.composition.positions;
   const bool lockstep = spec.mode == RunMode::Lockstep;
+  const bool mixed = !ctx.companion_ids.empty();
   // Engines point at their own policy and comparators at engines: neither may move.
   std::vector<std::unique_ptr<Engine>> engines;
   std::vector<Engine*> order;
   for (const PlannedRun& run : group.runs) {
+    RunRows rows{&ctx.prompt, nullptr, spec.composition.row};
+    generation::PaddedPrompts padded;
+    if (mixed && run.batch_size > 1) {
+      padded = generation::pad_left(batch_rows(ctx.inputs.prompt_ids, ctx.companion_ids,
+                                               run.batch_size, spec.composition.row),
+                                    ctx.session.model->config().text.pad_token_id);
+      rows.mixed = &padded;
+    }
     engines.push_back(
-        std::make_unique<Engine>(run, *ctx.session.model, ctx.prompt, o, ctx.layout, lockstep));
+        std::make_unique<Engine>(run, *ctx.session.model, rows, o, ctx.layout, lockstep));
     order.push_back(engines.back().get());
   }
   const bool diff_kernel = ctx.session.load.switches.fused_kernel("diff");
-  const std::vector<PlannedComparison> planned = plan_comparisons(group, spec.mode);
+  const std::vector<PlannedComparison> planned = plan_comparisons(group, spec.mode, mixed);
   std::vector<Comparator> comparators;
   comparators.reserve(planned.size());
   for (const PlannedComparison& p : planned) {
@@ -167,9 +179,25 @@ void run_group(Context& ctx, const PlannedGroup& group, ExperimentResult& out) {
 // header (spec, configs, prompt, taps, shape), before any group runs.
 struct Prepared {
   setup::Inputs inputs;
+  std::vector<std::vector<std::int64_t>> companion_ids;  // spec.composition's, tokenized
   Layout layout;
   ExperimentResult header;
 };
+
+// The longest prompt of a batch and the canvases after it must fit the model's positions.
+void check_context(std::int64_t prompt_tokens, const std::string& what, const setup::Inputs& in,
+                   const model::ModelConfig& config) {
+  const std::int64_t c = config.canvas_length;
+  const std::int64_t canvases = (in.generation.max_new_tokens + c - 1) / c;
+  const std::int64_t limit = config.text.max_position_embeddings;
+  if (prompt_tokens + canvases * c > limit) {
+    base::raise(ErrorCode::InvalidArgument,
+                what + " is too long for the model's context: " + std::to_string(prompt_tokens) +
+                    " tokens and " + std::to_string(canvases) + " canvases of " +
+                    std::to_string(c) + " make more than its " + std::to_string(limit) +
+                    " positions");
+  }
+}
 
 // Validates `spec` for `session` and prepares its prompt and overrides there. `prompt_ids`, when
 // not empty, are the ids to run instead of the spec's prompt (a shown experiment's, as it ran).
@@ -183,6 +211,23 @@ Prepared prepare_experiment(const setup::Session& session, const ExperimentSpec&
   p.inputs = take(session.prepare(
       {spec.prompt, spec.chat_template, prompt_ids.empty() ? spec.prompt_ids : prompt_ids},
       spec.overrides));
+  const model::ModelConfig& model_config = session.model->config();
+  auto longest = static_cast<std::int64_t>(p.inputs.prompt_ids.size());
+  check_context(longest, "the prompt", p.inputs, model_config);
+  // Every companion, before any work: a bad one is refused with its number.
+  for (std::size_t i = 0; i < spec.composition.companions.size(); ++i) {
+    const std::string what = "companion " + std::to_string(i + 1);
+    auto ids = session.prepare(spec.composition.companions[i], spec.overrides);
+    if (!ids.ok()) {
+      base::raise(ids.error().code, what + ": " + ids.error().message);
+    }
+    const auto n = static_cast<std::int64_t>(ids.value().prompt_ids.size());
+    check_context(n, what, p.inputs, model_config);
+    longest = std::max(longest, n);
+    p.companion_ids.push_back(std::move(ids.value().prompt_ids));
+  }
+  // Padded to the longest row, every row's canvases come after it.
+  check_context(longest, "the batch (padded to its longest prompt)", p.inputs, model_config);
   ExperimentResult& out = p.header;
   out.spec = spec;
   out.generation_config_json = generation::to_json(p.inputs.generation);
@@ -216,6 +261,7 @@ void run_groups(const setup::Session& session, const ExperimentSpec& spec, const
               p.inputs,
               p.layout,
               prompt,
+              p.companion_ids,
               control,
               base::ProgressClock(static_cast<std::int64_t>(groups.size()) * canvases *
                                   p.inputs.generation.sampler.max_denoising_steps)};
@@ -227,8 +273,8 @@ void run_groups(const setup::Session& session, const ExperimentSpec& spec, const
     if (control.progress) {
       control.progress(ctx.clock.at(ctx.clock.total(), "recording each engine's kernels"));
     }
-    KernelProvenance k =
-        capture_kernels(session, spec, p.header.prompt_ids, groups, control.cancel);
+    KernelProvenance k = capture_kernels(session, spec, p.header.prompt_ids, p.companion_ids,
+                                         groups, control.cancel);
     if (!out.kernels) {
       out.kernels = KernelProvenance{k.source, {}, 0.0};
     }

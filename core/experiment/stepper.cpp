@@ -25,8 +25,8 @@ std::bitset<probe::kTapCount> wanted_taps(const Layout& layout) {
 }  // namespace
 
 void StepTaps::record(probe::Tap tap, int layer, const at::Tensor& value) {
-  const bool first = first_row_only_ && value.dim() > 0;
-  taps_[{tap, layer}] = (first ? value.narrow(0, 0, 1) : value).detach().clone();
+  const bool one = only_row_ >= 0 && value.dim() > 0;
+  taps_[{tap, layer}] = (one ? value.narrow(0, only_row_, 1) : value).detach().clone();
 }
 
 void StepTaps::record_stable(probe::Tap tap, int layer, const at::Tensor& value) {
@@ -38,10 +38,18 @@ at::Tensor StepTaps::get(probe::Tap tap, int layer) const {
   return it == taps_.end() ? at::Tensor() : it->second;
 }
 
-Engine::Engine(const PlannedRun& run, const model::DiffusionGemma& model, const at::Tensor& prompt,
+Engine::Engine(const PlannedRun& run, const model::DiffusionGemma& model, const RunRows& rows,
                generation::GenerateOptions options, Layout layout, bool lockstep)
     : layout_(std::move(layout)), policy_(run.policy), taps_(wanted_taps(layout_)) {
-  taps_.set_first_row_only(!(lockstep && run.batch_size > 1));
+  mixed_ = rows.mixed != nullptr && run.batch_size > 1;
+  row_ = run.batch_size > 1 ? rows.row : 0;
+  if (row_ < 0 || row_ >= run.batch_size) {
+    base::raise(
+        base::ErrorCode::InvalidArgument,
+        "row " + std::to_string(row_) + " is outside a batch of " + std::to_string(run.batch_size));
+  }
+  // A lockstep batch of identical rows also compares its rows with each other: every row kept.
+  taps_.set_only_row(lockstep && run.batch_size > 1 && !mixed_ ? -1 : row_);
   result_.id = run.id;
   result_.batch_size = run.batch_size;
   result_.group = run.group;
@@ -50,7 +58,16 @@ Engine::Engine(const PlannedRun& run, const model::DiffusionGemma& model, const 
   result_.emulated = policy_.emulate_split_k.any();
   options.batch_size = run.batch_size;
   options.policy = &policy_;
-  timed([&] { engine_ = std::make_unique<generation::GenerationEngine>(model, prompt, options); });
+  options.lead_row = row_;  // the row under test draws the reference's noise
+  const generation::PaddedPrompts* mixed = mixed_ ? rows.mixed : nullptr;
+  if (mixed == nullptr && rows.prompt == nullptr) {
+    base::raise(base::ErrorCode::Internal, "a run without a prompt");
+  }
+  timed([&] {
+    engine_ = mixed != nullptr
+                  ? std::make_unique<generation::GenerationEngine>(model, *mixed, options)
+                  : std::make_unique<generation::GenerationEngine>(model, *rows.prompt, options);
+  });
 }
 
 void Engine::clear_tick() {
@@ -80,7 +97,7 @@ void Engine::record_tick() {
       canvas_in_.size(),
       at::stack({l.canvas_in.to(at::kDouble), l.argmax.to(at::kDouble), l.sampled.to(at::kDouble),
                  l.accepted.to(at::kDouble), l.entropy.to(at::kDouble)})
-          .select(1, 0));
+          .select(1, row_));
   canvas_in_.resize(canvas_in_.size() + c);
   argmax_.resize(argmax_.size() + c);
   sampled_.resize(sampled_.size() + c);
@@ -143,7 +160,7 @@ bool GroupStepper::tick() {
       // Followers in lockstep decode the leader's input of this step.
       for (Engine* f : engines_) {
         if (lockstep_ && f != &lead && lead.stepped() && !f->engine().done()) {
-          f->engine().adopt(pre);
+          f->engine().adopt(pre, f->adopt_row());
         }
       }
       continue;
@@ -157,7 +174,7 @@ bool GroupStepper::tick() {
     e->step();
     any = true;
     if (follows) {
-      e->engine().adopt(lead.engine().snapshot());
+      e->engine().adopt(lead.engine().snapshot(), e->adopt_row());
     }
   }
   return any;
@@ -168,7 +185,7 @@ void GroupStepper::end_canvas() {
   for (Engine* e : engines_) {
     if (!e->engine().done()) {
       if (lockstep_ && e != &lead) {
-        e->engine().adopt(lead.engine().snapshot());
+        e->engine().adopt(lead.engine().snapshot(), e->adopt_row());
       }
       e->timed([&] { e->engine().end_canvas(); });
     }

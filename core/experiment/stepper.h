@@ -31,9 +31,10 @@ class StepTaps final : public probe::TapSink {
   bool wants(probe::Tap tap, int /*layer*/) const override {
     return wanted_.test(static_cast<std::size_t>(tap));
   }
-  /// Row 0 is all the row-0 comparisons read; a batched lockstep run also compares its rows.
-  bool first_row_only() const override { return first_row_only_; }
-  void set_first_row_only(bool first) { first_row_only_ = first; }
+  /// The row under test is all the test-row comparisons read (-1: every row, for a batched
+  /// lockstep run of identical rows, which also compares its rows).
+  std::int64_t only_row() const override { return only_row_; }
+  void set_only_row(std::int64_t row) { only_row_ = row; }
   void record(probe::Tap tap, int layer, const at::Tensor& value) override;
   void record_stable(probe::Tap tap, int layer, const at::Tensor& value) override;
   /// The tensor recorded this step, undefined when none was.
@@ -42,16 +43,25 @@ class StepTaps final : public probe::TapSink {
 
  private:
   std::bitset<probe::kTapCount> wanted_;
-  bool first_row_only_ = false;
+  std::int64_t only_row_ = -1;
   std::map<std::pair<probe::Tap, int>, at::Tensor> taps_;
 };
 
-/// One run: its generation engine, this tick's taps and step, and row 0's per-tick record.
+/// What one run's rows hold: the prompt in every row, or a mixed batch (issue #35) with the
+/// prompt under test in row `row` and other prompts beside it.
+struct RunRows {
+  const at::Tensor* prompt = nullptr;                ///< [1, L] int64: identical rows
+  const generation::PaddedPrompts* mixed = nullptr;  ///< else the padded batch
+  std::int64_t row = 0;                              ///< the row under test
+};
+
+/// One run: its generation engine, this tick's taps and step, and the per-tick record of the
+/// row under test (row 0 unless a mixed batch puts the prompt elsewhere).
 class Engine {
  public:
   /// Builds the engine of `run` (prefill included). `options` carries everything but the batch
   /// size and the policy, which come from `run`.
-  Engine(const PlannedRun& run, const model::DiffusionGemma& model, const at::Tensor& prompt,
+  Engine(const PlannedRun& run, const model::DiffusionGemma& model, const RunRows& rows,
          generation::GenerateOptions options, Layout layout, bool lockstep);
 
   generation::GenerationEngine& engine() { return *engine_; }
@@ -60,6 +70,11 @@ class Engine {
   const StepTaps& taps() const { return taps_; }
   bool stepped() const { return stepped_; }
   double seconds() const { return seconds_; }
+  /// The row under test in this engine's tap tensors (0 where they keep that row only).
+  std::int64_t tap_row() const { return taps_.only_row() >= 0 ? 0 : row_; }
+  /// Where a lockstep follower takes the leader's state: the row under test of a mixed batch,
+  /// every row (-1) of identical ones.
+  std::int64_t adopt_row() const { return mixed_ ? row_ : -1; }
   /// Row 0's record so far, [ticks * C] each (a canvas's ticks filled in by flush()).
   const std::vector<std::int64_t>& canvas_in() const { return canvas_in_; }
   const std::vector<std::int64_t>& argmax() const { return argmax_; }
@@ -90,6 +105,8 @@ class Engine {
   StepTaps taps_;
   std::unique_ptr<generation::GenerationEngine> engine_;
   generation::StepTensors last_;  // this tick's step (when stepped)
+  std::int64_t row_ = 0;          // the row under test
+  bool mixed_ = false;            // a batch of different prompts
   bool stepped_ = false;          // in the current tick
   double seconds_ = 0;
   // Row-0 per-tick data, appended; a stepped tick's values arrive at the end of the canvas.
@@ -142,9 +159,10 @@ RunResult Engine::finish(std::int64_t ticks, Decode&& decode) {
   r.accepted = NdArray<std::uint8_t>::of(shape, std::move(accepted_));
   r.entropy = NdArray<float>::of(shape, std::move(entropy_));
   const generation::GenerationResult g = engine_->result();
-  r.tokens = g.rows[0].tokens;
-  r.stop_position = g.rows[0].stop_position;
-  r.steps = g.rows[0].steps;
+  const generation::RowOutcome& row = g.rows.at(static_cast<std::size_t>(row_));
+  r.tokens = row.tokens;
+  r.stop_position = row.stop_position;
+  r.steps = row.steps;
   r.text = decode(r.tokens, r.stop_position);
   r.wall_time_s = seconds_;
   return r;

@@ -86,7 +86,7 @@ GenerationEngine::GenerationEngine(const DiffusionGemma& model, GenerateOptions 
       options_(std::move(options)),
       ctx_{options_.policy, nullptr, /*check_id_range=*/false, /*fused_kernels=*/true,
            options_.observer},
-      streams_(options_.rng, options_.seed, options_.batch_size, model.device()),
+      streams_(options_.rng, options_.seed, options_.batch_size, model.device(), options_.lead_row),
       stopping_(options_.config.sampler.stability_threshold,
                 options_.config.sampler.confidence_threshold) {}
 
@@ -96,6 +96,27 @@ GenerationEngine::GenerationEngine(const DiffusionGemma& model, const at::Tensor
   PaddedPrompts one;
   one.ids = prompt;  // [1, L], repeated into every row
   start(one);
+}
+
+model::TokenLayout prefill_layout(const PaddedPrompts& prompts, PositionMode positions,
+                                  const at::Device& device) {
+  model::TokenLayout layout;
+  layout.valid = prompts.valid.to(device);  // [B, L] bool
+  if (positions == PositionMode::PerRow && !layout.valid.all().item<bool>()) {
+    // Each row counts its real tokens; padding slots get 0 (they are never attended to).
+    layout.positions = (layout.valid.to(at::kLong).cumsum(1) - 1).clamp_min(0);  // [B, L]
+  }
+  return layout;
+}
+
+at::Tensor canvas_positions(const PaddedPrompts& prompts, PositionMode positions, int canvas,
+                            std::int64_t canvas_length, const at::Device& device) {
+  if (positions != PositionMode::PerRow || prompts.valid.all().item<bool>()) {
+    return {};  // transformers' shared positions: the model's default, cache.seq_length + i
+  }
+  const at::TensorOptions longs = at::TensorOptions().dtype(at::kLong).device(device);
+  return at::tensor(prompts.lengths, longs.device(at::kCPU)).to(device).unsqueeze(1) +
+         canvas * canvas_length + at::arange(canvas_length, longs);  // [B, C]
 }
 
 GenerationEngine::GenerationEngine(const DiffusionGemma& model, const PaddedPrompts& prompts,
@@ -116,15 +137,11 @@ void GenerationEngine::start(const PaddedPrompts& prompts) {
   // attention_mask of a left-padded batch.
   model::TokenLayout layout;
   if (!identical) {
-    layout.valid = prompts.valid.to(device);
+    layout = prefill_layout(prompts, options_.positions, device);
     padded_ = !layout.valid.all().item<bool>();
     lengths_ = at::tensor(prompts.lengths, at::TensorOptions().dtype(at::kLong))
                    .to(device)
                    .unsqueeze(1);  // [B, 1]
-    if (padded_ && options_.positions == PositionMode::PerRow) {
-      // Each row counts its real tokens; padding slots get 0 (they are never attended to).
-      layout.positions = (layout.valid.to(at::kLong).cumsum(1) - 1).clamp_min(0);  // [B, L]
-    }
   }
   if (identical && options_.prefill == PrefillMode::Copied) {
     KvCache one;
@@ -153,7 +170,7 @@ at::Tensor GenerationEngine::canvas_positions() const {
 
 namespace {
 
-// Passes `wants` through to the step's sink and keeps a copy of each recorded tap (row 0 only
+// Passes `wants` through to the step's sink and keeps a copy of each recorded tap (one row only
 // when the sink wants no more): inside a capture the copies are graph memory that every replay
 // rewrites.
 class CapturedTaps final : public probe::TapSink {
@@ -165,8 +182,8 @@ class CapturedTaps final : public probe::TapSink {
     return wanted_ != nullptr && wanted_->wants(tap, layer);
   }
   void record(probe::Tap tap, int layer, const at::Tensor& value) override {
-    const bool first = wanted_ != nullptr && wanted_->first_row_only() && value.dim() > 0;
-    out_.emplace_back(tap, layer, (first ? value.narrow(0, 0, 1) : value).detach().clone());
+    const std::int64_t row = wanted_ != nullptr && value.dim() > 0 ? wanted_->only_row() : -1;
+    out_.emplace_back(tap, layer, (row >= 0 ? value.narrow(0, row, 1) : value).detach().clone());
   }
 
  private:
@@ -176,23 +193,23 @@ class CapturedTaps final : public probe::TapSink {
 
 }  // namespace
 
-std::vector<bool> GenerationEngine::tap_signature(const probe::TapSink* taps) const {
-  std::vector<bool> key;
+std::vector<std::int64_t> GenerationEngine::tap_signature(const probe::TapSink* taps) const {
+  std::vector<std::int64_t> key;
   if (taps == nullptr) {
     return key;
   }
   const int layers = static_cast<int>(model_.config().text.num_hidden_layers);
   for (const probe::Tap t : probe::all_taps()) {
     for (int l = probe::kNoLayer; l < layers; ++l) {
-      key.push_back(taps->wants(t, l));
+      key.push_back(taps->wants(t, l) ? 1 : 0);
     }
   }
-  key.push_back(taps->first_row_only());
+  key.push_back(taps->only_row());
   return key;
 }
 
 at::Tensor GenerationEngine::graph_decode(const at::Tensor& canvas_in, probe::TapSink* taps) {
-  std::vector<bool> key = tap_signature(taps);
+  std::vector<std::int64_t> key = tap_signature(taps);
   if (graph_canvas_ == canvas_ && graph_.captured() && key == graph_taps_key_) {
     graph_in_.copy_(canvas_in);
     graph_sc_.copy_(sc_logits_);
@@ -358,8 +375,27 @@ DenoiserState GenerationEngine::snapshot() const {
   return s;
 }
 
-void GenerationEngine::adopt(const DenoiserState& s) {
+void GenerationEngine::adopt(const DenoiserState& s, std::int64_t row) {
   const std::int64_t b = options_.batch_size;
+  if (row >= 0 && b > 1) {
+    // One row: the others keep their state. [B, ...] with row `row` replaced.
+    const auto with_row = [&](const at::Tensor& all, const at::Tensor& one) {
+      at::Tensor out = all.clone();
+      out.narrow(0, row, 1).copy_(one);
+      return out;
+    };
+    current_ = with_row(current_, s.current);
+    argmax_ = with_row(argmax_, s.argmax);
+    finished_ = with_row(finished_, s.finished);
+    if (s.sc_logits.defined() != sc_logits_.defined()) {
+      base::raise(base::ErrorCode::Internal,
+                  "lockstep: the leader and a follower are at different steps");
+    }
+    if (s.sc_logits.defined()) {
+      sc_logits_ = with_row(sc_logits_, s.sc_logits);
+    }
+    return;
+  }
   current_ = s.current.expand({b, -1}).contiguous();
   argmax_ = s.argmax.expand({b, -1}).contiguous();
   sc_logits_ = s.sc_logits.defined() ? s.sc_logits.expand({b, -1, -1}).contiguous() : at::Tensor();

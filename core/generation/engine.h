@@ -48,6 +48,17 @@ struct PaddedPrompts {
 /// an empty row.
 PaddedPrompts pad_left(const std::vector<std::vector<std::int64_t>>& rows, std::int64_t pad_id);
 
+/// The prefill's token layout of a padded batch on `device`: its padding mask, and for PerRow
+/// each row's positions counting its real tokens (padding slots 0, never attended to); Shared
+/// leaves positions to the model (transformers' one set from the padded length). ref: generate's
+/// attention_mask and position ids for a left-padded input_ids
+model::TokenLayout prefill_layout(const PaddedPrompts& prompts, PositionMode positions,
+                                  const at::Device& device);
+/// Canvas `canvas`'s position ids [B, C] for PerRow in a padded batch (each row's real length
+/// plus the canvases before); undefined (the model's shared default) otherwise.
+at::Tensor canvas_positions(const PaddedPrompts& prompts, PositionMode positions, int canvas,
+                            std::int64_t canvas_length, const at::Device& device);
+
 /// Everything a generation run needs besides the model and the prompt.
 struct GenerateOptions {
   std::int64_t batch_size = 1;
@@ -56,6 +67,9 @@ struct GenerateOptions {
   PrefillMode prefill = PrefillMode::Copied;
   /// A batch of different prompts: the rows' position ids (identical rows: no effect).
   PositionMode positions = PositionMode::Shared;
+  /// Per-row streams: the row that draws row 0's stream (RandomStreams' lead_row). A mixed
+  /// batch's row under test, so that the sampler is not a cause.
+  std::int64_t lead_row = 0;
   GenerationConfig config;
   const ops::OpPolicy* policy = nullptr;      ///< null = default
   const base::CancelToken* cancel = nullptr;  ///< checked before every step
@@ -135,9 +149,10 @@ class GenerationEngine {
 
   /// Row 0's state now (for a lockstep follower).
   DenoiserState snapshot() const;
-  /// Replaces every row's state by `state` (row 0 of another engine): the next step then
-  /// decodes exactly the leader's canvas and self-conditioning input.
-  void adopt(const DenoiserState& state);
+  /// Replaces every row's state by `state` (row 0 of another engine), or only row `row`'s when
+  /// it is not negative (a mixed batch's row under test; the other rows keep their own): the
+  /// next step then decodes exactly the leader's canvas and self-conditioning input there.
+  void adopt(const DenoiserState& state, std::int64_t row = -1);
 
   /// The outcome so far (complete once done()).
   GenerationResult result() const;
@@ -152,7 +167,7 @@ class GenerationEngine {
   // The decoder pass of a step without taps: a CUDA graph replay when possible, else eager.
   at::Tensor graph_decode(const at::Tensor& canvas_in, probe::TapSink* taps);
   // Which (tap, layer) `taps` wants, as a key: a new set means a new capture.
-  std::vector<bool> tap_signature(const probe::TapSink* taps) const;
+  std::vector<std::int64_t> tap_signature(const probe::TapSink* taps) const;
 
   const model::DiffusionGemma& model_;
   GenerateOptions options_;
@@ -188,7 +203,7 @@ class GenerationEngine {
   at::Tensor graph_in_;   // [B, C] int64
   at::Tensor graph_sc_;   // [B, C, V]
   at::Tensor graph_out_;  // [B, C, V] fp32, rewritten by every replay
-  std::vector<bool> graph_taps_key_;
+  std::vector<std::int64_t> graph_taps_key_;
   // Tap copies made inside the graph (rewritten by every replay), handed to the step's sink.
   std::vector<std::tuple<probe::Tap, int, at::Tensor>> graph_taps_;
 };

@@ -50,16 +50,22 @@ std::uint64_t RandomStreams::row_seed(std::uint64_t seed, std::int64_t row) {
 }
 
 RandomStreams::RandomStreams(RngMode mode, std::uint64_t seed, std::int64_t rows,
-                             const at::Device& device)
+                             const at::Device& device, std::int64_t lead_row)
     : mode_(mode), rows_(rows) {
   if (rows < 1) {
     base::raise(base::ErrorCode::InvalidArgument, "random streams need at least one row");
+  }
+  if (lead_row < 0 || lead_row >= rows) {
+    base::raise(
+        base::ErrorCode::InvalidArgument,
+        "random streams: row " + std::to_string(lead_row) + " is outside " + std::to_string(rows));
   }
   if (mode == RngMode::Shared) {
     generators_.push_back(compat::make_generator(device, seed));
   } else {
     for (std::int64_t r = 0; r < rows; ++r) {
-      generators_.push_back(compat::make_generator(device, row_seed(seed, r)));
+      const std::int64_t stream = r == lead_row ? 0 : r == 0 ? lead_row : r;
+      generators_.push_back(compat::make_generator(device, row_seed(seed, stream)));
     }
   }
 }

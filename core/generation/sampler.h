@@ -32,8 +32,11 @@ at::Tensor entropy_bound_mask(const at::Tensor& entropy, double bound);
 /// The random streams of one batch. Not thread-safe; one per generation.
 class RandomStreams {
  public:
-  /// Generators on `device` (CPU or CUDA), seeded as RngMode says.
-  RandomStreams(RngMode mode, std::uint64_t seed, std::int64_t rows, const at::Device& device);
+  /// Generators on `device` (CPU or CUDA), seeded as RngMode says. Per row, row `lead_row`
+  /// draws row 0's stream and row 0 draws row `lead_row`'s (a mixed batch's row under test draws
+  /// what its prompt alone draws at B=1).
+  RandomStreams(RngMode mode, std::uint64_t seed, std::int64_t rows, const at::Device& device,
+                std::int64_t lead_row = 0);
 
   RngMode mode() const { return mode_; }
   std::int64_t rows() const { return rows_; }

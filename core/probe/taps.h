@@ -4,6 +4,7 @@
 #pragma once
 
 #include <bitset>
+#include <cstdint>
 #include <functional>
 #include <map>
 #include <utility>
@@ -31,9 +32,10 @@ class TapSink {
   virtual bool wants(Tap tap, int layer) const = 0;
   /// The tensor for `tap` of `layer`. Shapes are listed with the Tap enum.
   virtual void record(Tap tap, int layer, const at::Tensor& value) = 0;
-  /// Whether only row 0 (batch index 0) of each tap is of interest: the model still records
-  /// whole tensors, but a copy made on the sink's behalf (a CUDA graph's) may keep row 0 only.
-  virtual bool first_row_only() const { return false; }
+  /// The one row (batch index) of each tap that is of interest, or -1 for every row: the model
+  /// still records whole tensors, but a copy made on the sink's behalf (a CUDA graph's) may keep
+  /// that row only. (Row 0 unless a mixed batch holds the prompt under test elsewhere.)
+  virtual std::int64_t only_row() const { return -1; }
   /// Like record(), for a tensor nobody writes to before the next forward (a CUDA graph's tap
   /// copy, rewritten only by the next replay): a sink that reads it before then, or queues
   /// work on it in stream order, may keep it without copying. By default, record().

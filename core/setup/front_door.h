@@ -14,17 +14,10 @@
 #include "core/base/error.h"
 #include "core/generation/generation_config.h"
 #include "core/model/loader.h"
+#include "core/setup/prompt.h"
 #include "core/text/tokenizer.h"
 
 namespace batchlens::setup {
-
-/// The prompt: text (through the Gemma chat template unless `chat_template` is false), or token
-/// ids, which win when set.
-struct Prompt {
-  std::string text;
-  bool chat_template = true;
-  std::vector<std::int64_t> ids;
-};
 
 /// What a run needs besides the weights.
 struct Inputs {

@@ -2,6 +2,7 @@
 // `batchlens-cli run` never loses a computed experiment and never leaves a half file: what it
 // refuses before the run, what a signal during the write leaves, where a late write failure puts
 // the result (issue #14).
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -19,6 +20,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "core/io/experiment_file.h"
 #include "tests/support/process.h"
 
 #include <fcntl.h>
@@ -129,6 +131,69 @@ TEST_F(CliRunSafety, InvalidUtf8PromptIsRefusedBeforeAnyComputation) {
   const auto good = run_process(ok);
   EXPECT_EQ(good.exit_code, 0) << good.err;
   EXPECT_TRUE(fs::exists(out));
+}
+
+// issue #35: a companions file from elsewhere is refused with its reason before any run (an
+// empty file, invalid UTF-8, a 100 MB line, a prompt too long for the model's context); a good
+// one runs a mixed batch and the file says so.
+TEST_F(CliRunSafety, BadCompanionsFilesAreRefusedBeforeAnyComputation) {
+  const fs::path out = dir_ / "e.h5";
+  const fs::path files =
+      fs::path(::testing::TempDir()) / ("bl_companions_" + std::to_string(::getpid()));
+  fs::create_directories(files);
+  const auto refused = [&](const std::string& name, const std::string& reason) {
+    auto argv = tiny_run(out);
+    argv.insert(argv.begin() + 4, {"--companions", (files / name).string()});
+    const auto r = run_process(argv);
+    EXPECT_NE(r.exit_code, 0) << name;
+    EXPECT_NE(r.err.find(reason), std::string::npos) << name << ": " << r.err;
+    EXPECT_EQ(r.err.find("\r["), std::string::npos) << name << ": nothing was computed";
+    EXPECT_TRUE(fs::is_empty(dir_)) << name;
+  };
+  std::ofstream(files / "empty.txt") << "\n \n";
+  refused("empty.txt", "companions file");
+  std::ofstream(files / "utf8.txt", std::ios::binary) << "fine\ncaf\xC3 broken\n";
+  refused("utf8.txt", "line 2 is not valid UTF-8");
+  {
+    std::ofstream big(files / "huge.txt", std::ios::binary);
+    const std::string chunk(1 << 20, 'a');
+    for (int i = 0; i < 100; ++i) {
+      big << chunk;
+    }
+    big << "\n";
+  }
+  refused("huge.txt", "at most");
+  {
+    std::ofstream longer(files / "long.jsonl");
+    longer << R"({"prompt": "short"})"
+           << "\n"
+           << R"({"prompt_ids": [)";
+    for (int i = 0; i < 9000; ++i) {
+      longer << (i ? "," : "") << 7;
+    }
+    longer << "]}\n";
+  }
+  refused("long.jsonl", "companion 2 is too long for the model's context");
+  std::ofstream(files / "good.txt") << "Explain tides in one long sentence, please.\nHi\n";
+  auto argv = tiny_run(out);
+  argv.insert(argv.begin() + 4, {"--companions", (files / "good.txt").string(), "--row", "1",
+                                 "--positions", "per_row"});
+  *(std::find(argv.begin(), argv.end(), "--batch-sizes") + 1) = "2,3";
+  const auto good = run_process(argv);
+  ASSERT_EQ(good.exit_code, 0) << good.err;
+  const auto file = io::read_experiment(out);
+  ASSERT_TRUE(file.ok()) << file.error().message;
+  const experiment::Composition& c = file.value().spec.composition;
+  ASSERT_EQ(c.companions.size(), 2U);
+  EXPECT_EQ(c.companions[1].text, "Hi");
+  EXPECT_EQ(c.row, 1);
+  EXPECT_EQ(c.positions, generation::PositionMode::PerRow);
+  EXPECT_EQ(file.value().spec.prefill, generation::PrefillMode::Batched);
+  const auto summary = run_process({BL_CLI_PATH, "summary", out.string()});
+  EXPECT_NE(summary.out.find("batch rows: the prompt in row 1 beside 2 companions"),
+            std::string::npos)
+      << summary.out;
+  fs::remove_all(files);
 }
 
 TEST_F(CliRunSafety, BadOutIsRefusedBeforeTheRun) {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Fuzz target: a prompt file (batchlens-cli sweep --prompts: plain lines or JSON Lines),
-// analysis::read_prompts, then the prompts as a sweep spec (validate, id, JSON) (issue #32).
+// setup::read_prompts, then the prompts as a sweep spec (validate, id, JSON) (issue #32).
 #include <cstddef>
 #include <cstdint>
 
@@ -11,7 +11,7 @@
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   using namespace batchlens;
   static const fuzz::InputFile file("prompts.txt");
-  const auto prompts = analysis::read_prompts(file.write(data, size));
+  const auto prompts = setup::read_prompts(file.write(data, size));
   if (!prompts.ok()) {
     return 0;
   }

@@ -125,87 +125,12 @@ TEST(Sweep, StatisticsOfAKnownSet) {
   EXPECT_NE(sweep_row_from_json(bad).error().message.find("'seed'"), std::string::npos);
 }
 
-TEST(Sweep, SeedsAndPromptFilesParse) {
+TEST(Sweep, SeedsParse) {
   EXPECT_EQ(parse_seeds("0-3,7").value(), (std::vector<std::uint64_t>{0, 1, 2, 3, 7}));
   EXPECT_EQ(parse_seeds("5,5,2").value(), (std::vector<std::uint64_t>{2, 5}));
   for (const char* bad : {"", "3-1", "x", "1,,2", "0-100000", "-3"}) {
     EXPECT_FALSE(parse_seeds(bad).ok()) << bad;
   }
-  const fs::path dir = sweep_dir("prompts");
-  fs::create_directories(dir);
-  std::ofstream(dir / "lines.txt") << "Write about Lisbon.\n\n  \nExplain tides.\r\n";
-  auto lines = read_prompts(dir / "lines.txt");
-  ASSERT_TRUE(lines.ok()) << lines.error().message;
-  ASSERT_EQ(lines.value().size(), 2U);
-  EXPECT_EQ(lines.value()[1].text, "Explain tides.");
-  EXPECT_TRUE(lines.value()[1].chat_template);
-  std::ofstream(dir / "p.jsonl") << R"({"prompt": "a"})"
-                                 << "\n"
-                                 << R"({"prompt_ids": [2, 105, 7], "chat_template": false})"
-                                 << "\n";
-  auto jsonl = read_prompts(dir / "p.jsonl");
-  ASSERT_TRUE(jsonl.ok()) << jsonl.error().message;
-  EXPECT_EQ(jsonl.value()[1].ids, (std::vector<std::int64_t>{2, 105, 7}));
-  EXPECT_FALSE(jsonl.value()[1].chat_template);
-  std::ofstream(dir / "bad.jsonl") << R"({"prompt": "a"})"
-                                   << "\n"
-                                   << R"({"text": 3})"
-                                   << "\n";
-  const auto bad = read_prompts(dir / "bad.jsonl");
-  ASSERT_FALSE(bad.ok());
-  EXPECT_NE(bad.error().message.find("line 2"), std::string::npos) << bad.error().message;
-  std::ofstream(dir / "empty.txt") << "\n\n";
-  EXPECT_FALSE(read_prompts(dir / "empty.txt").ok());
-  EXPECT_FALSE(read_prompts(dir / "missing.txt").ok());
-  fs::remove_all(dir);
-}
-
-// Prompt files from elsewhere (issue #32): invalid UTF-8, a 100 MB line, more than 100,000
-// prompts, an empty file, a FIFO and a folder are each refused with their reason; 100,000 short
-// prompts are read.
-TEST(Sweep, HostilePromptFilesAreRefusedWithTheirReason) {
-  const fs::path dir = sweep_dir("hostile_prompts");
-  fs::create_directories(dir);
-  const auto refused = [&](const std::string& name, const std::string& reason) {
-    const auto r = read_prompts(dir / name);
-    ASSERT_FALSE(r.ok()) << name;
-    EXPECT_NE(r.error().message.find(reason), std::string::npos)
-        << name << ": " << r.error().message;
-  };
-  std::ofstream(dir / "utf8.txt", std::ios::binary) << "fine\ncaf\xC3 broken\n";
-  refused("utf8.txt", "line 2 is not valid UTF-8");
-  {
-    std::ofstream big(dir / "huge-line.txt", std::ios::binary);
-    const std::string chunk(1 << 20, 'a');
-    for (int i = 0; i < 100; ++i) {
-      big << chunk;
-    }
-    big << "\n";
-  }
-  refused("huge-line.txt", "at most");
-  {
-    std::ofstream many(dir / "many.txt");
-    for (int i = 0; i < 100001; ++i) {
-      many << "p" << i << "\n";
-    }
-  }
-  refused("many.txt", "more than 100000 prompts");
-  {
-    std::ofstream enough(dir / "enough.txt");
-    for (int i = 0; i < 100000; ++i) {
-      enough << "p" << i << "\n";
-    }
-  }
-  const auto enough = read_prompts(dir / "enough.txt");
-  ASSERT_TRUE(enough.ok()) << enough.error().message;
-  EXPECT_EQ(enough.value().size(), 100000U);
-  std::ofstream(dir / "empty.txt");
-  EXPECT_FALSE(read_prompts(dir / "empty.txt").ok());
-  ASSERT_EQ(::mkfifo((dir / "fifo").c_str(), 0600), 0);
-  refused("fifo", "FIFO");
-  fs::create_directories(dir / "folder");
-  refused("folder", "folder");
-  fs::remove_all(dir);
 }
 
 // The tiny preset, two prompts x two seeds, B=2 under the emulated split-K (texts change).

@@ -1,0 +1,182 @@
+// SPDX-License-Identifier: Apache-2.0
+// Mixed batches (issue #35): the prompt under test in row K beside companions of other lengths,
+// left-padded, masked and positioned as transformers' generate does it (shared) or from each
+// row's own mask (per_row). The B=1 reference is the prompt alone. On this CPU, with every op
+// batch-invariant, what remains of a divergence is the batch's layout: shared positions shift a
+// padded row's positions and change its text; per-row positions give it its text alone.
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "core/base/system_info.h"
+#include "core/compat/torch_compat.h"
+#include "core/experiment/command_line.h"
+#include "core/experiment/plan.h"
+#include "core/experiment/runner.h"
+
+namespace batchlens::experiment {
+namespace {
+
+// The prompt under test is short: beside the longer companions it is left-padded.
+ExperimentSpec mixed_spec(const std::string& policy, generation::PositionMode positions) {
+  ExperimentSpec s;
+  s.model.preset = "demo";
+  s.prompt = "Tides?";
+  s.seed = 3;
+  s.overrides.max_denoising_steps = 6;
+  s.overrides.max_new_tokens = 64;  // two canvases: the commit at per-row positions too
+  s.batch_sizes = {2, 4};
+  s.repeats = 0;
+  s.prefill = generation::PrefillMode::Batched;
+  s.policy = ops::policy_from_argument(policy).value();
+  s.composition.companions = {
+      {"Write a long essay about Portugal, its history, its sea and its language.", true, {}},
+      {"Explain how a lighthouse works, and why its light turns.", true, {}}};
+  s.composition.positions = positions;
+  return s;
+}
+
+ExperimentResult run_ok(const ExperimentSpec& s) {
+  auto r = run_experiment(s);
+  EXPECT_TRUE(r.ok()) << (r.ok() ? "" : r.error().message);
+  return r.ok() ? r.value() : ExperimentResult{};
+}
+
+// The reason the padded row differs from itself alone on this CPU even with per-row positions,
+// or empty when it should not.
+std::string mask_changes_bits() {
+  if (compat::sdpa_backend() != compat::SdpaBackend::Math) {
+    return "LibTorch's own attention may pick another kernel for a masked call; this is about "
+           "BatchLens's math path (LibTorch < 2.1)";
+  }
+  if (base::query_cpu_isa().aten_capability == "DEFAULT") {
+    return "ATen's DEFAULT kernels reduce a padded row in another order (measured, ADR 4)";
+  }
+  return {};
+}
+
+TEST(Composition, BatchRowsPutThePromptInItsRowAndCycleTheCompanions) {
+  const std::vector<std::int64_t> p{1, 2};
+  const std::vector<std::vector<std::int64_t>> c{{7}, {8, 8}};
+  const auto rows = batch_rows(p, c, 4, 1);
+  ASSERT_EQ(rows.size(), 4U);
+  EXPECT_EQ(rows[0], c[0]);
+  EXPECT_EQ(rows[1], p);
+  EXPECT_EQ(rows[2], c[1]);
+  EXPECT_EQ(rows[3], c[0]);
+  EXPECT_EQ(batch_rows(p, {}, 3, 0), (std::vector<std::vector<std::int64_t>>{p, p, p}));
+}
+
+TEST(Composition, SpecJsonKeepsItOnlyWhenSetAndRoundTrips) {
+  ExperimentSpec plain;
+  plain.model.preset = "demo";
+  EXPECT_FALSE(to_json(plain).contains("composition"));
+  ExperimentSpec s = mixed_spec("default", generation::PositionMode::PerRow);
+  s.composition.row = 1;
+  s.composition.companions.push_back({"", false, {2, 105, 9}});
+  const auto back = spec_from_json(to_json(s));
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  const Composition& c = back.value().composition;
+  ASSERT_EQ(c.companions.size(), 3U);
+  EXPECT_EQ(c.companions[0].text, s.composition.companions[0].text);
+  EXPECT_EQ(c.companions[2].ids, (std::vector<std::int64_t>{2, 105, 9}));
+  EXPECT_FALSE(c.companions[2].chat_template);
+  EXPECT_EQ(c.row, 1);
+  EXPECT_EQ(c.positions, generation::PositionMode::PerRow);
+  // A damaged composition is FileCorrupted naming the companion.
+  nlohmann::json doc = to_json(s);
+  doc["composition"]["companions"][1]["prompt"] = 5;
+  const auto bad = spec_from_json(doc);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.error().message.find("companion 2"), std::string::npos) << bad.error().message;
+  doc = to_json(s);
+  doc["composition"]["positions"] = "sideways";
+  EXPECT_FALSE(spec_from_json(doc).ok());
+  // The command line says what it cannot hold.
+  const std::string cmd = cli_run_command(s, {}, "x.h5");
+  EXPECT_NE(cmd.find("--companions"), std::string::npos) << cmd;
+  EXPECT_NE(cmd.find("--row 1"), std::string::npos) << cmd;
+  EXPECT_NE(cmd.find("--positions per_row"), std::string::npos) << cmd;
+  EXPECT_NE(cmd.find("3 companion prompts"), std::string::npos) << cmd;
+}
+
+TEST(Composition, BadCompositionsAreRefusedBeforeAnyWork) {
+  const auto refused = [](const ExperimentSpec& s, const std::string& reason) {
+    const auto r = run_experiment(s);
+    ASSERT_FALSE(r.ok()) << reason;
+    EXPECT_EQ(r.error().code, base::ErrorCode::InvalidArgument);
+    EXPECT_NE(r.error().message.find(reason), std::string::npos) << r.error().message;
+  };
+  ExperimentSpec s = mixed_spec("default", generation::PositionMode::Shared);
+  s.composition.row = 2;  // the smallest batch has 2 rows
+  refused(s, "row under test must be in 0..1");
+  s = mixed_spec("default", generation::PositionMode::Shared);
+  s.prefill = generation::PrefillMode::Copied;
+  refused(s, "prefill 'batched'");
+  s = mixed_spec("default", generation::PositionMode::PerRow);
+  s.composition.companions.clear();
+  refused(s, "give companions");
+  s = mixed_spec("default", generation::PositionMode::Shared);
+  s.composition.companions.push_back({"", true, {}});
+  refused(s, "companion 3 is empty");
+  s = mixed_spec("default", generation::PositionMode::Shared);
+  s.composition.companions[1].text = std::string("caf\xC3", 4);
+  refused(s, "companion 2");
+  // Too long for the context: the demo model's positions, counted with its canvases.
+  s = mixed_spec("default", generation::PositionMode::Shared);
+  s.composition.companions[1] = {"", false, std::vector<std::int64_t>(200000, 9)};
+  refused(s, "companion 2 is too long for the model's context");
+}
+
+TEST(Composition, SharedPositionsMoveAPaddedRowEvenWithEveryOpBatchInvariant) {
+  // Row 0 ("Tides?") is padded beside longer prompts; every matmul-like op is batch-invariant,
+  // so the kernels cannot be the cause: shared positions shift its rotary positions.
+  const ExperimentResult r =
+      run_ok(mixed_spec("batch_invariant", generation::PositionMode::Shared));
+  const ComparisonResult* b2 = r.comparison("ref__b2");
+  const ComparisonResult* b4 = r.comparison("ref__b4");
+  ASSERT_NE(b2, nullptr);
+  ASSERT_NE(b4, nullptr);
+  EXPECT_TRUE(b2->first.found());
+  EXPECT_TRUE(b4->first.found());
+  EXPECT_FALSE(b4->tokens_identical);
+  EXPECT_EQ(r.spec.composition.companions.size(), 2U);
+}
+
+TEST(Composition, PerRowPositionsGiveThePaddedRowItsTextAlone) {
+  if (const std::string why = mask_changes_bits(); !why.empty()) {
+    GTEST_SKIP() << why;
+  }
+  for (const std::int64_t row : {0, 1}) {
+    ExperimentSpec s = mixed_spec("batch_invariant", generation::PositionMode::PerRow);
+    s.composition.row = row;
+    const ExperimentResult r = run_ok(s);
+    for (const char* id : {"ref__b2", "ref__b4"}) {
+      const ComparisonResult* c = r.comparison(id);
+      ASSERT_NE(c, nullptr) << id;
+      EXPECT_FALSE(c->first.found()) << "row " << row << " " << id << ": " << describe(c->first);
+      EXPECT_TRUE(c->tokens_identical) << "row " << row << " " << id;
+    }
+    EXPECT_EQ(r.run("b4")->text, r.run("ref")->text) << "row " << row;
+  }
+}
+
+TEST(Composition, LockstepFollowsTheTestRowAndLeavesTheCompanionsFree) {
+  if (const std::string why = mask_changes_bits(); !why.empty()) {
+    GTEST_SKIP() << why;
+  }
+  ExperimentSpec s = mixed_spec("batch_invariant", generation::PositionMode::PerRow);
+  s.mode = RunMode::Lockstep;
+  s.composition.row = 1;
+  const ExperimentResult r = run_ok(s);
+  // No rows-within-a-batch comparison: the rows hold other prompts.
+  ASSERT_EQ(r.comparisons.size(), 2U);
+  for (const auto& c : r.comparisons) {
+    EXPECT_FALSE(c.first.found()) << c.id << ": " << describe(c.first);
+  }
+}
+
+}  // namespace
+}  // namespace batchlens::experiment
