@@ -55,6 +55,7 @@ UNIT_ORDER = {
     "experiment": [
         "run_vocabulary",   # run groups, roles, comparison kinds; run and comparison ids
         "kernel_provenance",  # kernel records (values, JSON)
+        "causes",           # a mixed batch's causes (values, JSON)
         "experiment",       # specs and results (values)
         "culprit_report",   # the culprit report's JSON
         "schema",           # the result fields, declared once
@@ -72,6 +73,7 @@ UNIT_ORDER = {
         "kernel_evidence",  # kernel lines of a divergence
         "summary",          # summary text and JSON
         "culprit",          # the culprit finder
+        "causes",           # a mixed batch's causes told apart (re-runs)
         "repro",            # minimal repro export
         "sweep_spec",       # sweeps: spec, items, seeds, prompt files
         "sweep_records",    # sweeps: rows, the record folder, running, resume

@@ -562,6 +562,12 @@ QString OverviewView::detailsHtml() const {
                                QString::fromLatin1(generation::name(r->spec.prefill)))
                           .arg(r->spec.seed));
   row(tr("Batch rows"), q(experiment::describe(r->spec.composition)));
+  if (r->causes) {
+    row(tr("Row under test"), q(r->causes->layout_text()));
+    row(tr("Causes"), r->causes->verdict.empty()
+                          ? tr("not separated (run with companions and without --no-causes)")
+                          : q(r->causes->verdict));
+  }
   row(tr("Shape"), tr("%1 layers, canvas %2, top-k %3, %4 taps")
                        .arg(r->layers)
                        .arg(r->canvas_length)

@@ -445,6 +445,12 @@ QString environmentSection(const experiment::ExperimentResult& r) {
                  r.spec.workaround ? q(ops::describe(*r.spec.workaround)) : QStringLiteral("none"));
   if (r.spec.composition.mixed() || r.spec.composition.row != 0) {
     md += QStringLiteral("- Batch rows: %1\n").arg(q(experiment::describe(r.spec.composition)));
+    if (r.causes) {
+      md += QStringLiteral("- Row under test: %1\n").arg(q(r.causes->layout_text()));
+      if (!r.causes->verdict.empty()) {
+        md += QStringLiteral("- Causes: %1\n").arg(q(r.causes->verdict));
+      }
+    }
   }
   md += QStringLiteral("- Mode %1, rng %2, prefill %3, seed %4; %5 layers, canvas %6\n")
             .arg(QString::fromLatin1(experiment::name(r.spec.mode)),

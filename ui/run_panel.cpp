@@ -43,11 +43,14 @@ enum OpColumn { OpFamilyColumn, OpFirstColumn, OpLastColumn, OpColumnCount };
 // Device items for a device this machine does not have carry true under this role.
 constexpr int kMissingRole = Qt::UserRole + 1;
 
-// The run panel's settings layout; older ones are not restored (their defaults were slow).
-constexpr int kSettingsVersion = 2;
+// The run panel's settings layout; older ones are not restored (their defaults were slow, or,
+// version 2, too few steps for the trained demo model to write sentences).
+constexpr int kSettingsVersion = 3;
 
-// Denoising steps per canvas of the one-click demo (docs/benchmarks.md: its duration).
-constexpr int kDemoSteps = 12;
+// Denoising steps per canvas of the one-click demo (docs/benchmarks.md: its duration). The
+// trained model writes sentences from about 32 steps per 32-token canvas (at 12 its canvas never
+// builds up: "the the the"; docs/demo-model.md).
+constexpr int kDemoSteps = 32;
 
 QComboBox* combo(QWidget* parent, const QStringList& items, const QString& tooltip) {
   auto* c = new QComboBox(parent);

@@ -3,6 +3,7 @@
 
 #include "app/cli/command.h"
 #include "app/cli/spec_options.h"
+#include "core/analysis/causes.h"
 #include "core/experiment/experiment.h"
 #include "core/experiment/runner.h"
 
@@ -15,6 +16,9 @@ void register_run(CLI::App& app, int& exit_code) {
       "Run a paired batch-size experiment (B=1 reference, B=1 repeats, batched runs; optionally "
       "again with a workaround policy) and write it to an HDF5 experiment file");
   add_spec_options(cmd, *opts, /*workaround=*/true);
+  cmd->add_flag("--no-causes", opts->no_causes,
+                "With --companions: do not re-run (every op batch-invariant, per-row positions, "
+                "both) to tell the positions, the padding and the kernels apart");
   cmd->callback([opts, &exit_code] {
     if (!resolve_spec(*opts, "run", exit_code)) {
       return;
@@ -22,7 +26,7 @@ void register_run(CLI::App& app, int& exit_code) {
     compute_and_write(
         *opts,
         [&](const experiment::RunControl& control) {
-          return experiment::run_experiment(opts->spec, control);
+          return analysis::run_experiment_with_causes(opts->spec, !opts->no_causes, control);
         },
         exit_code);
   });

@@ -38,6 +38,7 @@ struct SpecOptions {
   std::string mode = "free";
   bool raw = false;
   bool no_kernels = false;
+  bool no_causes = false;  // run: skip the re-runs that tell a mixed batch's causes apart
 };
 
 /// Declares the spec options on `cmd` (with --workaround when `workaround`).

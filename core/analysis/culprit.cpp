@@ -19,7 +19,6 @@ using experiment::ComparisonResult;
 using experiment::CulpritCost;
 using experiment::CulpritReport;
 using experiment::CulpritTrial;
-using experiment::Divergence;
 using experiment::ExperimentResult;
 using experiment::ExperimentSpec;
 using experiment::RunControl;
@@ -48,35 +47,6 @@ ops::OpPolicy fix_policy(const std::vector<FixRule>& rules, ops::Strategy strate
   return p;
 }
 
-struct Outcome {
-  bool identical = false;
-  Divergence first;
-  std::string comparison;
-};
-
-// Row 0 of every batch size against B=1 (the row0 comparisons of the main group).
-Outcome outcome_of(const ExperimentResult& r) {
-  Outcome o;
-  o.identical = true;
-  for (const ComparisonResult& c : r.comparisons) {
-    if (c.kind != experiment::ComparisonKind::Row0 ||
-        c.reference != experiment::reference_run(experiment::RunGroup::Main) ||
-        experiment::role_of_run(c.run) == experiment::RunRole::Repeat) {
-      continue;
-    }
-    const bool differs = c.first.found() || !c.tokens_identical;
-    if (!differs) {
-      continue;
-    }
-    if (o.identical || (c.first.found() && (!o.first.found() || c.first.tick < o.first.tick))) {
-      o.first = c.first;
-      o.comparison = c.id;
-    }
-    o.identical = false;
-  }
-  return o;
-}
-
 class Finder {
  public:
   Finder(const setup::Session& session, const ExperimentSpec& spec, const CulpritOptions& options,
@@ -103,10 +73,10 @@ class Finder {
     // every step compared on one canvas) if lockstep sees the divergence too: a divergence that
     // only the sampler makes (e.g. a random stream shared across the batch) shows in free mode
     // only, and then every trial runs free.
-    Outcome o = trial("baseline", {}, false);
+    TrialOutcome o = trial("baseline", {}, false);
     bool lockstep = false;
     if (!o.identical && options_.lockstep_trials) {
-      const Outcome locked = trial("baseline", {}, true);
+      const TrialOutcome locked = trial("baseline", {}, true);
       if (!locked.identical) {
         lockstep = true;
         o = locked;
@@ -134,7 +104,7 @@ class Finder {
       if (add.none()) {
         report_.verdict = "no op-level fix exists: with every op family " + strategy_word() +
                           " row " + std::to_string(spec_.composition.row) +
-                          " still differs (first at " + where(o) +
+                          " still differs (first at " + o.where() +
                           "), so the divergence comes from outside the op layer";
         if (spec_.composition.mixed() &&
             spec_.composition.positions == generation::PositionMode::Shared) {
@@ -277,19 +247,7 @@ class Finder {
 
   std::string strategy_word() const { return std::string(ops::strategy_name(options_.strategy)); }
 
-  static std::string where(const Outcome& o) {
-    if (!o.first.found()) {
-      return o.comparison + ": tokens";
-    }
-    std::string s = o.comparison + " canvas " + std::to_string(o.first.canvas + 1) + " step " +
-                    std::to_string(o.first.step) + " " + o.first.tap;
-    if (o.first.layer >= 0) {
-      s += " layer " + std::to_string(o.first.layer);
-    }
-    return s;
-  }
-
-  Outcome trial(const std::string& stage, const std::vector<FixRule>& rules, bool lockstep) {
+  TrialOutcome trial(const std::string& stage, const std::vector<FixRule>& rules, bool lockstep) {
     if (control_.cancel != nullptr && control_.cancel->cancelled()) {
       base::raise(base::ErrorCode::Cancelled, "culprit finder cancelled");
     }
@@ -320,7 +278,7 @@ class Finder {
     if (!result.ok()) {
       base::raise(result.error().code, result.error().message);
     }
-    Outcome o = outcome_of(result.value());
+    TrialOutcome o = trial_outcome(result.value());
     CulpritTrial t;
     t.stage = light_ ? stage + " (logits)" : stage;
     t.fix = rules.empty() ? std::string("none") : ops::describe(fix);
@@ -378,6 +336,41 @@ class Finder {
 };
 
 }  // namespace
+
+std::string TrialOutcome::where() const {
+  if (!first.found()) {
+    return comparison + ": tokens";
+  }
+  std::string s = comparison + " canvas " + std::to_string(first.canvas + 1) + " step " +
+                  std::to_string(first.step) + " " + first.tap;
+  if (first.layer >= 0) {
+    s += " layer " + std::to_string(first.layer);
+  }
+  return s;
+}
+
+// Row under test of every batch size against B=1 (the comparisons of the main group).
+TrialOutcome trial_outcome(const ExperimentResult& r) {
+  TrialOutcome o;
+  o.identical = true;
+  for (const ComparisonResult& c : r.comparisons) {
+    if (c.kind != experiment::ComparisonKind::Row0 ||
+        c.reference != experiment::reference_run(experiment::RunGroup::Main) ||
+        experiment::role_of_run(c.run) == experiment::RunRole::Repeat) {
+      continue;
+    }
+    const bool differs = c.first.found() || !c.tokens_identical;
+    if (!differs) {
+      continue;
+    }
+    if (o.identical || (c.first.found() && (!o.first.found() || c.first.tick < o.first.tick))) {
+      o.first = c.first;
+      o.comparison = c.id;
+    }
+    o.identical = false;
+  }
+  return o;
+}
 
 base::Result<CulpritReport> find_culprit(const setup::Session& session, const ExperimentSpec& spec,
                                          const CulpritOptions& options, const RunControl& control) {

@@ -22,6 +22,17 @@ struct Session;
 
 namespace batchlens::analysis {
 
+/// Whether a trial's batches leave B=1, and where first: the main group's comparisons of each
+/// batch's row under test (repeats aside). The culprit finder's and the causes' trials read it.
+struct TrialOutcome {
+  bool identical = false;
+  experiment::Divergence first;
+  std::string comparison;  ///< of the earliest divergence
+  /// "ref__b2 canvas 1 step 3 attn.q layer 0", or "ref__b2: tokens" when only the text differs.
+  std::string where() const;
+};
+TrialOutcome trial_outcome(const experiment::ExperimentResult& r);
+
 struct CulpritOptions {
   ops::Strategy strategy = ops::Strategy::RowWise;  ///< RowWise or BatchInvariant
   bool lockstep_trials = true;  ///< search and minimise in lockstep (fast); confirm is free

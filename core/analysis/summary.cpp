@@ -117,6 +117,10 @@ nlohmann::json summary_json(const ExperimentResult& r) {
     const Story story = build_story(r, id);
     out["headline"] = {{"comparison", id}, {"text", story.headline()}, {"why", story.why}};
   }
+  if (r.causes) {
+    out["causes"] = to_json(*r.causes);
+    out["causes"]["layout"] = r.causes->layout_text();
+  }
   if (r.culprit) {
     nlohmann::json c = to_json(*r.culprit);
     c["headline"] =
@@ -160,6 +164,18 @@ std::string summary_text(const ExperimentResult& r) {
     o << "\nheadline (" << id << "): " << story.headline() << "\n";
     if (!story.why.empty()) {
       o << "why: " << story.why << "\n";
+    }
+  }
+  if (r.causes) {
+    const experiment::CauseReport& c = *r.causes;
+    o << "row under test: " << c.layout_text() << "\n";
+    if (!c.verdict.empty()) {
+      o << "causes: " << c.verdict << "\n";
+    }
+    for (const experiment::CauseTrial& t : c.trials) {
+      o << "  re-run " << t.name << " (" << t.positions << " positions): "
+        << (t.diverges ? "still differs (" + t.first + ")" : std::string("B=1's bit for bit"))
+        << "\n";
     }
   }
   if (r.culprit) {

@@ -15,6 +15,7 @@
 #include "core/base/error.h"
 #include "core/base/progress.h"
 #include "core/base/system_info.h"
+#include "core/experiment/causes.h"
 #include "core/experiment/kernel_provenance.h"
 #include "core/experiment/run_vocabulary.h"
 #include "core/generation/generation_config.h"
@@ -292,6 +293,9 @@ struct ExperimentResult {
   /// Which kernels each op family launched per engine (experiment/kernel_provenance.h), when the
   /// spec asked for it (ExperimentSpec::kernels).
   std::optional<KernelProvenance> kernels;
+  /// A mixed batch's causes (experiment/causes.h): the row under test's layout in every batched
+  /// run (the runner), and the re-runs' verdict when analysis::find_causes ran.
+  std::optional<CauseReport> causes;
 
   /// Where run_experiment spent its wall time, in seconds. Measured in this process and never
   /// written to files (a file read back has zeros).

@@ -249,6 +249,36 @@ Prepared prepare_experiment(const setup::Session& session, const ExperimentSpec&
   return p;
 }
 
+// The row under test's layout in every batched run of `groups` (issue #35), replacing what
+// `out` held for those runs.
+void record_layouts(const ExperimentSpec& spec, const Prepared& p,
+                    const std::vector<PlannedGroup>& groups, ExperimentResult& out) {
+  if (!out.causes) {
+    out.causes.emplace();
+  }
+  std::vector<RowLayout>& rows = out.causes->rows;
+  const auto tokens = static_cast<std::int64_t>(p.header.prompt_ids.size());
+  for (const PlannedGroup& g : groups) {
+    for (const PlannedRun& run : g.runs) {
+      if (run.batch_size < 2) {
+        continue;
+      }
+      rows.erase(std::remove_if(rows.begin(), rows.end(),
+                                [&](const RowLayout& r) { return r.run == run.id; }),
+                 rows.end());
+      std::int64_t longest = 0;
+      for (const auto& row :
+           batch_rows(p.header.prompt_ids, p.companion_ids, run.batch_size, spec.composition.row)) {
+        longest = std::max(longest, static_cast<std::int64_t>(row.size()));
+      }
+      const std::int64_t pad = longest - tokens;
+      rows.push_back({run.id, run.batch_size, pad,
+                      spec.composition.positions == generation::PositionMode::Shared ? pad : 0,
+                      tokens, longest});
+    }
+  }
+}
+
 // Runs `groups` of `spec` one after the other, appending their runs and comparisons to `out`.
 void run_groups(const setup::Session& session, const ExperimentSpec& spec, const Prepared& p,
                 const std::vector<PlannedGroup>& groups, const RunControl& control,
@@ -267,6 +297,9 @@ void run_groups(const setup::Session& session, const ExperimentSpec& spec, const
                                   p.inputs.generation.sampler.max_denoising_steps)};
   for (const PlannedGroup& group : groups) {
     run_group(ctx, group, out);
+  }
+  if (!p.companion_ids.empty()) {
+    record_layouts(spec, p, groups, out);
   }
   if (spec.kernels) {
     // Apart from the engines above (fresh passes), so it cannot change what they computed.

@@ -250,6 +250,9 @@ void write_groups(hid_t fid, const ExperimentResult& r, bool serial) {
   if (r.kernels) {  // schema 1.5: kernel provenance, as JSON (experiment/kernels.h)
     json_group("kernels", "provenance_json", experiment::to_json(*r.kernels));
   }
+  if (r.causes) {  // schema 1.6: a mixed batch's causes, as JSON (experiment/causes.h)
+    json_group("causes", "report_json", experiment::to_json(*r.causes));
+  }
 }
 
 // ---- reading ------------------------------------------------------------------------------
@@ -1055,6 +1058,10 @@ ExperimentResult read_file(const std::string& file, std::uint64_t file_bytes) {
     r.kernels = json_group("kernels", "provenance_json", [](const nlohmann::json& d) {
       return experiment::kernels_from_json(d);
     });
+  }
+  if (rd.at_least({1, 6}) && exists(root.id(), "causes")) {
+    r.causes = json_group("causes", "report_json",
+                          [](const nlohmann::json& d) { return experiment::causes_from_json(d); });
   }
   validate(Fail{file + ": ", ErrorCode::FileCorrupted}, r);
   // Files written before issue #34 counted edits (a shifted text's deletions and insertions

@@ -4,17 +4,22 @@
 // row's own mask (per_row). The B=1 reference is the prompt alone. On this CPU, with every op
 // batch-invariant, what remains of a divergence is the batch's layout: shared positions shift a
 // padded row's positions and change its text; per-row positions give it its text alone.
+#include <filesystem>
 #include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "core/analysis/causes.h"
 #include "core/base/system_info.h"
 #include "core/compat/torch_compat.h"
 #include "core/experiment/command_line.h"
 #include "core/experiment/plan.h"
 #include "core/experiment/runner.h"
+#include "core/io/experiment_file.h"
+
+#include <unistd.h>
 
 namespace batchlens::experiment {
 namespace {
@@ -176,6 +181,97 @@ TEST(Composition, LockstepFollowsTheTestRowAndLeavesTheCompanionsFree) {
   for (const auto& c : r.comparisons) {
     EXPECT_FALSE(c.first.found()) << c.id << ": " << describe(c.first);
   }
+}
+
+CauseReport with_trials(bool invariant, bool per_row, bool both) {
+  CauseReport r;
+  r.trials = {{"batch_invariant", "", "shared", invariant, "", 0},
+              {"per_row", "", "per_row", per_row, "", 0},
+              {"per_row+batch_invariant", "", "per_row", both, "", 0}};
+  return r;
+}
+
+TEST(Causes, TheRerunsTellPositionsPaddingAndKernelsApart) {
+  using V = std::vector<std::string>;
+  CauseReport r = with_trials(false, false, false);
+  analysis::judge_causes(true, r);
+  EXPECT_EQ(r.causes, V{"kernels"}) << r.verdict;
+  r = with_trials(true, false, false);
+  analysis::judge_causes(true, r);
+  EXPECT_EQ(r.causes, V{"positions"}) << r.verdict;
+  r = with_trials(true, true, false);
+  analysis::judge_causes(true, r);
+  EXPECT_EQ(r.causes, (V{"positions", "kernels"})) << r.verdict;
+  r = with_trials(true, true, true);
+  analysis::judge_causes(true, r);
+  EXPECT_EQ(r.causes, V{"mask"}) << r.verdict;
+  r = with_trials(true, true, true);
+  analysis::judge_causes(false, r);
+  EXPECT_TRUE(r.causes.empty());
+  EXPECT_NE(r.verdict.find("no divergence"), std::string::npos);
+  CauseReport none;
+  analysis::judge_causes(true, none);
+  EXPECT_NE(none.verdict.find("not separated"), std::string::npos);
+}
+
+TEST(Causes, JsonRoundTripsAndRefusesDamage) {
+  CauseReport r = with_trials(true, false, false);
+  r.rows = {{"b2", 2, 4, 4, 6, 10}, {"b4", 4, 0, 0, 10, 10}};
+  analysis::judge_causes(true, r);
+  const auto back = causes_from_json(to_json(r));
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(to_json(back.value()), to_json(r));
+  EXPECT_EQ(r.layout_text(),
+            "B=2: 4 padding slots masked, positions shifted by 4; B=4: no padding (its prompt "
+            "is the longest), positions as alone");
+  nlohmann::json bad = to_json(r);
+  bad["rows"][0]["pad_slots"] = "four";
+  EXPECT_FALSE(causes_from_json(bad).ok());
+  bad = to_json(r);
+  bad["trials"] = 3;
+  EXPECT_FALSE(causes_from_json(bad).ok());
+  EXPECT_FALSE(causes_from_json(nlohmann::json::array()).ok());
+}
+
+// The emulated GPU kernels beside other prompts: a padded row's divergence is its positions (and
+// the kernels once they are per-row); the longest row's is the kernels alone. The file keeps it.
+TEST(Causes, EmulatedKernelsBesideOtherPromptsAreToldApartAndKeptInTheFile) {
+  if (const std::string why = mask_changes_bits(); !why.empty()) {
+    GTEST_SKIP() << why;
+  }
+  ExperimentSpec s = mixed_spec("emulated_split_k", generation::PositionMode::Shared);
+  s.batch_sizes = {2};
+  s.overrides.max_new_tokens = 32;
+  auto padded = analysis::run_experiment_with_causes(s);
+  ASSERT_TRUE(padded.ok()) << padded.error().message;
+  const CauseReport& c = padded.value().causes.value();
+  ASSERT_EQ(c.rows.size(), 1U);
+  EXPECT_GT(c.rows[0].pad_slots, 0);
+  EXPECT_EQ(c.rows[0].position_shift, c.rows[0].pad_slots);
+  ASSERT_EQ(c.trials.size(), 3U);
+  EXPECT_EQ(c.causes.front(), "positions") << c.verdict;
+  EXPECT_FALSE(c.trials[2].diverges) << c.trials[2].first;
+  const std::string path = (std::filesystem::path(::testing::TempDir()) /
+                            ("bl_causes_" + std::to_string(::getpid()) + ".h5"))
+                               .string();
+  ASSERT_TRUE(io::write_experiment(path, padded.value()).ok());
+  const auto read = io::read_experiment(path);
+  ASSERT_TRUE(read.ok()) << read.error().message;
+  ASSERT_TRUE(read.value().causes.has_value());
+  EXPECT_EQ(to_json(*read.value().causes), to_json(c));
+  EXPECT_EQ(to_json(read.value().spec), to_json(s));
+  std::filesystem::remove(path);
+
+  // The prompt under test is the longest: nothing of its layout differs from B=1's.
+  ExperimentSpec longest = s;
+  longest.prompt =
+      "Write a long essay about Portugal, its history, its sea, its language and "
+      "its people, please.";
+  const auto r = analysis::run_experiment_with_causes(longest);
+  ASSERT_TRUE(r.ok()) << r.error().message;
+  const CauseReport& k = r.value().causes.value();
+  EXPECT_EQ(k.rows.at(0).pad_slots, 0);
+  EXPECT_EQ(k.causes, std::vector<std::string>{"kernels"}) << k.verdict;
 }
 
 }  // namespace
