@@ -74,6 +74,7 @@ UNIT_ORDER = {
         "summary",          # summary text and JSON
         "culprit",          # the culprit finder
         "causes",           # a mixed batch's causes told apart (re-runs)
+        "exact",            # an op's exact (fp64) reference
         "repro",            # minimal repro export
         "sweep_spec",       # sweeps: spec, items, seeds, prompt files
         "sweep_records",    # sweeps: rows, the record folder, running, resume

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <iomanip>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -168,8 +169,10 @@ BitDiff compare(const at::Tensor& a, const at::Tensor& b) {
   return o;
 }
 
-// The op alone at batch 1 and at B identical rows under `policy`, as the op layer computes it.
-BitDiff isolate(const Captured& c, const ops::OpPolicy& policy, std::int64_t b) {
+// The op alone at batch 1 and at B identical rows under `policy`, as the op layer computes it;
+// with `exact`, how far both lie from the op in fp64.
+BitDiff isolate(const Captured& c, const ops::OpPolicy& policy, std::int64_t b,
+                ExactDistance* exact = nullptr) {
   const ops::OpSite site{c.call.family, c.call.layer};
   const ops::OpRunner one(policy, 1);
   const ops::OpRunner many(policy, b);
@@ -189,6 +192,9 @@ BitDiff isolate(const Captured& c, const ops::OpPolicy& policy, std::int64_t b) 
     y1 = one.grouped_mm(x, w, offs, zeros, site);
     const GroupedAtB g = grouped_at(x, offs, b);
     yb = many.grouped_mm(g.x, w, g.offs, g.row_of, site).index_select(0, g.row0);
+  }
+  if (exact != nullptr) {
+    *exact = exact_distance(y1, yb, exact_op(c.call.op, c.tensors));
   }
   return compare(y1, yb);
 }
@@ -295,6 +301,22 @@ std::string bytes_text(std::uint64_t b) {
   return o.str();
 }
 
+nlohmann::json exact_json(const ExactDistance& d) {
+  if (!d.computed) {
+    return nullptr;
+  }
+  return {{"elements", d.elements},
+          {"max_ulp_one", d.max_ulp_one},
+          {"mean_ulp_one", d.mean_ulp_one},
+          {"max_ulp_batch", d.max_ulp_batch},
+          {"mean_ulp_batch", d.mean_ulp_batch},
+          {"max_abs_one", d.max_abs_one},
+          {"max_abs_batch", d.max_abs_batch},
+          {"closer_one", d.closer_one},
+          {"closer_batch", d.closer_batch},
+          {"ties", d.ties}};
+}
+
 nlohmann::json to_json(const ReproExport& r, const ExperimentResult& shown,
                        const std::vector<std::string>& kernel_lines) {
   nlohmann::json inputs = nlohmann::json::array();
@@ -331,6 +353,7 @@ nlohmann::json to_json(const ReproExport& r, const ExperimentResult& shown,
             {"frac_differ", r.frac_differ},
             {"max_abs", r.max_abs},
             {"max_ulp", r.max_ulp},
+            {"exact", exact_json(r.exact)},
             {"version", (base::build_info().tool_version + " " + base::build_info().git_hash)}}},
           {"environment",
            {{"device_name", p.device_name},
@@ -373,6 +396,10 @@ std::string readme(const ReproExport& r, const ExperimentResult& shown, const Re
   if (r.reproduces) {
     o << " (" << r.frac_differ * 100.0 << " % of elements, max |Δ| " << r.max_abs << ", max ULP "
       << r.max_ulp << ")";
+  }
+  if (r.exact.computed) {
+    o << "\n- Exact reference (the op in fp64 on the CPU, the same operands): "
+      << r.exact.text(r.batch) << ". `python3 repro.py --exact` computes the same";
   }
   o << "\n- Policy of the batched run: " << r.policy << "\n";
   if (r.emulated) {
@@ -617,6 +644,11 @@ base::Result<ReproExport> export_repro(const setup::Session& session, const Expe
     r.frac_differ = outcome.frac;
     r.max_abs = outcome.max_abs;
     r.max_ulp = outcome.max_ulp;
+    try {
+      (void)isolate(*chosen, policy, r.batch, &r.exact);
+    } catch (const std::exception& e) {
+      r.notes.emplace_back(std::string("no exact (fp64) reference: ") + e.what());
+    }
     if (!outcome.differs) {
       r.notes.emplace_back(
           req.family.empty()
@@ -666,6 +698,9 @@ std::string repro_text(const ReproExport& r) {
       << ", max ULP " << r.max_ulp << ")";
   }
   o << "\n";
+  if (r.exact.computed) {
+    o << "  exact (fp64 on the CPU): " << r.exact.text(r.batch) << "\n";
+  }
   if (r.emulated) {
     o << "  emulated split-K in the experiment: the script reproduces it with --emulate\n";
   }

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "core/analysis/exact.h"
 #include "core/base/error.h"
 #include "core/experiment/experiment.h"
 #include "core/experiment/runner.h"
@@ -69,6 +70,8 @@ struct ReproExport {
   double frac_differ = 0.0;
   double max_abs = 0.0;
   std::int64_t max_ulp = 0;
+  /// The op's exact value (fp64, CPU, the captured operands) against both results.
+  ExactDistance exact;
   std::vector<ReproInput> inputs;
   std::vector<std::string> candidates;  ///< ops behind the divergence tried, in pass order
   std::vector<std::string> notes;

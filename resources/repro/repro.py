@@ -294,6 +294,43 @@ def ordered(torch, t):
     return torch.where(bits < 0, lowest - bits, bits)
 
 
+def exact_op(torch, op, t):
+    """The op in fp64 on the CPU from the operands (the values the kernels were given)."""
+    x = t["x"].to("cpu", torch.float64)
+    w = t["w"].to("cpu", torch.float64)
+    if op["op"] == "linear":
+        return torch.nn.functional.linear(x, w)
+    if op["op"] == "matmul":
+        return torch.matmul(x, w)
+    ends = t["offs"].to("cpu").tolist()
+    out = torch.zeros(x.shape[0], w.shape[-1], dtype=torch.float64)
+    start = 0
+    for e, end in enumerate(ends):
+        end = min(int(end), x.shape[0])
+        if end > start:
+            out[start:end] = x[start:end] @ w[e]
+        start = max(start, end)
+    return out
+
+
+def exact_line(torch, one, many, exact, batch):
+    """How far both results lie from exact: ULPs of their dtype (from exact rounded to it) and
+    the share of elements where each is closer in value."""
+    n = max(1, one.numel())
+    ref = ordered(torch, exact.to(one.dtype))
+    ua = (ordered(torch, one) - ref).abs().double()
+    ub = (ordered(torch, many) - ref).abs().double()
+    ea = (one.double() - exact).abs()
+    eb = (many.double() - exact).abs()
+    closer_one = float((ea < eb).sum()) / n
+    closer_b = float((eb < ea).sum()) / n
+    return ("  exact (fp64 on the CPU): B=1: max %d ULP, mean %.3g; B=%d: max %d ULP, mean %.3g; "
+            "closer: B=1 on %.1f %%, B=%d on %.1f %%, equally close on %.1f %% of %d elements"
+            % (int(ua.max()), float(ua.mean()), batch, int(ub.max()), float(ub.mean()),
+               100.0 * closer_one, batch, 100.0 * closer_b,
+               100.0 * (1.0 - closer_one - closer_b), one.numel()))
+
+
 def main():
     op = load_op()
     where = op["family"] + (" layer %d" % op["layer"] if op["layer"] >= 0 else "")
@@ -313,6 +350,9 @@ def main():
                         help="BatchLens's emulated split-K (a CPU stand-in for a GPU library's "
                         "split-K heuristic; the experiment %s)"
                         % ("used it for this op" if op["emulated"] else "did not use it"))
+    parser.add_argument("--exact", action="store_true",
+                        help="also compute the op in fp64 on the CPU from the same operands and "
+                        "say how far B=1's and B's results are from it, and which is closer")
     parser.add_argument("--strategy", default="batched",
                         choices=["batched", "row_wise", "batch_invariant"],
                         help="batched: one call, as transformers computes (default); row_wise: "
@@ -377,6 +417,8 @@ def main():
     for label, names in (("B=1", kernels_one), ("B=%d" % args.batch, kernels_b)):
         if names is not None:
             print("  %s kernels: %s" % (label, "; ".join(names) if names else "(none)"))
+    if args.exact:
+        print(exact_line(torch, one, many, exact_op(torch, op, t).reshape(one.shape), args.batch))
     n = one.numel()
     oa, ob = ordered(torch, one), ordered(torch, many)
     differ = int((oa != ob).sum())

@@ -4,6 +4,7 @@
 #include "core/analysis/repro.h"
 
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -144,6 +145,14 @@ TEST(Repro, ExportsTheFirstDivergentOpWithItsCapturedInputs) {
   EXPECT_TRUE(e.reproduces);
   EXPECT_GT(e.frac_differ, 0.0);
   EXPECT_GE(e.max_ulp, 1);
+  // Issue #35's "which one is wrong?": the op in fp64 from the same operands. The emulation cuts
+  // B=1's reduction (32 rows) into more fp32 chunks than B=2's (64 rows), each rounded to bf16:
+  // a known case where the batched result is the closer one.
+  ASSERT_TRUE(e.exact.computed);
+  EXPECT_EQ(e.exact.elements, 32 * 128);
+  EXPECT_NEAR(e.exact.closer_one + e.exact.closer_batch + e.exact.ties, 1.0, 1e-12);
+  EXPECT_GT(e.exact.closer_batch, e.exact.closer_one) << e.exact.text(2);
+  EXPECT_GT(e.exact.mean_ulp_one, e.exact.mean_ulp_batch) << e.exact.text(2);
   for (const char* f : {"repro.py", "inputs.safetensors", "op.json", "README.md"}) {
     EXPECT_TRUE(fs::exists(dir / f)) << f;
   }
@@ -225,6 +234,18 @@ TEST(Repro, ScriptReproducesTheEmulatedDivergenceOnlyWhenToldToEmulate) {
 
   const auto one = script(dir, {"--emulate", "--batch", "1"});
   EXPECT_EQ(one.exit_code, 0) << one.out << one.err;
+
+  // --exact: the op in fp64 on the CPU, and which result is closer (the same as BatchLens's).
+  const auto exact = script(dir, {"--emulate", "--exact"});
+  EXPECT_EQ(exact.exit_code, 1) << exact.out << exact.err;
+  EXPECT_NE(exact.out.find("exact (fp64 on the CPU)"), std::string::npos) << exact.out;
+  const auto op = nlohmann::json::parse(read_repro_text(dir / "op.json"));
+  const auto& want = op.at("batchlens").at("exact");
+  char line[160];
+  std::snprintf(line, sizeof line, "closer: B=1 on %.1f %%, B=2 on %.1f %%",
+                want.at("closer_one").get<double>() * 100.0,
+                want.at("closer_batch").get<double>() * 100.0);
+  EXPECT_NE(exact.out.find(line), std::string::npos) << line << "\n" << exact.out;
   fs::remove_all(dir);
 }
 
