@@ -13,6 +13,7 @@
 #include <QStandardPaths>
 #include <QThread>
 
+#include "core/analysis/causes.h"
 #include "core/analysis/culprit.h"
 #include "core/experiment/runner.h"
 #include "core/io/experiment_file.h"
@@ -163,7 +164,8 @@ RunController::~RunController() {
 bool RunController::start(const experiment::ExperimentSpec& spec) {
   return startNew(spec,
                   [](const experiment::ExperimentSpec& s, const experiment::RunControl& control) {
-                    return experiment::run_experiment(s, control);
+                    // Beside companions, the re-runs that tell the causes apart (issue #35).
+                    return analysis::run_experiment_with_causes(s, true, control);
                   });
 }
 

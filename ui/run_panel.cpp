@@ -32,6 +32,7 @@
 #include "core/model/config.h"
 #include "core/ops/op_family.h"
 #include "core/ops/policy.h"
+#include "core/setup/prompt.h"
 #include "ui/qt_text.h"
 
 namespace batchlens::ui {
@@ -266,6 +267,27 @@ void RunPanel::createSamplingFields(const experiment::ExperimentSpec& demo) {
   prefill_ = combo(this, {QStringLiteral("copied"), QStringLiteral("batched")},
                    tr("copied: the prompt cache is computed at B=1 and copied to every row; "
                       "batched: prefilled at the batch size"));
+  companions_ = new QLineEdit(this);
+  companions_->setObjectName(QStringLiteral("CompanionsEdit"));
+  companions_->setPlaceholderText(tr("none: every row holds the prompt"));
+  companions_->setToolTip(
+      tr("A file of other requests' prompts (one per line, or JSON Lines with \"prompt\"), "
+         "cycled over the other rows of every batch: the batch is left-padded, masked and "
+         "positioned as transformers' generate builds it. The B=1 reference is the prompt "
+         "alone."));
+  companions_browse_ = new QPushButton(tr("Browse…"), this);
+  companions_note_ = new QLabel(this);
+  companions_note_->setObjectName(QStringLiteral("CompanionsNote"));
+  companions_note_->setWordWrap(true);
+  companions_note_->hide();
+  row_ = spin(this, 0, 1023, 0, tr("Which row of every batch holds the prompt under test"));
+  row_->setObjectName(QStringLiteral("RowSpin"));
+  positions_ = combo(this, {QStringLiteral("shared"), QStringLiteral("per_row")},
+                     tr("Position ids of a padded batch: shared (transformers' generate: one set "
+                        "from the padded length) or per_row (each row from its own mask, what a "
+                        "fix would do)"));
+  positions_->setObjectName(QStringLiteral("PositionsCombo"));
+  positions_->setEnabled(false);  // until companions are given
   mode_ = combo(this, {QStringLiteral("free"), QStringLiteral("lockstep")},
                 tr("free: every run follows its own trajectory; lockstep: runs adopt the "
                    "reference's canvas each step, so numerics are compared on equal inputs"));
@@ -369,6 +391,15 @@ void RunPanel::connectFields() {
       checkpoint_->setText(dir);
     }
   });
+  connect(companions_browse_, &QPushButton::clicked, this, [this] {
+    const QString file =
+        QFileDialog::getOpenFileName(this, tr("Companion prompts"), companions_->text());
+    if (!file.isEmpty()) {
+      companions_->setText(file);
+      loadCompanions();
+    }
+  });
+  connect(companions_, &QLineEdit::editingFinished, this, &RunPanel::loadCompanions);
   connect(preset_ops_, &QPushButton::clicked, this, &RunPanel::resetWorkaroundToPreset);
   connect(run_, &QPushButton::clicked, this, &RunPanel::requestRun);
   connect(cancel_, &QPushButton::clicked, this, &RunPanel::cancelRequested);
@@ -416,6 +447,13 @@ QWidget* RunPanel::buildForm() {
   run_form->addRow(tr("Seed"), seed_);
   run_form->addRow(tr("RNG"), rng_);
   run_form->addRow(tr("Prefill"), prefill_);
+  auto* companions_row = new QHBoxLayout;
+  companions_row->addWidget(companions_, 1);
+  companions_row->addWidget(companions_browse_);
+  run_form->addRow(tr("Companions"), companions_row);
+  run_form->addRow(QString(), companions_note_);
+  run_form->addRow(tr("Row under test"), row_);
+  run_form->addRow(tr("Positions"), positions_);
   run_form->addRow(tr("Comparison"), mode_);
   run_form->addRow(tr("Emulation profile"), policy_);
   run_form->addRow(profile_note_);
@@ -538,6 +576,43 @@ bool RunPanel::deviceAvailable() const {
   return device_->currentIndex() >= 0 && !device_->currentData(kMissingRole).toBool();
 }
 
+void RunPanel::loadCompanions() {
+  const QString path = companions_->text().trimmed();
+  if (path.startsWith(QLatin1Char('('))) {
+    return;  // the shown experiment's companions, kept as they are
+  }
+  companions_prompts_.clear();
+  companions_note_->setStyleSheet(QStringLiteral("color:#444;"));
+  if (!path.isEmpty()) {
+    auto read = setup::read_prompts(path.toStdString(), "companions file");
+    if (read.ok()) {
+      companions_prompts_ = std::move(read).value();
+    } else {
+      companions_note_->setStyleSheet(QStringLiteral("color:#a50026;"));
+      companions_note_->setText(q(read.error().message));
+      companions_note_->show();
+      prefill_->setEnabled(true);
+      return;
+    }
+  }
+  updateCompanionFields();
+}
+
+void RunPanel::updateCompanionFields() {
+  const bool mixed = !companions_prompts_.empty();
+  if (mixed) {
+    // A batch of different prompts is prefilled at once, as a server does.
+    selectText(prefill_, QStringLiteral("batched"));
+    companions_note_->setStyleSheet(QStringLiteral("color:#444;"));
+    companions_note_->setText(
+        tr("%n companion prompt(s), cycled over the other rows; the prefill is batched", nullptr,
+           static_cast<int>(companions_prompts_.size())));
+  }
+  companions_note_->setVisible(mixed);
+  prefill_->setEnabled(!mixed);
+  positions_->setEnabled(mixed);
+}
+
 base::Result<experiment::ExperimentSpec> RunPanel::spec() const {
   experiment::ExperimentSpec s;
   if (preset_->currentIndex() == preset_->count() - 1) {
@@ -589,6 +664,15 @@ base::Result<experiment::ExperimentSpec> RunPanel::spec() const {
   s.rng = rng.value();
   s.prefill = prefill.value();
   s.mode = mode.value();
+  s.composition.companions = companions_prompts_;
+  s.composition.row = row_->value();
+  const auto positions = generation::parse_position_mode(positions_->currentText().toStdString());
+  if (!positions.ok()) {
+    return positions.error();
+  }
+  // The positions choose only for a batch of different prompts (the combo is off without).
+  s.composition.positions =
+      s.composition.mixed() ? positions.value() : generation::PositionMode::Shared;
   auto policy = ops::policy_from_text(policy_->currentData().toString().toStdString());
   if (!policy.ok()) {
     return policy.error();
@@ -645,6 +729,14 @@ void RunPanel::setSpec(const experiment::ExperimentSpec& s) {
   selectText(rng_, QString::fromLatin1(generation::name(s.rng)));
   selectText(prefill_, QString::fromLatin1(generation::name(s.prefill)));
   selectText(mode_, QString::fromLatin1(experiment::name(s.mode)));
+  companions_prompts_ = s.composition.companions;
+  companions_->setText(s.composition.mixed()
+                           ? tr("(%n companion(s) of the shown experiment)", nullptr,
+                                static_cast<int>(s.composition.companions.size()))
+                           : QString());
+  row_->setValue(static_cast<int>(s.composition.row));
+  selectText(positions_, QString::fromLatin1(generation::name(s.composition.positions)));
+  updateCompanionFields();
   const QString policy = q(ops::policy_text(s.policy));
   if (policy_->findData(policy) < 0) {
     // A combination or custom policy: offered as it is.

@@ -145,6 +145,19 @@ class RunPanel : public QWidget {
   QSpinBox* seed_ = nullptr;
   QComboBox* rng_ = nullptr;
   QComboBox* prefill_ = nullptr;
+  // Mixed batches (issue #35): a companions file, the row under test, positions.
+  QLineEdit* companions_ = nullptr;
+  QPushButton* companions_browse_ = nullptr;
+  QLabel* companions_note_ = nullptr;
+  QSpinBox* row_ = nullptr;
+  QComboBox* positions_ = nullptr;
+  /// The companions read from companions_'s file, or given with a spec (then the field names
+  /// where they came from); empty: identical rows.
+  std::vector<setup::Prompt> companions_prompts_;
+  /// Reads companions_'s file into companions_prompts_ (or clears them), says so in
+  /// companions_note_, and ties the prefill to it (a mixed batch is prefilled at once).
+  void loadCompanions();
+  void updateCompanionFields();
   QComboBox* mode_ = nullptr;
   QComboBox* policy_ = nullptr;
   QCheckBox* workaround_ = nullptr;

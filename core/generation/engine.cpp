@@ -420,6 +420,14 @@ GenerationResult GenerationEngine::result() const {
     row.tokens.assign(g.data_ptr<std::int64_t>(), g.data_ptr<std::int64_t>() + g.numel());
     const at::Tensor hits = at::isin(g, eos_cpu).nonzero();
     row.stop_position = hits.numel() > 0 ? hits[0][0].item<std::int64_t>() : -1;
+    if (row.stop_position >= 0) {
+      // The row ends with the canvas of its EOS, as it does alone: the canvases its batch
+      // generated after it are pads and 0 steps, not its output.
+      const std::int64_t c = model_.config().canvas_length;
+      const auto canvases = static_cast<std::size_t>(row.stop_position / c + 1);
+      row.tokens.resize(std::min(row.tokens.size(), canvases * static_cast<std::size_t>(c)));
+      row.steps.resize(std::min(row.steps.size(), canvases));
+    }
   }
   return result;
 }

@@ -88,9 +88,11 @@ struct GenerateOptions {
 
 /// What one row produced.
 struct RowOutcome {
-  std::vector<std::int64_t> tokens;  ///< generated tokens (all canvases; pads after EOS)
-  std::int64_t stop_position = -1;   ///< index of the first EOS in `tokens`, -1 without one
-  std::vector<int> steps;            ///< denoising steps taken per canvas
+  /// Generated tokens: every canvas up to the one holding its EOS (as the row alone generates
+  /// them; the batch's later canvases, pads for this row, are not its output), pads after EOS.
+  std::vector<std::int64_t> tokens;
+  std::int64_t stop_position = -1;  ///< index of the first EOS in `tokens`, -1 without one
+  std::vector<int> steps;           ///< denoising steps taken per canvas (as tokens)
 };
 
 struct GenerationResult {

@@ -137,6 +137,53 @@ TEST_F(RunPanelTest, TheToggleAddsTheWorkaroundAndBadInputIsRefused) {
                   .contains(QStringLiteral("Cannot run")));
 }
 
+// issue #35: a companions file makes every batch a mixed one (batched prefill, positions
+// chosen); a bad file is refused with its reason and leaves identical rows.
+TEST_F(RunPanelTest, CompanionsFileMakesMixedBatchesAndABadOneIsRefused) {
+  RunPanel* panel = window_->runPanel();
+  auto* edit = panel->findChild<QLineEdit*>(QStringLiteral("CompanionsEdit"));
+  auto* note = panel->findChild<QLabel*>(QStringLiteral("CompanionsNote"));
+  auto* positions = panel->findChild<QComboBox*>(QStringLiteral("PositionsCombo"));
+  ASSERT_NE(edit, nullptr);
+  ASSERT_NE(note, nullptr);
+  ASSERT_NE(positions, nullptr);
+  EXPECT_FALSE(positions->isEnabled());
+  const QString dir = QDir::tempPath() + QStringLiteral("/bl_companions_ui_") +
+                      QString::number(QCoreApplication::applicationPid());
+  QDir().mkpath(dir);
+  {
+    QFile good(dir + QStringLiteral("/good.txt"));
+    ASSERT_TRUE(good.open(QIODevice::WriteOnly));
+    good.write("Explain tides.\nWrite a long essay about Portugal.\n");
+  }
+  edit->setText(dir + QStringLiteral("/good.txt"));
+  Q_EMIT edit->editingFinished();
+  positions->setCurrentText(QStringLiteral("per_row"));
+  panel->findChild<QSpinBox*>(QStringLiteral("RowSpin"))->setValue(1);
+  auto spec = panel->spec();
+  ASSERT_TRUE(spec.ok()) << spec.error().message;
+  EXPECT_EQ(spec.value().composition.companions.size(), 2U);
+  EXPECT_EQ(spec.value().composition.companions[0].text, "Explain tides.");
+  EXPECT_EQ(spec.value().composition.row, 1);
+  EXPECT_EQ(spec.value().composition.positions, generation::PositionMode::PerRow);
+  EXPECT_EQ(spec.value().prefill, generation::PrefillMode::Batched);
+  EXPECT_TRUE(note->text().contains(QStringLiteral("2 companion")));
+  {
+    QFile bad(dir + QStringLiteral("/bad.txt"));
+    ASSERT_TRUE(bad.open(QIODevice::WriteOnly));
+    bad.write("fine\ncaf\xC3 broken\n");
+  }
+  edit->setText(dir + QStringLiteral("/bad.txt"));
+  Q_EMIT edit->editingFinished();
+  EXPECT_TRUE(note->text().contains(QStringLiteral("not valid UTF-8")))
+      << note->text().toStdString();
+  panel->findChild<QSpinBox*>(QStringLiteral("RowSpin"))->setValue(0);
+  spec = panel->spec();
+  ASSERT_TRUE(spec.ok()) << spec.error().message;
+  EXPECT_FALSE(spec.value().composition.mixed());
+  QDir(dir).removeRecursively();
+}
+
 TEST_F(RunPanelTest, OpListShowsEveryFamilyItsFullNameAndLastForMinusOne) {
   QTableWidget* ops = window_->runPanel()->workaroundOps();
   ASSERT_EQ(ops->rowCount(), ops::kOpFamilyCount);

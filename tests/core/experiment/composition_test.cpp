@@ -4,6 +4,7 @@
 // row's own mask (per_row). The B=1 reference is the prompt alone. On this CPU, with every op
 // batch-invariant, what remains of a divergence is the batch's layout: shared positions shift a
 // padded row's positions and change its text; per-row positions give it its text alone.
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -17,7 +18,9 @@
 #include "core/experiment/command_line.h"
 #include "core/experiment/plan.h"
 #include "core/experiment/runner.h"
+#include "core/generation/engine.h"
 #include "core/io/experiment_file.h"
+#include "core/setup/front_door.h"
 
 #include <unistd.h>
 
@@ -181,6 +184,44 @@ TEST(Composition, LockstepFollowsTheTestRowAndLeavesTheCompanionsFree) {
   for (const auto& c : r.comparisons) {
     EXPECT_FALSE(c.first.found()) << c.id << ": " << describe(c.first);
   }
+}
+
+// A row that stops in an earlier canvas than its batch (the H100 sample found it): its output
+// ends with the canvas of its EOS, as alone, not with the batch's later canvases of pads.
+TEST(Composition, ARowThatStopsEarlyEndsWithItsOwnCanvas) {
+  model::ModelSource source;
+  source.preset = "demo-trained";
+  const auto session = setup::open_model(source, model::LoadOptions{});
+  ASSERT_TRUE(session.ok()) << session.error().message;
+  const auto ids = [&](const std::string& text) {
+    auto in = session.value().prepare({text, true, {}}, {});
+    EXPECT_TRUE(in.ok());
+    return in.ok() ? in.value().prompt_ids : std::vector<std::int64_t>{};
+  };
+  generation::GenerateOptions o;
+  o.batch_size = 2;
+  o.seed = 1;
+  o.prefill = generation::PrefillMode::Batched;
+  o.positions = generation::PositionMode::PerRow;
+  auto config = session.value().prepare({"x", true, {}}, {});
+  ASSERT_TRUE(config.ok());
+  o.config = config.value().generation;
+  const std::vector<std::int64_t> lord = ids("The LORD is my shepherd; I shall not want.");
+  const std::vector<std::int64_t> genesis =
+      ids("In the beginning God created the heaven and the earth.");
+  const generation::GenerationResult r =
+      generation::generate(*session.value().model, generation::pad_left({lord, genesis}, 0), o);
+  const std::int64_t c = session.value().model->config().canvas_length;
+  ASSERT_EQ(r.canvases, 2) << "the second row needs a second canvas for this test";
+  const generation::RowOutcome& early = r.rows[0];
+  ASSERT_GE(early.stop_position, 0);
+  ASSERT_LT(early.stop_position, c);
+  EXPECT_EQ(static_cast<std::int64_t>(early.tokens.size()), c);
+  EXPECT_EQ(early.steps.size(), 1U);
+  EXPECT_EQ(static_cast<std::int64_t>(r.rows[1].tokens.size()), 2 * c);
+  // The batch's sequences keep every canvas of every row (transformers' output).
+  const auto longest = static_cast<std::int64_t>(std::max(lord.size(), genesis.size()));
+  EXPECT_EQ(r.sequences.size(1), longest + 2 * c);
 }
 
 CauseReport with_trials(bool invariant, bool per_row, bool both) {
