@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Screenshots of the real BatchLens window under Xvfb (X11, the xcb platform), one per explorer
-# tab, on the embedded sample or FILE (":/samples/26ba4b-h200-lockstep.h5" for the bundled 26B-A4B
+# tab, on the embedded sample or FILE (":/samples/26ba4b-h100-lockstep.h5" for the bundled 26B-A4B
 # one), plus the exported report's composite figure. Usage: tools/screenshots.sh BUILD_DIR [FILE]
 # Needs xvfb (apt-get install xvfb). Writes docs/screenshots/tab-*.png and figure.png (PREFIX=
 # names them PREFIX-tab-*.png instead).

@@ -322,7 +322,7 @@ FileController::~FileController() {
 }
 
 QString FileController::embeddedSamplePath() {
-  return QStringLiteral(":/samples/mid-h200-free.h5");
+  return QStringLiteral(":/samples/mid-h100-free.h5");
 }
 
 QString FileController::embeddedSweepSamplePath() {
@@ -345,9 +345,9 @@ void FileController::open(const QString& path, const QString& origin) {
 }
 
 QList<QPair<QString, QString>> FileController::embeddedSamples() {
-  return {{embeddedSamplePath(), QObject::tr("mid, H200, free mode (the default)")},
-          {QStringLiteral(":/samples/26ba4b-h200-lockstep.h5"),
-           QObject::tr("26B-A4B architecture, H200, lockstep")},
+  return {{embeddedSamplePath(), QObject::tr("mid, H100, free mode (the default)")},
+          {QStringLiteral(":/samples/26ba4b-h100-lockstep.h5"),
+           QObject::tr("26B-A4B architecture, H100, lockstep")},
           {embeddedSweepSamplePath(),
            QObject::tr("26B-A4B architecture, H200, sweep of 24 prompts (B = 2, 3, 4)")},
           {QStringLiteral(":/samples/demo-trained-cpu-emulated.h5"),

@@ -423,7 +423,7 @@ TEST_F(RunPanelTest, AGpuExperimentIsNeverSilentlyRunOnThisCpu) {
   panel->workaroundCheck()->click();
   EXPECT_FALSE(window_->runController()->isRunning());
   EXPECT_TRUE(window_->state()->showWorkaround());
-  // Another op list needs the H200: refused here, with the choices.
+  // Another op list needs the GPU: refused here, with the choices.
   panel->workaroundCheck()->click();
   panel->setWorkaroundFamily(QStringLiteral("lm_head"), true);
   QSignalSpy offered(window_.get(), &MainWindow::workaroundElsewhereOffered);
@@ -440,11 +440,12 @@ TEST_F(RunPanelTest, AGpuExperimentIsNeverSilentlyRunOnThisCpu) {
   ASSERT_NE(box, nullptr);
   EXPECT_TRUE(box->isVisible());
   EXPECT_EQ(box->detailedText(), command);
-  EXPECT_TRUE(box->text().contains(QStringLiteral("H200"))) << box->text().toStdString();
+  // The embedded sample is the H100's: the CPU demo offered is the H100 report's emulation.
+  EXPECT_TRUE(box->text().contains(QStringLiteral("H100"))) << box->text().toStdString();
   ASSERT_NE(box->findChild<QPushButton*>(QStringLiteral("RunDemoButton")), nullptr);
   EXPECT_TRUE(box->findChild<QPushButton*>(QStringLiteral("RunDemoButton"))
                   ->text()
-                  .contains(QStringLiteral("emulated_h200")));
+                  .contains(QStringLiteral("emulated_h100_report")));
   // Nothing applied: the toggle is off, the shown experiment unchanged.
   EXPECT_FALSE(panel->workaroundCheck()->isChecked());
   EXPECT_FALSE(window_->state()->showWorkaround());
