@@ -408,6 +408,33 @@ std::string headline_comparison(const ExperimentResult& r) {
   return r.comparisons.empty() ? std::string() : r.comparisons.front().id;
 }
 
+// A mixed batch's causes (issue #35), when the re-runs told them apart: "caused by the
+// positions (40 padding slots, positions shifted by 40)".
+bool causes_clause(const ExperimentResult& r, const ComparisonResult& c, StoryClause& out) {
+  if (!r.causes || r.causes->causes.empty() || !c.first.found() ||
+      c.kind != experiment::ComparisonKind::Row0 ||
+      experiment::group_of_run(c.id) != experiment::RunGroup::Main) {
+    return false;
+  }
+  std::string names;
+  for (const std::string& k : r.causes->causes) {
+    names += (names.empty() ? "" : " and ") + std::string(k == "mask" ? "the padding" : "the " + k);
+  }
+  std::string layout;
+  for (const experiment::RowLayout& row : r.causes->rows) {
+    if (row.run == c.run && row.pad_slots > 0) {
+      layout =
+          " (" + std::to_string(row.pad_slots) + " padding slots" +
+          (row.position_shift != 0 ? ", positions shifted by " + std::to_string(row.position_shift)
+                                   : std::string()) +
+          ")";
+    }
+  }
+  out.view = StoryView::Overview;
+  out.text = "caused by " + names + layout;
+  return true;
+}
+
 Story build_story(const ExperimentResult& r, const std::string& comparison_id) {
   Story story;
   story.comparison = comparison_id;
@@ -437,6 +464,10 @@ Story build_story(const ExperimentResult& r, const std::string& comparison_id) {
   } else {
     story.clauses.push_back(onset(r, *c));
     StoryClause clause;
+    if (causes_clause(r, *c, clause)) {
+      story.clauses.push_back(clause);
+    }
+    clause = StoryClause{};
     if (spread(r, *c, *ref, clause)) {
       story.clauses.push_back(clause);
     }

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/analysis/causes.h"
+#include "core/analysis/story.h"
 #include "core/base/system_info.h"
 #include "core/compat/torch_compat.h"
 #include "core/experiment/command_line.h"
@@ -292,6 +293,13 @@ TEST(Causes, EmulatedKernelsBesideOtherPromptsAreToldApartAndKeptInTheFile) {
   ASSERT_EQ(c.trials.size(), 3U);
   EXPECT_EQ(c.causes.front(), "positions") << c.verdict;
   EXPECT_FALSE(c.trials[2].diverges) << c.trials[2].first;
+  // The headline says it.
+  const std::string headline = analysis::build_story(padded.value(), "ref__b2").headline();
+  EXPECT_NE(headline.find("→ caused by the positions"), std::string::npos) << headline;
+  const std::string pad = std::to_string(c.rows[0].pad_slots);
+  EXPECT_NE(headline.find("(" + pad + " padding slots, positions shifted by " + pad + ")"),
+            std::string::npos)
+      << headline;
   const std::string path = (std::filesystem::path(::testing::TempDir()) /
                             ("bl_causes_" + std::to_string(::getpid()) + ".h5"))
                                .string();
