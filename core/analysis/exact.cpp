@@ -13,19 +13,18 @@ namespace batchlens::analysis {
 
 namespace {
 
-// Floating-point bits as integers ordered like the values (adjacent floats 1 apart).
-at::Tensor ordered(const at::Tensor& t) {
-  const bool wide = t.element_size() == 4;
-  const at::Tensor bits = t.contiguous().view(wide ? at::kInt : at::kShort).to(at::kLong);
-  const std::int64_t lowest = wide ? -(std::int64_t{1} << 31) : -(std::int64_t{1} << 15);
-  return at::where(bits < 0, lowest - bits, bits);
-}
-
 at::Tensor wide(const at::Tensor& t) {
   return t.detach().to(at::kCPU).to(at::kDouble);
 }
 
 }  // namespace
+
+at::Tensor ordered_bits(const at::Tensor& t) {
+  const bool wide = t.element_size() == 4;
+  const at::Tensor bits = t.contiguous().view(wide ? at::kInt : at::kShort).to(at::kLong);
+  const std::int64_t lowest = wide ? -(std::int64_t{1} << 31) : -(std::int64_t{1} << 15);
+  return at::where(bits < 0, lowest - bits, bits);
+}
 
 at::Tensor exact_op(const std::string& op, const std::vector<at::Tensor>& operands) {
   const auto need = [&](std::size_t n) {
@@ -75,9 +74,9 @@ ExactDistance exact_distance(const at::Tensor& one, const at::Tensor& batch,
   const at::Tensor a = one.detach().to(at::kCPU).reshape({-1});
   const at::Tensor b = batch.detach().to(at::kCPU).reshape({-1});
   const at::Tensor x = exact.detach().to(at::kCPU).to(at::kDouble).reshape({-1});
-  const at::Tensor rounded = ordered(x.to(a.scalar_type()));
-  const at::Tensor ulp_a = (ordered(a) - rounded).abs().to(at::kDouble);
-  const at::Tensor ulp_b = (ordered(b) - rounded).abs().to(at::kDouble);
+  const at::Tensor rounded = ordered_bits(x.to(a.scalar_type()));
+  const at::Tensor ulp_a = (ordered_bits(a) - rounded).abs().to(at::kDouble);
+  const at::Tensor ulp_b = (ordered_bits(b) - rounded).abs().to(at::kDouble);
   const at::Tensor err_a = (a.to(at::kDouble) - x).abs();
   const at::Tensor err_b = (b.to(at::kDouble) - x).abs();
   const auto share = [n](const at::Tensor& mask) {

@@ -34,6 +34,10 @@ struct ExactDistance {
   std::string text(std::int64_t batch) const;
 };
 
+/// Floating-point bits (bf16/fp16 or fp32) as int64 integers ordered like the values: adjacent
+/// floats are 1 apart, so differences are ULPs.
+at::Tensor ordered_bits(const at::Tensor& t);
+
 /// The op ("linear": F.linear(x, w) with w [N, K]; "matmul": a @ b; "grouped_mm": x [R, K] by
 /// expert with w [E, K, N] and offs int32 [E] cumulative ends) in fp64 on the CPU. Throws
 /// base::ErrorException (InvalidArgument) for another op or operands that do not fit.

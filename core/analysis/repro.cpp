@@ -13,6 +13,7 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json.hpp>
 
+#include "core/analysis/exact.h"
 #include "core/analysis/kernel_evidence.h"
 #include "core/base/atomic_file.h"
 #include "core/base/input.h"
@@ -141,14 +142,6 @@ struct BitDiff {
   double max_abs = 0.0;
   std::int64_t max_ulp = 0;
 };
-
-// Floating-point bits as integers ordered like the values (adjacent floats 1 apart).
-at::Tensor ordered_bits(const at::Tensor& t) {
-  const bool wide = t.element_size() == 4;
-  const at::Tensor bits = t.contiguous().view(wide ? at::kInt : at::kShort).to(at::kLong);
-  const std::int64_t lowest = wide ? -(std::int64_t{1} << 31) : -(std::int64_t{1} << 15);
-  return at::where(bits < 0, lowest - bits, bits);
-}
 
 BitDiff compare(const at::Tensor& a, const at::Tensor& b) {
   BitDiff o;
