@@ -56,6 +56,7 @@ UNIT_ORDER = {
         "run_vocabulary",   # run groups, roles, comparison kinds; run and comparison ids
         "kernel_provenance",  # kernel records (values, JSON)
         "causes",           # a mixed batch's causes (values, JSON)
+        "exact_reference",  # the exact (fp64) reference at a divergence (values, JSON)
         "experiment",       # specs and results (values)
         "culprit_report",   # the culprit report's JSON
         "schema",           # the result fields, declared once
@@ -76,6 +77,7 @@ UNIT_ORDER = {
         "causes",           # a mixed batch's causes told apart (re-runs)
         "exact",            # an op's exact (fp64) reference
         "repro",            # minimal repro export
+        "explain",          # a run and what it explains (causes, exact reference)
         "sweep_spec",       # sweeps: spec, items, seeds, prompt files
         "sweep_records",    # sweeps: rows, the record folder, running, resume
         "sweep_merge",      # sweeps: validation, shards, merge

@@ -13,8 +13,8 @@
 #include <QStandardPaths>
 #include <QThread>
 
-#include "core/analysis/causes.h"
 #include "core/analysis/culprit.h"
+#include "core/analysis/explain.h"
 #include "core/experiment/runner.h"
 #include "core/io/experiment_file.h"
 #include "core/io/sweep_file.h"
@@ -164,8 +164,9 @@ RunController::~RunController() {
 bool RunController::start(const experiment::ExperimentSpec& spec) {
   return startNew(spec,
                   [](const experiment::ExperimentSpec& s, const experiment::RunControl& control) {
-                    // Beside companions, the re-runs that tell the causes apart (issue #35).
-                    return analysis::run_experiment_with_causes(s, true, control);
+                    // Beside companions the re-runs that tell the causes apart, and where row 0
+                    // diverges the exact reference (issue #35).
+                    return analysis::run_and_explain(s, {}, control);
                   });
 }
 

@@ -18,6 +18,7 @@
 #include "core/analysis/culprit.h"
 #include "core/analysis/kernel_evidence.h"
 #include "core/analysis/story.h"
+#include "core/experiment/exact_reference.h"
 #include "core/experiment/kernel_provenance.h"
 #include "ui/comparison_table_model.h"
 #include "ui/qcp.h"
@@ -168,8 +169,17 @@ QVariant ComparisonTableModel::data(const QModelIndex& index, int role) const {
       return rows ? QVariant() : QVariant(c.stop_changed ? tr("CHANGED") : tr("unchanged"));
     case Steps:
       return rows ? QVariant() : QVariant(c.steps_changed ? tr("CHANGED") : tr("unchanged"));
-    case FirstDivergence:
-      return q(experiment::describe(c.first));
+    case FirstDivergence: {
+      QString text = q(experiment::describe(c.first));
+      const experiment::ExactAtDivergence* e =
+          role == Qt::ToolTipRole && result_->exact ? result_->exact->find(c.id) : nullptr;
+      if (e != nullptr) {
+        for (const std::string& line : experiment::exact_lines(*e)) {
+          text += QStringLiteral("\nexact (fp64): ") + q(line);
+        }
+      }
+      return text;
+    }
     case PositionsDiffering:
       return rows ? QVariant() : QVariant(percent(last.positions));
     case ScoresDiffering:
@@ -228,6 +238,20 @@ OverviewView::OverviewView(ExplorerState* state, QWidget* parent) : CoalescedVie
       tr("Which kernels the op behind the first divergence launched at B=1 and "
          "at this batch size (the experiment's kernel provenance)"));
   kernels_->hide();
+  exact_ = new QLabel(this);
+  exact_->setObjectName(QStringLiteral("OverviewExact"));
+  exact_->setWordWrap(true);
+  exact_->setMargin(6);
+  exact_->setTextFormat(Qt::RichText);
+  exact_->setTextInteractionFlags(Qt::TextSelectableByMouse);
+  exact_->setStyleSheet(QStringLiteral("background:#eef3f8;"));
+  exact_->setToolTip(
+      tr("Which one is wrong? The op behind the first divergence and the step's logits, each "
+         "computed alone at B=1 and at the batch size from B=1's operands and compared with the "
+         "same op in fp64 on the CPU: ULPs in the result's dtype from exact, and the share of "
+         "elements where each result is closer. Usually neither is wrong: both round the same "
+         "exact value differently."));
+  exact_->hide();
   growth_ = new QCustomPlot(this);
   growth_->setObjectName(QStringLiteral("GrowthPlot"));
   growth_->setMinimumHeight(170);
@@ -270,6 +294,7 @@ OverviewView::OverviewView(ExplorerState* state, QWidget* parent) : CoalescedVie
   layout->addWidget(why_);
   layout->addWidget(culprit_);
   layout->addWidget(kernels_);
+  layout->addWidget(exact_);
   layout->addWidget(split, 1);
 
   connect(headline_, &QLabel::linkActivated, this, &OverviewView::openClause);
@@ -351,6 +376,16 @@ void OverviewView::refresh() {
     }
     kernels_->setText(tr("Kernels: %1 &nbsp;<a href='kernels:view'>all ops…</a>")
                           .arg(parts.join(QStringLiteral("<br>"))));
+  }
+  const experiment::ExactAtDivergence* exact =
+      c != nullptr && r->exact ? r->exact->find(c->id) : nullptr;
+  exact_->setVisible(exact != nullptr);
+  if (exact != nullptr) {
+    QStringList parts;
+    for (const std::string& line : experiment::exact_lines(*exact)) {
+      parts << q(line).toHtmlEscaped();
+    }
+    exact_->setText(tr("Exact (fp64): %1").arg(parts.join(QStringLiteral("<br>"))));
   }
   fillGrowth();
 }

@@ -331,6 +331,14 @@ QString firstDivergenceSection(const ExplorerState& state, const experiment::Exp
       }
     }
     md += QStringLiteral(".\n\n");
+    if (const experiment::ExactAtDivergence* e = r.exact ? r.exact->find(c->id) : nullptr) {
+      md += QStringLiteral(
+          "Exact reference (fp64 on the CPU, from B=1's operands at that step):\n\n");
+      for (const std::string& line : experiment::exact_lines(*e)) {
+        md += QStringLiteral("- %1\n").arg(q(line));
+      }
+      md += QLatin1Char('\n');
+    }
     if (const auto* after = state.comparison(Side::After)) {
       md += QStringLiteral("With the workaround (`%1`): first divergence %2; text %3.\n\n")
                 .arg(q(after->id), q(experiment::describe(after->first)),

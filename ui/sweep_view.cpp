@@ -7,12 +7,14 @@
 #include <set>
 #include <utility>
 
+#include <QComboBox>
 #include <QDir>
 #include <QFileInfo>
 #include <QHBoxLayout>
 #include <QHeaderView>
 #include <QLabel>
 #include <QPushButton>
+#include <QSignalBlocker>
 #include <QSplitter>
 #include <QTableWidget>
 #include <QToolTip>
@@ -85,6 +87,20 @@ SweepView::SweepView(QWidget* parent) : QWidget(parent) {
   caption_->setObjectName(QStringLiteral("SweepCaption"));
   caption_->setWordWrap(true);
   caption_->setTextInteractionFlags(Qt::TextSelectableByMouse);
+  batch_rows_ = new QComboBox(this);
+  batch_rows_->setObjectName(QStringLiteral("SweepBatchRows"));
+  batch_rows_->setToolTip(
+      tr("Which items the plots and counts below take: every item, or those of one set of "
+         "companion prompts and/or one row under test (the sweep's axes of a mixed batch)"));
+  connect(batch_rows_, &QComboBox::currentIndexChanged, this, [this] {
+    if (!doc_.sweep) {
+      return;
+    }
+    computeStats();
+    fillShare();
+    fillSteps();
+    fillFamilies();
+  });
   share_ = new QCustomPlot(this);
   share_->setObjectName(QStringLiteral("SweepSharePlot"));
   share_->setToolTip(QString());
@@ -159,15 +175,55 @@ SweepView::SweepView(QWidget* parent) : QWidget(parent) {
   connect(sample_, &QPushButton::clicked, this, &SweepView::sampleRequested);
   auto* layout = new QVBoxLayout(this);
   layout->addWidget(caption_);
+  layout->addWidget(batch_rows_, 0, Qt::AlignLeft);
   layout->addWidget(sample_, 0, Qt::AlignLeft);
   layout->addWidget(split, 1);
   layout->addStretch(0);
   content_->hide();
 }
 
+void SweepView::computeStats() {
+  stats_.clear();
+  if (!doc_.sweep) {
+    return;
+  }
+  const analysis::SweepRecords& s = *doc_.sweep;
+  const QStringList pick = batch_rows_->currentData().toString().split(QLatin1Char(','));
+  const int companions = pick.size() == 2 ? pick[0].toInt() : -1;
+  const std::int64_t row = pick.size() == 2 ? pick[1].toLongLong() : -1;
+  stats_ = analysis::sweep_stats(s.spec, analysis::rows_where(s.spec, s.rows, companions, row),
+                                 {false, false});
+}
+
 void SweepView::setSweep(const SweepDocument& document) {
   doc_ = document;
-  stats_ = doc_.sweep ? analysis::sweep_stats(doc_.sweep->rows) : std::vector<SweepStats>{};
+  {
+    const QSignalBlocker block(batch_rows_);
+    batch_rows_->clear();
+    if (doc_.sweep && doc_.sweep->spec.mixed()) {
+      const analysis::SweepSpec& spec = doc_.sweep->spec;
+      const auto sets = static_cast<int>(spec.companion_sets.size());
+      const auto label = [&](int c) {
+        return QString::fromStdString(analysis::companions_label(spec, c));
+      };
+      batch_rows_->addItem(tr("Batch rows: every item"), QStringLiteral("-1,-1"));
+      for (int c = 0; sets > 1 && c < sets; ++c) {
+        batch_rows_->addItem(tr("Batch rows: %1").arg(label(c)), QStringLiteral("%1,-1").arg(c));
+      }
+      for (std::size_t r = 0; spec.rows.size() > 1 && r < spec.rows.size(); ++r) {
+        batch_rows_->addItem(tr("Batch rows: prompt in row %1").arg(spec.rows[r]),
+                             QStringLiteral("-1,%1").arg(spec.rows[r]));
+      }
+      for (int c = 0; sets > 1 && spec.rows.size() > 1 && c < sets; ++c) {
+        for (const std::int64_t row : spec.rows) {
+          batch_rows_->addItem(tr("Batch rows: %1, prompt in row %2").arg(label(c)).arg(row),
+                               QStringLiteral("%1,%2").arg(c).arg(row));
+        }
+      }
+    }
+    batch_rows_->setVisible(batch_rows_->count() > 0);
+  }
+  computeStats();
   content_->setVisible(doc_.sweep != nullptr);
   sample_->setVisible(doc_.sweep == nullptr);
   if (!doc_.sweep) {
@@ -388,10 +444,15 @@ void SweepView::fillItems() {
   const analysis::SweepRecords& s = *doc_.sweep;
   items_->setSortingEnabled(false);
   items_->clear();
-  const QStringList header{
+  QStringList header{
       tr("Item"),        tr("Prompt"),         tr("Seed"),    tr("Kernels"), tr("B"),
       tr("Text"),        tr("Tokens changed"), tr("Stop"),    tr("Steps"),   tr("First divergence"),
       tr("Op families"), tr("Computed on"),    tr("Wall (s)")};
+  const bool mixed = s.spec.mixed();
+  const std::vector<analysis::SweepItem> all = analysis::sweep_items(s.spec);
+  if (mixed) {
+    header << tr("Batch rows");
+  }
   items_->setColumnCount(static_cast<int>(header.size()));
   items_->setHorizontalHeaderLabels(header);
   items_->setRowCount(static_cast<int>(s.rows.size()));
@@ -427,6 +488,14 @@ void SweepView::fillItems() {
                                             experiment::provenance_to_json(*p), 1))
                                       : QString()));
     items_->setItem(i, 12, cell(QString::number(r.wall_s, 'f', 1)));
+    if (mixed && r.item >= 0 && static_cast<std::size_t>(r.item) < all.size()) {
+      const analysis::SweepItem& item = all[static_cast<std::size_t>(r.item)];
+      items_->setItem(
+          i, 13,
+          cell(tr("%1, prompt in row %2")
+                   .arg(QString::fromStdString(analysis::companions_label(s.spec, item.companions)))
+                   .arg(item.row)));
+    }
   }
   items_->resizeColumnsToContents();
   items_->setColumnWidth(1, std::min(items_->columnWidth(1), 320));

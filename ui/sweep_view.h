@@ -15,6 +15,7 @@
 #include "core/analysis/sweep_records.h"
 #include "core/analysis/sweep_stats.h"
 
+class QComboBox;
 class QCustomPlot;
 class QLabel;
 class QTableWidget;
@@ -41,6 +42,10 @@ class SweepView : public QWidget {
   QCustomPlot* stepPlot() const { return steps_; }
   QTableWidget* families() const { return families_; }
   QTableWidget* items() const { return items_; }
+  /// Which items the statistics count (issue #35's axes): all, one set of companions, one row
+  /// under test, or one of each; hidden for a sweep without the axes. Its data is "C,R" (-1:
+  /// any).
+  QComboBox* batchRows() const { return batch_rows_; }
   /// The item of the table's selected row, -1 when none.
   int selectedItem() const;
   /// Where --keep-experiments kept `item`'s experiment beside this sweep's file, empty when it
@@ -62,11 +67,14 @@ class SweepView : public QWidget {
   void fillSteps();
   void fillFamilies();
   void fillItems();
+  /// stats_ of the items batchRows() selects.
+  void computeStats();
   void shareHover(QMouseEvent* event);
 
   SweepDocument doc_;
   std::vector<analysis::SweepStats> stats_;
   QLabel* caption_ = nullptr;
+  QComboBox* batch_rows_ = nullptr;
   QCustomPlot* share_ = nullptr;
   QCustomPlot* steps_ = nullptr;
   QTableWidget* families_ = nullptr;

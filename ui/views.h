@@ -67,6 +67,9 @@ class OverviewView : public CoalescedView {
   /// The kernels of the op behind the selected comparison's first divergence, at B=1 and at
   /// its batch size (analysis::first_divergence_kernels); hidden without provenance.
   QLabel* kernels() const { return kernels_; }
+  /// The exact (fp64) reference at the selected comparison's first divergence: the op and the
+  /// step's logits, which batch size lies closer to exact; hidden when the file has none.
+  QLabel* exact() const { return exact_; }
   QCustomPlot* growthPlot() const { return growth_; }
   /// The story the headline shows, as last drawn (an object of storyCache()).
   const analysis::Story& story() const;
@@ -97,6 +100,7 @@ class OverviewView : public CoalescedView {
   QLabel* why_ = nullptr;
   QLabel* culprit_ = nullptr;
   QLabel* kernels_ = nullptr;
+  QLabel* exact_ = nullptr;
   QCustomPlot* growth_ = nullptr;
   StoryCache stories_;
   const analysis::Story* story_ = nullptr;  ///< in stories_; null before the first draw

@@ -6,7 +6,9 @@
 #include "app/cli/cli_progress.h"
 #include "app/cli/command.h"
 #include "app/cli/model_options.h"
+#include "core/generation/modes.h"
 #include "core/setup/generate_api.h"
+#include "core/setup/prompt.h"
 
 namespace batchlens::cli {
 
@@ -18,6 +20,8 @@ void register_generate(CLI::App& app, int& exit_code) {
     std::string rng = "per_row";
     std::string prefill = "copied";
     std::string policy = "default";
+    std::string companions;
+    std::string positions = "shared";
     bool raw = false;
     bool show_ids = false;
     bool json = false;
@@ -35,7 +39,17 @@ void register_generate(CLI::App& app, int& exit_code) {
                               "Prompt token ids, comma-separated, used as they are");
   text->excludes(ids);
   cmd->add_flag("--raw", opts->raw, "Do not apply the chat template to --prompt");
-  cmd->add_option("--batch", rq.batch_size, "Batch size (identical rows)")->capture_default_str();
+  cmd->add_option("--batch", rq.batch_size, "Batch size (identical rows without --companions)")
+      ->capture_default_str();
+  cmd->add_option("--companions", opts->companions,
+                  "Prompts of the other rows (one per line, or JSON Lines with "
+                  "\"prompt\"/\"prompt_ids\"), cycled: a batch of different prompts, left-padded "
+                  "and masked as transformers' generate builds it");
+  cmd->add_option("--row", rq.row, "Which row holds --prompt (with --companions)")
+      ->capture_default_str();
+  cmd->add_option("--positions", opts->positions,
+                  "Position ids of a padded batch: shared (transformers' generate) or per_row")
+      ->capture_default_str();
   cmd->add_option("--gen-seed", rq.seed, "Sampling seed")->capture_default_str();
   cmd->add_option("--steps", ov.max_denoising_steps,
                   "max_denoising_steps [generation_config.json, else 48]");
@@ -60,6 +74,8 @@ void register_generate(CLI::App& app, int& exit_code) {
   cmd->add_option("--record", rq.record_path,
                   "Write every denoising step (canvas, draws, argmax, acceptance, entropy) to this "
                   "safetensors file (for tools/parity)");
+  cmd->add_flag("--record-logits", rq.record_logits,
+                "With --record: also each canvas's first-step logits [B, C, V]");
   cmd->add_flag("--json", opts->json, "Print the result as JSON");
   cmd->callback([opts, &exit_code] {
     auto& mo = opts->model;
@@ -72,8 +88,23 @@ void register_generate(CLI::App& app, int& exit_code) {
     if (!parse_mode(opts->rng, generation::parse_rng_mode, request.rng, "generate", exit_code) ||
         !parse_mode(opts->prefill, generation::parse_prefill_mode, request.prefill, "generate",
                     exit_code) ||
+        !parse_mode(opts->positions, generation::parse_position_mode, request.positions, "generate",
+                    exit_code) ||
         !resolve_policy(opts->policy, request.policy, exit_code)) {
       return;
+    }
+    if (!opts->companions.empty()) {
+      // Read and checked before any work: an empty file, invalid UTF-8, a 100 MB line.
+      auto companions = setup::read_prompts(opts->companions, "companions file");
+      if (!companions.ok()) {
+        std::cerr << "batchlens-cli generate: " << companions.error().message << "\n";
+        exit_code = kExitUsage;
+        return;
+      }
+      request.companions = std::move(companions.value());
+      if (request.prefill == generation::PrefillMode::Copied) {
+        request.prefill = generation::PrefillMode::Batched;  // a batch of different prompts
+      }
     }
     if (request.prompt.text.empty() && opts->prompt_ids.empty()) {
       std::cerr << "batchlens-cli generate: give --prompt TEXT or --prompt-ids IDS\n";

@@ -3,7 +3,7 @@
 
 #include "app/cli/command.h"
 #include "app/cli/spec_options.h"
-#include "core/analysis/causes.h"
+#include "core/analysis/explain.h"
 #include "core/experiment/experiment.h"
 #include "core/experiment/runner.h"
 
@@ -19,6 +19,9 @@ void register_run(CLI::App& app, int& exit_code) {
   cmd->add_flag("--no-causes", opts->no_causes,
                 "With --companions: do not re-run (every op batch-invariant, per-row positions, "
                 "both) to tell the positions, the padding and the kernels apart");
+  cmd->add_flag("--no-exact", opts->no_exact,
+                "Do not recompute the first divergent op and the step's logits in fp64 (the "
+                "exact reference: which batch size lies closer to exact)");
   cmd->callback([opts, &exit_code] {
     if (!resolve_spec(*opts, "run", exit_code)) {
       return;
@@ -26,7 +29,8 @@ void register_run(CLI::App& app, int& exit_code) {
     compute_and_write(
         *opts,
         [&](const experiment::RunControl& control) {
-          return analysis::run_experiment_with_causes(opts->spec, !opts->no_causes, control);
+          return analysis::run_and_explain(opts->spec, {!opts->no_causes, !opts->no_exact},
+                                           control);
         },
         exit_code);
   });

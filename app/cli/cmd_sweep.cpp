@@ -10,6 +10,7 @@
 
 #include "app/cli/cli_progress.h"
 #include "app/cli/command.h"
+#include "app/cli/model_options.h"
 #include "app/cli/spec_options.h"
 #include "core/analysis/sweep_merge.h"
 #include "core/analysis/sweep_records.h"
@@ -20,6 +21,7 @@
 #include "core/experiment/runner.h"
 #include "core/io/experiment_file.h"
 #include "core/io/sweep_file.h"
+#include "core/setup/prompt.h"
 
 namespace batchlens::cli {
 
@@ -31,6 +33,8 @@ struct SweepOptions {
   SpecOptions spec;
   std::string prompts;
   std::string seeds;
+  std::string companion_sets;  // issue #35's axes
+  std::string rows;
   std::string shard;
   bool keep = false;
   bool resume = false;
@@ -78,6 +82,37 @@ std::optional<analysis::SweepSpec> sweep_of(SweepOptions& o, int& exit_code) {
       return std::nullopt;
     }
     sweep.seeds = std::move(seeds).value();
+  }
+  sweep.normalize_axes();  // --companions and --row: one value of each axis
+  if (!o.companion_sets.empty()) {
+    sweep.companion_sets.clear();
+    std::stringstream in(o.companion_sets);
+    std::string part;
+    while (std::getline(in, part, ',')) {
+      if (part == "none") {
+        sweep.companion_sets.emplace_back();
+        continue;
+      }
+      auto set = setup::read_prompts(part, "companions file");
+      if (!set.ok()) {
+        std::cerr << "batchlens-cli sweep: " << set.error().message << "\n";
+        exit_code = kExitUsage;
+        return std::nullopt;
+      }
+      sweep.companion_sets.push_back(std::move(set).value());
+    }
+  }
+  if (!o.rows.empty()) {
+    std::vector<std::int64_t> rows;
+    std::string bad;
+    if (!parse_int_list(o.rows, rows, bad) || rows.empty() ||
+        std::any_of(rows.begin(), rows.end(), [](std::int64_t r) { return r < 0; })) {
+      std::cerr << "batchlens-cli sweep: --rows: '" << (bad.empty() ? o.rows : bad)
+                << "' is not a list of rows (e.g. 0,3)\n";
+      exit_code = kExitUsage;
+      return std::nullopt;
+    }
+    sweep.rows = rows;
   }
   if (auto v = analysis::validate(sweep); !v.ok()) {
     exit_code = report_error(v.error());
@@ -203,6 +238,13 @@ void register_sweep(CLI::App& app, int& exit_code) {
                   "Prompt file: one prompt per line, or JSON Lines with \"prompt\" or "
                   "\"prompt_ids\" and optional \"chat_template\" (default: --prompt alone)");
   cmd->add_option("--seeds", opts->seeds, "Sampling seeds, e.g. 0-23 or 0,5,9-11 [--gen-seed]");
+  cmd->add_option("--companion-sets", opts->companion_sets,
+                  "An axis of the sweep: companions files, comma-separated, 'none' for identical "
+                  "rows (e.g. none,short.txt,long.jsonl); every item runs beside each set "
+                  "[--companions]");
+  cmd->add_option(
+      "--rows", opts->rows,
+      "An axis of the sweep: the rows that hold the prompt under test, e.g. 0,3 [--row]");
   cmd->add_option("--shard", opts->shard,
                   "I/N: run only the items whose index modulo N is I (one Slurm array task)");
   cmd->add_flag("--keep-experiments", opts->keep,

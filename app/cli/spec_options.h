@@ -39,6 +39,7 @@ struct SpecOptions {
   bool raw = false;
   bool no_kernels = false;
   bool no_causes = false;  // run: skip the re-runs that tell a mixed batch's causes apart
+  bool no_exact = false;   // run: skip the exact (fp64) reference at the first divergences
 };
 
 /// Declares the spec options on `cmd` (with --workaround when `workaround`).

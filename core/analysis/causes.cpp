@@ -139,17 +139,4 @@ base::Result<CauseReport> find_causes(const setup::Session& session, const Exper
   });
 }
 
-base::Result<ExperimentResult> run_experiment_with_causes(const ExperimentSpec& spec, bool causes,
-                                                          const experiment::RunControl& control) {
-  return base::guarded([&]() -> ExperimentResult {
-    const setup::Session session = base::take(experiment::open_session_for(spec, control));
-    ExperimentResult out = base::take(experiment::run_experiment(session, spec, control));
-    out.timings.load_s = session.load_s;
-    if (causes && spec.composition.mixed()) {
-      out.causes = base::take(find_causes(session, out, control));
-    }
-    return out;
-  });
-}
-
 }  // namespace batchlens::analysis

@@ -27,13 +27,6 @@ base::Result<experiment::CauseReport> find_causes(const setup::Session& session,
                                                   const experiment::ExperimentResult& shown,
                                                   const experiment::RunControl& control = {});
 
-/// Opens a session for `spec` (as run_experiment(spec) does) and runs it; with companions (and
-/// `causes`) then tells the causes apart there into the result's `causes`. Errors: those of
-/// open_session, run_experiment and find_causes. Never throws.
-base::Result<experiment::ExperimentResult> run_experiment_with_causes(
-    const experiment::ExperimentSpec& spec, bool causes = true,
-    const experiment::RunControl& control = {});
-
 /// The verdict of `trials` (batch_invariant, per_row, per_row+batch_invariant) for an
 /// experiment that `diverged` or not: the causes, in order "positions", "mask", "kernels", and
 /// one sentence. Exposed for tests.

@@ -2,8 +2,6 @@
 #include "core/analysis/exact.h"
 
 #include <algorithm>
-#include <iomanip>
-#include <sstream>
 
 #include <ATen/ATen.h>
 
@@ -94,19 +92,6 @@ ExactDistance exact_distance(const at::Tensor& one, const at::Tensor& batch,
   d.max_abs_one = err_a.max().item<double>();
   d.max_abs_batch = err_b.max().item<double>();
   return d;
-}
-
-std::string ExactDistance::text(std::int64_t batch) const {
-  if (!computed) {
-    return "not computed";
-  }
-  const std::string b = "B=" + std::to_string(batch);
-  std::ostringstream o;
-  o << std::setprecision(3) << "B=1: max " << max_ulp_one << " ULP, mean " << mean_ulp_one << "; "
-    << b << ": max " << max_ulp_batch << " ULP, mean " << mean_ulp_batch << "; closer: B=1 on "
-    << closer_one * 100.0 << " %, " << b << " on " << closer_batch * 100.0
-    << " %, equally close on " << ties * 100.0 << " % of " << elements << " elements";
-  return o.str();
 }
 
 }  // namespace batchlens::analysis

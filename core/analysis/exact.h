@@ -9,30 +9,17 @@
 #include <string>
 #include <vector>
 
+#include "core/experiment/exact_reference.h"
+
 namespace at {
 class Tensor;
 }
 
 namespace batchlens::analysis {
 
-/// How far B=1's and B=N's results of one op lie from its exact value (issue #35): the op in fp64
-/// on the CPU from the same operands; ULPs in the results' dtype from exact rounded to it.
-struct ExactDistance {
-  bool computed = false;
-  std::int64_t elements = 0;
-  double max_ulp_one = 0.0;  ///< B=1
-  double mean_ulp_one = 0.0;
-  double max_ulp_batch = 0.0;  ///< row 0 of B=N
-  double mean_ulp_batch = 0.0;
-  double max_abs_one = 0.0;
-  double max_abs_batch = 0.0;
-  double closer_one = 0.0;    ///< share of elements where B=1 is closer to exact
-  double closer_batch = 0.0;  ///< ... where B=N is
-  double ties = 0.0;          ///< ... where both are as close (equal values included)
-  /// "B=1: max 1 ULP, mean 0.31; B=4: max 2 ULP, mean 0.42; closer: B=1 on 12 %, B=4 on 9 %,
-  /// equally close on 79 %".
-  std::string text(std::int64_t batch) const;
-};
+/// The distance of B=1's and B=N's results to exact (experiment/exact_reference.h: a value of
+/// the experiment file).
+using experiment::ExactDistance;
 
 /// Floating-point bits (bf16/fp16 or fp32) as int64 integers ordered like the values: adjacent
 /// floats are 1 apart, so differences are ULPs.

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cmath>
 #include <iomanip>
 #include <map>
@@ -162,10 +163,14 @@ BitDiff compare(const at::Tensor& a, const at::Tensor& b) {
   return o;
 }
 
-// The op alone at batch 1 and at B identical rows under `policy`, as the op layer computes it;
-// with `exact`, how far both lie from the op in fp64.
-BitDiff isolate(const Captured& c, const ops::OpPolicy& policy, std::int64_t b,
-                ExactDistance* exact = nullptr) {
+// The op's results alone at batch 1 and row 0's at B identical rows.
+struct Alone {
+  at::Tensor one;
+  at::Tensor batch;
+};
+
+// The op alone at batch 1 and at B identical rows under `policy`, as the op layer computes it.
+Alone run_alone(const Captured& c, const ops::OpPolicy& policy, std::int64_t b) {
   const ops::OpSite site{c.call.family, c.call.layer};
   const ops::OpRunner one(policy, 1);
   const ops::OpRunner many(policy, b);
@@ -186,10 +191,17 @@ BitDiff isolate(const Captured& c, const ops::OpPolicy& policy, std::int64_t b,
     const GroupedAtB g = grouped_at(x, offs, b);
     yb = many.grouped_mm(g.x, w, g.offs, g.row_of, site).index_select(0, g.row0);
   }
+  return {y1, yb};
+}
+
+// run_alone's row 0 compared; with `exact`, how far both lie from the op in fp64.
+BitDiff isolate(const Captured& c, const ops::OpPolicy& policy, std::int64_t b,
+                ExactDistance* exact = nullptr) {
+  const Alone a = run_alone(c, policy, b);
   if (exact != nullptr) {
-    *exact = exact_distance(y1, yb, exact_op(c.call.op, c.tensors));
+    *exact = exact_distance(a.one, a.batch, exact_op(c.call.op, c.tensors));
   }
-  return compare(y1, yb);
+  return compare(a.one, a.batch);
 }
 
 std::string site_name(ops::OpFamily family, int layer) {
@@ -294,22 +306,6 @@ std::string bytes_text(std::uint64_t b) {
   return o.str();
 }
 
-nlohmann::json exact_json(const ExactDistance& d) {
-  if (!d.computed) {
-    return nullptr;
-  }
-  return {{"elements", d.elements},
-          {"max_ulp_one", d.max_ulp_one},
-          {"mean_ulp_one", d.mean_ulp_one},
-          {"max_ulp_batch", d.max_ulp_batch},
-          {"mean_ulp_batch", d.mean_ulp_batch},
-          {"max_abs_one", d.max_abs_one},
-          {"max_abs_batch", d.max_abs_batch},
-          {"closer_one", d.closer_one},
-          {"closer_batch", d.closer_batch},
-          {"ties", d.ties}};
-}
-
 nlohmann::json to_json(const ReproExport& r, const ExperimentResult& shown,
                        const std::vector<std::string>& kernel_lines) {
   nlohmann::json inputs = nlohmann::json::array();
@@ -346,7 +342,7 @@ nlohmann::json to_json(const ReproExport& r, const ExperimentResult& shown,
             {"frac_differ", r.frac_differ},
             {"max_abs", r.max_abs},
             {"max_ulp", r.max_ulp},
-            {"exact", exact_json(r.exact)},
+            {"exact", experiment::to_json(r.exact)},
             {"version", (base::build_info().tool_version + " " + base::build_info().git_hash)}}},
           {"environment",
            {{"device_name", p.device_name},
@@ -668,6 +664,156 @@ base::Result<ReproExport> export_repro(const setup::Session& session, const Expe
     write_folder(req, r, shown, tensors, kernel_lines);
     r.dir = req.out;
     return r;
+  });
+}
+
+namespace {
+
+// fp64 operands at most this many elements per weight (512 MiB): a wide op is compared with
+// exact on an evenly spaced sample of its output columns.
+constexpr std::int64_t kMaxExactWeight = std::int64_t{1} << 26;
+constexpr std::int64_t kMaxExactColumns = 4096;
+
+// "bf16" for c10's "BFloat16" (the op layer's dtype names), as the file and CLI name dtypes.
+std::string short_dtype(const std::string& c10) {
+  if (c10 == "BFloat16") {
+    return "bf16";
+  }
+  if (c10 == "Half") {
+    return "fp16";
+  }
+  if (c10 == "Float") {
+    return "fp32";
+  }
+  return c10 == "Double" ? "fp64" : c10;
+}
+
+// `c` alone at 1 and at B, and how far both lie from its fp64 value on at most
+// kMaxExactColumns output columns (fewer when K is large: the 26B-A4B's lm_head has 262144
+// columns, its self-conditioning matmul K = 262144).
+experiment::ExactOp exact_of(const Captured& c, const ops::OpPolicy& policy, std::int64_t b) {
+  const Alone a = run_alone(c, policy, b);
+  experiment::ExactOp op;
+  op.site = site_name(c.call.family, c.call.layer);
+  op.op = c.call.op;
+  op.dtype = short_dtype(c.call.dtype);
+  op.differs_alone = compare(a.one, a.batch).differs;
+  const std::int64_t n = a.one.size(-1);
+  const at::Tensor& w = c.tensors.at(1);
+  const std::int64_t k = c.call.op == "linear" ? w.size(-1) : w.size(-2);
+  const std::int64_t keep =
+      std::max<std::int64_t>(1, std::min({n, kMaxExactColumns, kMaxExactWeight / k}));
+  std::vector<at::Tensor> operands = c.tensors;
+  at::Tensor one = a.one;
+  at::Tensor batch = a.batch;
+  if (keep < n) {
+    const at::Tensor cols =
+        (at::arange(keep, at::TensorOptions().dtype(at::kLong)) * (n / keep)).to(w.device());
+    one = one.index_select(-1, cols);
+    batch = batch.index_select(-1, cols);
+    // linear: w [N, K]; matmul: b [..., K, N]; grouped_mm: w [E, K, N]
+    operands[1] = c.call.op == "linear" ? w.index_select(0, cols) : w.index_select(-1, cols);
+  }
+  op.columns = keep;
+  op.columns_of = n;
+  op.distance = exact_distance(one, batch, exact_op(c.call.op, operands));
+  return op;
+}
+
+// The exact reference of one diverging comparison (the op behind its first divergence and the
+// step's lm_head).
+experiment::ExactAtDivergence exact_of_comparison(const setup::Session& session,
+                                                  const ExperimentResult& shown,
+                                                  const ComparisonResult& c, const PlannedRun& run,
+                                                  const RunControl& control) {
+  experiment::ExactAtDivergence e;
+  e.comparison = c.id;
+  e.batch = run.batch_size;
+  e.canvas = c.first.canvas;
+  e.step = c.first.step;
+  std::vector<ops::OpSite> sites = wanted_sites(ReproRequest{}, c);
+  sites.push_back({ops::OpFamily::LmHead, -1});
+  Capture capture(sites);
+  check(observe_reference_step(session, shown, run.group, e.canvas, e.step, capture, control));
+  const Captured* chosen = nullptr;
+  bool chosen_differs = false;
+  for (const Captured& call : capture.calls) {
+    if (call.call.op == "sdpa") {
+      continue;
+    }
+    if (call.call.family == ops::OpFamily::LmHead && !e.logits) {
+      try {
+        e.logits = exact_of(call, run.policy, run.batch_size);
+      } catch (const std::exception& ex) {
+        e.note += std::string(e.note.empty() ? "" : "; ") + "lm_head: " + ex.what();
+      }
+    }
+    const bool behind = std::any_of(sites.begin(), sites.end() - 1, [&](const ops::OpSite& s) {
+      return s.family == call.call.family && s.layer == call.call.layer;
+    });
+    if (!behind || chosen_differs) {
+      continue;
+    }
+    bool differs = false;
+    try {
+      differs = isolate(call, run.policy, run.batch_size).differs;
+    } catch (const std::exception&) {
+      continue;  // not computable alone here (as the repro says of it)
+    }
+    if (chosen == nullptr || differs) {
+      chosen = &call;
+      chosen_differs = differs;
+    }
+  }
+  if (chosen != nullptr) {
+    try {
+      e.op = exact_of(*chosen, run.policy, run.batch_size);
+    } catch (const std::exception& ex) {
+      e.note += std::string(e.note.empty() ? "" : "; ") + "the op: " + ex.what();
+    }
+  } else {
+    e.note = "no op behind the first divergence (" + describe(c.first) +
+             ") runs through the op layer as one product (attention is not recomputed)";
+  }
+  if (!e.logits && e.note.find("lm_head") == std::string::npos) {
+    e.note += std::string(e.note.empty() ? "" : "; ") + "the step's lm_head was not captured";
+  }
+  return e;
+}
+
+}  // namespace
+
+base::Result<experiment::ExactReport> exact_at_divergence(const setup::Session& session,
+                                                          const ExperimentResult& shown,
+                                                          const RunControl& control) {
+  return base::guarded([&]() -> experiment::ExactReport {
+    const auto start = std::chrono::steady_clock::now();
+    experiment::ExactReport report;
+    for (const ComparisonResult& c : shown.comparisons) {
+      if (c.kind != experiment::ComparisonKind::Row0 || !c.first.found()) {
+        continue;
+      }
+      const PlannedRun run = planned(shown, c.run);
+      if (run.batch_size < 2) {
+        continue;  // the B=1 repeat: no batch to compare with
+      }
+      try {
+        report.comparisons.push_back(exact_of_comparison(session, shown, c, run, control));
+      } catch (const base::ErrorException& e) {
+        if (e.error().code == ErrorCode::Cancelled || e.error().code == ErrorCode::OutOfMemory) {
+          throw;
+        }
+        experiment::ExactAtDivergence failed;
+        failed.comparison = c.id;
+        failed.batch = run.batch_size;
+        failed.canvas = c.first.canvas;
+        failed.step = c.first.step;
+        failed.note = "not computed: " + e.error().message;
+        report.comparisons.push_back(std::move(failed));
+      }
+    }
+    report.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return report;
   });
 }
 

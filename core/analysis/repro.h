@@ -92,6 +92,17 @@ base::Result<ReproExport> export_repro(const experiment::ExperimentResult& shown
                                        const ReproRequest& req,
                                        const experiment::RunControl& control = {});
 
+/// The exact reference at each diverging row-0 comparison of `shown` at B > 1 (issue #35): B=1's
+/// pass replayed to the first divergent step on `session`, the first op behind the divergence
+/// that differs alone (else the first) and the step's lm_head each computed alone at 1 and at B
+/// from B=1's operands and compared with the op in fp64 on the CPU (a wide op on a sample of
+/// its output columns). A comparison whose ops cannot be recomputed gets a note. Errors:
+/// Cancelled, OutOfMemory; those of observe_reference_step for a model that is not
+/// `shown`'s. Never throws.
+base::Result<experiment::ExactReport> exact_at_divergence(
+    const setup::Session& session, const experiment::ExperimentResult& shown,
+    const experiment::RunControl& control = {});
+
 /// A few lines saying what was exported and how to run it.
 std::string repro_text(const ReproExport& r);
 

@@ -89,6 +89,9 @@ nlohmann::json summary_json(const ExperimentResult& r) {
     if (const auto lines = first_divergence_kernels(r, c); !lines.empty()) {
       j["first_divergence_kernels"] = lines;
     }
+    if (const experiment::ExactAtDivergence* e = r.exact ? r.exact->find(c.id) : nullptr) {
+      j["exact"] = experiment::exact_lines(*e);
+    }
     const auto [positions, scores, readable] = last_step_logit_diff(r, c);
     j["last_step_positions_differing"] = readable ? nlohmann::json(positions) : nlohmann::json();
     j["last_step_logits_differing"] = readable ? nlohmann::json(scores) : nlohmann::json();
@@ -120,6 +123,9 @@ nlohmann::json summary_json(const ExperimentResult& r) {
   if (r.causes) {
     out["causes"] = to_json(*r.causes);
     out["causes"]["layout"] = r.causes->layout_text();
+  }
+  if (r.exact) {
+    out["exact"] = to_json(*r.exact);
   }
   if (r.culprit) {
     nlohmann::json c = to_json(*r.culprit);
@@ -218,6 +224,11 @@ std::string summary_text(const ExperimentResult& r) {
     o << "    first divergence: " << describe(c.first) << "\n";
     for (const std::string& line : first_divergence_kernels(r, c)) {
       o << "      kernels: " << line << "\n";
+    }
+    if (const experiment::ExactAtDivergence* e = r.exact ? r.exact->find(c.id) : nullptr) {
+      for (const std::string& line : experiment::exact_lines(*e)) {
+        o << "      exact (fp64): " << line << "\n";
+      }
     }
     if (c.kind == experiment::ComparisonKind::Row0) {
       const auto [positions, scores, readable] = last_step_logit_diff(r, c);

@@ -30,6 +30,17 @@ std::string sweep_text(const SweepRecords& s) {
     << " seed(s), " << name(b.mode) << " mode, policy " << ops::policy_text(b.policy)
     << (b.workaround ? ", workaround " + ops::policy_text(*b.workaround) : std::string()) << "\n"
     << "items finished: " << s.items_done << " of " << s.items_total << "\n";
+  if (s.spec.mixed()) {  // issue #35's axes
+    o << "batch rows: " << s.spec.companion_sets.size() << " set(s) of companions (";
+    for (std::size_t c = 0; c < s.spec.companion_sets.size(); ++c) {
+      o << (c > 0 ? ", " : "") << companions_label(s.spec, static_cast<int>(c));
+    }
+    o << ") x row(s) under test";
+    for (const std::int64_t row : s.spec.rows) {
+      o << " " << row;
+    }
+    o << ", positions " << generation::name(b.composition.positions) << "\n";
+  }
   // Where the rows were computed: a mixed cluster shows as several lines.
   std::vector<int> rows_of(s.provenances.size(), 0);
   for (const SweepRow& r : s.rows) {
@@ -63,10 +74,12 @@ std::string sweep_text(const SweepRecords& s) {
     o << (missing.size() > 20 ? " ..." : "") << "\n";
   }
   o << std::fixed;
-  for (const SweepStats& st : sweep_stats(s.rows)) {
-    o << "\n"
-      << (st.group == experiment::RunGroup::Main ? "B=" : "workaround B=") << st.batch_size
-      << ": text changed " << st.text_changed << "/" << st.n << " (" << std::setprecision(1)
+  for (const SweepStats& st : sweep_stats(s.spec, s.rows)) {
+    o << "\n" << (st.group == experiment::RunGroup::Main ? "B=" : "workaround B=") << st.batch_size;
+    if (s.spec.mixed()) {
+      o << ", " << companions_label(s.spec, st.companions) << ", row " << st.row;
+    }
+    o << ": text changed " << st.text_changed << "/" << st.n << " (" << std::setprecision(1)
       << 100.0 * st.text_changed / std::max(1, st.n) << " %, 95 % CI " << 100.0 * st.changed_ci.lo
       << "-" << 100.0 * st.changed_ci.hi << " %)\n"
       << "  tokens changed: median " << st.tokens_changed_median << ", max "
@@ -93,7 +106,7 @@ std::string sweep_text(const SweepRecords& s) {
 
 json sweep_json(const SweepRecords& s) {
   json stats = json::array();
-  for (const SweepStats& st : sweep_stats(s.rows)) {
+  for (const SweepStats& st : sweep_stats(s.spec, s.rows)) {
     json steps = json::array();
     for (const auto& [at, count] : st.first_steps) {
       steps.push_back({{"canvas", at.first}, {"step", at.second}, {"items", count}});
@@ -110,6 +123,10 @@ json sweep_json(const SweepRecords& s) {
                      {"diverged", st.diverged},
                      {"first_steps", steps},
                      {"first_families", st.first_families}});
+    if (s.spec.mixed()) {
+      stats.back()["companions"] = st.companions;
+      stats.back()["row"] = st.row;
+    }
   }
   json rows = json::array();
   for (const SweepRow& r : s.rows) {

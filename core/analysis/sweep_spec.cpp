@@ -25,11 +25,55 @@ constexpr std::size_t kMaxItems = 1000000;
 using setup::kMaxPrompts;
 constexpr std::size_t kMaxSeeds = 100000;
 
+// `base` with one value of each of the axes of a mixed batch, as its items run it.
+ExperimentSpec with_axes(const ExperimentSpec& base, const std::vector<setup::Prompt>& companions,
+                         std::int64_t row) {
+  ExperimentSpec s = base;
+  s.composition.companions = companions;
+  s.composition.row = row;
+  if (s.composition.mixed() && s.prefill == generation::PrefillMode::Copied) {
+    s.prefill = generation::PrefillMode::Batched;  // a batch of different prompts, as `run`
+  }
+  return s;
+}
+
 }  // namespace
+
+bool SweepSpec::mixed() const {
+  return companion_sets.size() > 1 || rows.size() > 1 ||
+         (companion_sets.size() == 1 && !companion_sets.front().empty()) ||
+         (rows.size() == 1 && rows.front() != 0);
+}
+
+void SweepSpec::normalize_axes() {
+  experiment::Composition& c = base.composition;
+  if (companion_sets.size() == 1 && companion_sets.front().empty() && !c.companions.empty()) {
+    companion_sets.front() = c.companions;
+  }
+  if (rows.size() == 1 && rows.front() == 0 && c.row != 0) {
+    rows.front() = c.row;
+  }
+  c.companions.clear();
+  c.row = 0;
+}
 
 base::Result<void> validate(const SweepSpec& spec) {
   if (auto v = validate(spec.base); !v.ok()) {
     return v;
+  }
+  if (spec.companion_sets.empty() || spec.rows.empty() || spec.companion_sets.size() > 1000 ||
+      spec.rows.size() > 1000) {
+    return base::Error{ErrorCode::InvalidArgument,
+                       "a sweep needs 1 to 1000 sets of companions and 1 to 1000 rows"};
+  }
+  // Every value of the axes as the experiment spec of its items checks it (a row outside the
+  // smallest batch, a bad companion).
+  for (const auto& set : spec.companion_sets) {
+    for (const std::int64_t row : spec.rows) {
+      if (auto v = validate(with_axes(spec.base, set, row)); !v.ok()) {
+        return v;
+      }
+    }
   }
   if (spec.prompts.empty()) {
     return base::Error{ErrorCode::InvalidArgument, "a sweep needs at least one prompt"};
@@ -38,7 +82,8 @@ base::Result<void> validate(const SweepSpec& spec) {
     return base::Error{ErrorCode::InvalidArgument, "a sweep needs at least one seed"};
   }
   if (spec.prompts.size() > kMaxPrompts || spec.seeds.size() > kMaxSeeds ||
-      spec.prompts.size() * spec.seeds.size() > kMaxItems) {
+      spec.prompts.size() * spec.seeds.size() * spec.companion_sets.size() * spec.rows.size() >
+          kMaxItems) {
     return base::Error{ErrorCode::InvalidArgument, "a sweep has at most " +
                                                        std::to_string(kMaxItems) + " items (" +
                                                        std::to_string(kMaxPrompts) + " prompts, " +
@@ -59,7 +104,20 @@ json to_json(const SweepSpec& spec) {
   for (const setup::Prompt& p : spec.prompts) {
     prompts.push_back(setup::to_json(p));
   }
-  return {{"base", to_json(spec.base)}, {"prompts", prompts}, {"seeds", spec.seeds}};
+  json out = {{"base", to_json(spec.base)}, {"prompts", prompts}, {"seeds", spec.seeds}};
+  if (spec.mixed()) {  // only then: a sweep without the axes keeps its id
+    json sets = json::array();
+    for (const auto& set : spec.companion_sets) {
+      json one = json::array();
+      for (const setup::Prompt& p : set) {
+        one.push_back(setup::to_json(p));
+      }
+      sets.push_back(std::move(one));
+    }
+    out["companion_sets"] = std::move(sets);
+    out["rows"] = spec.rows;
+  }
+  return out;
 }
 
 base::Result<SweepSpec> sweep_spec_from_json(const json& doc) {
@@ -88,6 +146,36 @@ base::Result<SweepSpec> sweep_spec_from_json(const json& doc) {
       }
       s.seeds.push_back(x.get<std::uint64_t>());
     }
+    if (doc.contains("companion_sets") || doc.contains("rows")) {
+      const json* sets = doc.contains("companion_sets") ? &doc.at("companion_sets") : nullptr;
+      const json* rows = doc.contains("rows") ? &doc.at("rows") : nullptr;
+      if (sets == nullptr || rows == nullptr || !sets->is_array() || sets->size() > 1000 ||
+          !rows->is_array() || rows->size() > 1000) {
+        base::corrupt(where +
+                      ": 'companion_sets' and 'rows' must both be arrays of at most 1000 "
+                      "entries");
+      }
+      s.companion_sets.clear();
+      for (const json& set : *sets) {
+        if (!set.is_array() || set.size() > kMaxPrompts) {
+          base::corrupt(where + ": a set of companions is not an array of prompts");
+        }
+        std::vector<setup::Prompt> one;
+        for (const json& p : set) {
+          one.push_back(base::take(setup::prompt_from_json(p, where)));
+        }
+        s.companion_sets.push_back(std::move(one));
+      }
+      s.rows.clear();
+      for (const json& x : *rows) {
+        if (!x.is_number_integer() || x.get<std::int64_t>() < 0 ||
+            x.get<std::int64_t>() > 1000000) {
+          base::corrupt(where + ": a row is not a non-negative integer");
+        }
+        s.rows.push_back(x.get<std::int64_t>());
+      }
+    }
+    s.normalize_axes();  // a spec of last session's format: its companions are the axis
     return s;
   });
 }
@@ -99,17 +187,24 @@ std::string sweep_id(const SweepSpec& spec) {
 
 std::vector<SweepItem> sweep_items(const SweepSpec& spec) {
   std::vector<SweepItem> out;
-  out.reserve(spec.prompts.size() * spec.seeds.size());
+  out.reserve(spec.prompts.size() * spec.seeds.size() * spec.companion_sets.size() *
+              spec.rows.size());
   for (std::size_t p = 0; p < spec.prompts.size(); ++p) {
     for (const std::uint64_t seed : spec.seeds) {
-      out.push_back({static_cast<int>(out.size()), static_cast<int>(p), seed});
+      for (std::size_t c = 0; c < spec.companion_sets.size(); ++c) {
+        for (const std::int64_t row : spec.rows) {
+          out.push_back(
+              {static_cast<int>(out.size()), static_cast<int>(p), seed, static_cast<int>(c), row});
+        }
+      }
     }
   }
   return out;
 }
 
 ExperimentSpec item_spec(const SweepSpec& spec, const SweepItem& item) {
-  ExperimentSpec s = spec.base;
+  ExperimentSpec s = with_axes(
+      spec.base, spec.companion_sets.at(static_cast<std::size_t>(item.companions)), item.row);
   const setup::Prompt& p = spec.prompts.at(static_cast<std::size_t>(item.prompt));
   s.prompt = p.text;
   s.chat_template = p.chat_template;

@@ -25,13 +25,28 @@ struct SweepSpec {
   experiment::ExperimentSpec base;
   std::vector<setup::Prompt> prompts;
   std::vector<std::uint64_t> seeds{0};
+  /// Issue #35's axes of a mixed batch: the other rows' prompts, one set per value (an empty set:
+  /// identical rows), and the row that holds the prompt under test; base.composition keeps only
+  /// the positions (its companions and row are these axes': normalize_axes).
+  std::vector<std::vector<setup::Prompt>> companion_sets{{}};
+  std::vector<std::int64_t> rows{0};
+
+  /// Whether the sweep varies the companions or the row (or runs beside companions at all).
+  bool mixed() const;
+  /// base.composition's companions and row moved into the axes when the axes are the default
+  /// (a spec built from one run's options).
+  void normalize_axes();
 };
 
-/// One item: a prompt and a seed. Items are numbered prompt-major: index = p * seeds + s.
+/// One item: a prompt, a seed, a set of companions and a row. Items are numbered prompt-major:
+/// index = ((p * seeds + s) * companion_sets + c) * rows + r (a sweep without the axes keeps
+/// p * seeds + s).
 struct SweepItem {
   int index = 0;
   int prompt = 0;
   std::uint64_t seed = 0;
+  int companions = 0;    ///< index into companion_sets
+  std::int64_t row = 0;  ///< the row under test (a value of rows)
 };
 
 /// A slice of the items for one process of several (a Slurm array task): items whose index

@@ -3,6 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <tuple>
 
 namespace batchlens::analysis {
 
@@ -19,16 +21,55 @@ Interval wilson_interval(int k, int n) {
   return {std::max(0.0, centre - half), std::min(1.0, centre + half)};
 }
 
-std::vector<SweepStats> sweep_stats(const std::vector<SweepRow>& rows) {
-  std::map<std::pair<experiment::RunGroup, int>, std::vector<const SweepRow*>> by;
+std::vector<SweepRow> rows_where(const SweepSpec& spec, const std::vector<SweepRow>& rows,
+                                 int companions, std::int64_t row) {
+  const std::vector<SweepItem> items = sweep_items(spec);
+  std::vector<SweepRow> out;
   for (const SweepRow& r : rows) {
-    by[{r.group, r.batch_size}].push_back(&r);
+    if (r.item < 0 || static_cast<std::size_t>(r.item) >= items.size()) {
+      continue;
+    }
+    const SweepItem& item = items[static_cast<std::size_t>(r.item)];
+    if ((companions < 0 || item.companions == companions) && (row < 0 || item.row == row)) {
+      out.push_back(r);
+    }
+  }
+  return out;
+}
+
+std::string companions_label(const SweepSpec& spec, int companions) {
+  if (companions < 0 || static_cast<std::size_t>(companions) >= spec.companion_sets.size()) {
+    return {};
+  }
+  const std::size_t n = spec.companion_sets[static_cast<std::size_t>(companions)].size();
+  if (n == 0) {
+    return "identical rows";
+  }
+  return "companions " + std::to_string(companions + 1) + " (" + std::to_string(n) +
+         (n == 1 ? " prompt)" : " prompts)");
+}
+
+std::vector<SweepStats> sweep_stats(const SweepSpec& spec, const std::vector<SweepRow>& rows,
+                                    const SweepGrouping& grouping) {
+  const std::vector<SweepItem> items = sweep_items(spec);
+  using Key = std::tuple<bool, int, int, std::int64_t, experiment::RunGroup>;
+  std::map<Key, std::vector<const SweepRow*>> by;
+  for (const SweepRow& r : rows) {
+    if (r.item < 0 || static_cast<std::size_t>(r.item) >= items.size()) {
+      continue;
+    }
+    const SweepItem& item = items[static_cast<std::size_t>(r.item)];
+    by[{r.group != experiment::RunGroup::Main, r.batch_size,
+        grouping.companions ? item.companions : -1, grouping.row ? item.row : -1, r.group}]
+        .push_back(&r);
   }
   std::vector<SweepStats> out;
   for (const auto& [key, group] : by) {
     SweepStats s;
-    s.group = key.first;
-    s.batch_size = key.second;
+    s.group = std::get<4>(key);
+    s.batch_size = std::get<1>(key);
+    s.companions = std::get<2>(key);
+    s.row = std::get<3>(key);
     s.n = static_cast<int>(group.size());
     std::vector<std::int64_t> tokens;
     for (const SweepRow* r : group) {
@@ -52,12 +93,7 @@ std::vector<SweepStats> sweep_stats(const std::vector<SweepRow>& rows) {
     s.changed_ci = wilson_interval(s.text_changed, s.n);
     out.push_back(std::move(s));
   }
-  // main before workaround, then by batch size
-  std::stable_sort(out.begin(), out.end(), [](const SweepStats& a, const SweepStats& b) {
-    return std::make_pair(a.group != experiment::RunGroup::Main, a.batch_size) <
-           std::make_pair(b.group != experiment::RunGroup::Main, b.batch_size);
-  });
-  return out;
+  return out;  // the map's order: main before workaround, then batch size, companions, row
 }
 
 }  // namespace batchlens::analysis

@@ -20,10 +20,20 @@ struct Interval {
 };
 Interval wilson_interval(int k, int n);
 
-/// Per group and batch size: how often the text changed, how much, and where it began.
+/// Which of a sweep's axes (issue #35) its statistics keep apart: each value of the companions
+/// and of the row under test on its own, or all of them together.
+struct SweepGrouping {
+  bool companions = true;
+  bool row = true;
+};
+
+/// Per group and batch size (and value of the kept axes): how often the text changed, how much,
+/// and where it began.
 struct SweepStats {
   experiment::RunGroup group = experiment::RunGroup::Main;
   int batch_size = 0;
+  int companions = -1;    ///< index into the spec's companion_sets; -1: every set together
+  std::int64_t row = -1;  ///< the row under test; -1: every row together
   int n = 0;
   int text_changed = 0;
   Interval changed_ci;
@@ -35,6 +45,18 @@ struct SweepStats {
   std::map<std::pair<int, int>, int> first_steps;  ///< (canvas 0-based, step 1-based) -> items
   std::map<std::string, int> first_families;       ///< families behind the first tap -> items
 };
-std::vector<SweepStats> sweep_stats(const std::vector<SweepRow>& rows);
+/// The statistics of `rows` (items of `spec`), main before workaround, then by batch size, set of
+/// companions and row. Rows of items the spec does not have are left out.
+std::vector<SweepStats> sweep_stats(const SweepSpec& spec, const std::vector<SweepRow>& rows,
+                                    const SweepGrouping& grouping = {});
+
+/// The rows of `rows` whose items have the set of companions `companions` and the row under test
+/// `row` (-1: any), for statistics of one value of an axis.
+std::vector<SweepRow> rows_where(const SweepSpec& spec, const std::vector<SweepRow>& rows,
+                                 int companions, std::int64_t row);
+
+/// "companions 2 (3 prompts)", "identical rows", "row 1": the value of an axis as the statistics
+/// name it ("" for -1).
+std::string companions_label(const SweepSpec& spec, int companions);
 
 }  // namespace batchlens::analysis

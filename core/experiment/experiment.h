@@ -16,6 +16,7 @@
 #include "core/base/progress.h"
 #include "core/base/system_info.h"
 #include "core/experiment/causes.h"
+#include "core/experiment/exact_reference.h"
 #include "core/experiment/kernel_provenance.h"
 #include "core/experiment/run_vocabulary.h"
 #include "core/generation/generation_config.h"
@@ -296,6 +297,9 @@ struct ExperimentResult {
   /// A mixed batch's causes (experiment/causes.h): the row under test's layout in every batched
   /// run (the runner), and the re-runs' verdict when analysis::find_causes ran.
   std::optional<CauseReport> causes;
+  /// The exact (fp64) reference at each diverging comparison's first divergence
+  /// (experiment/exact_reference.h), when analysis::exact_at_divergence ran.
+  std::optional<ExactReport> exact;
 
   /// Where run_experiment spent its wall time, in seconds. Measured in this process and never
   /// written to files (a file read back has zeros).

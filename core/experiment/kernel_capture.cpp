@@ -212,9 +212,9 @@ KernelProvenance capture_kernels(const setup::Session& session, const Experiment
         }
         std::optional<generation::PaddedPrompts> mixed;
         if (!companion_ids.empty() && run.batch_size > 1) {
-          mixed = generation::pad_left(
-              batch_rows(prompt_ids, companion_ids, run.batch_size, spec.composition.row),
-              session.model->config().text.pad_token_id);
+          mixed = generation::pad_left(generation::batch_rows(prompt_ids, companion_ids,
+                                                              run.batch_size, spec.composition.row),
+                                       session.model->config().text.pad_token_id);
         }
         k.engines.push_back(capture_one(model, spec, prompt, mixed ? &*mixed : nullptr, run, sc));
       }

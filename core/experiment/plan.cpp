@@ -52,23 +52,6 @@ model::Workload workload_of(const ExperimentSpec& spec) {
   return w;
 }
 
-std::vector<std::vector<std::int64_t>> batch_rows(
-    const std::vector<std::int64_t>& prompt,
-    const std::vector<std::vector<std::int64_t>>& companions, std::int64_t batch_size,
-    std::int64_t row) {
-  std::vector<std::vector<std::int64_t>> rows;
-  rows.reserve(static_cast<std::size_t>(batch_size));
-  std::size_t next = 0;
-  for (std::int64_t r = 0; r < batch_size; ++r) {
-    if (r == row || companions.empty()) {
-      rows.push_back(prompt);
-    } else {
-      rows.push_back(companions[next++ % companions.size()]);
-    }
-  }
-  return rows;
-}
-
 std::vector<probe::Tap> planned_taps(const std::vector<std::string>& names) {
   std::vector<probe::Tap> taps;
   if (names.empty()) {

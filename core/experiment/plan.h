@@ -86,14 +86,6 @@ base::Result<StepCount> count_steps(const ExperimentSpec& spec);
 /// The steps the runs of a finished experiment took (RunResult::steps), weighted as StepCount.
 StepCount steps_taken(const ExperimentResult& result);
 
-/// The prompts of a batch of `batch_size` rows with companions (issue #35): `prompt` in row
-/// `row`, the companions cycled over the other rows in order. Empty companions: `prompt` in
-/// every row.
-std::vector<std::vector<std::int64_t>> batch_rows(
-    const std::vector<std::int64_t>& prompt,
-    const std::vector<std::vector<std::int64_t>>& companions, std::int64_t batch_size,
-    std::int64_t row);
-
 /// The tapped taps in the order of the T axis: every tap for an empty list, none for {"none"}.
 /// The names must be valid (validate()).
 std::vector<probe::Tap> planned_taps(const std::vector<std::string>& names);

@@ -95,8 +95,8 @@ void run_group(Context& ctx, const PlannedGroup& group, ExperimentResult& out) {
     RunRows rows{&ctx.prompt, nullptr, spec.composition.row};
     generation::PaddedPrompts padded;
     if (mixed && run.batch_size > 1) {
-      padded = generation::pad_left(batch_rows(ctx.inputs.prompt_ids, ctx.companion_ids,
-                                               run.batch_size, spec.composition.row),
+      padded = generation::pad_left(generation::batch_rows(ctx.inputs.prompt_ids, ctx.companion_ids,
+                                                           run.batch_size, spec.composition.row),
                                     ctx.session.model->config().text.pad_token_id);
       rows.mixed = &padded;
     }
@@ -184,21 +184,6 @@ struct Prepared {
   ExperimentResult header;
 };
 
-// The longest prompt of a batch and the canvases after it must fit the model's positions.
-void check_context(std::int64_t prompt_tokens, const std::string& what, const setup::Inputs& in,
-                   const model::ModelConfig& config) {
-  const std::int64_t c = config.canvas_length;
-  const std::int64_t canvases = (in.generation.max_new_tokens + c - 1) / c;
-  const std::int64_t limit = config.text.max_position_embeddings;
-  if (prompt_tokens + canvases * c > limit) {
-    base::raise(ErrorCode::InvalidArgument,
-                what + " is too long for the model's context: " + std::to_string(prompt_tokens) +
-                    " tokens and " + std::to_string(canvases) + " canvases of " +
-                    std::to_string(c) + " make more than its " + std::to_string(limit) +
-                    " positions");
-  }
-}
-
 // Validates `spec` for `session` and prepares its prompt and overrides there. `prompt_ids`, when
 // not empty, are the ids to run instead of the spec's prompt (a shown experiment's, as it ran).
 Prepared prepare_experiment(const setup::Session& session, const ExperimentSpec& spec,
@@ -211,23 +196,9 @@ Prepared prepare_experiment(const setup::Session& session, const ExperimentSpec&
   p.inputs = take(session.prepare(
       {spec.prompt, spec.chat_template, prompt_ids.empty() ? spec.prompt_ids : prompt_ids},
       spec.overrides));
-  const model::ModelConfig& model_config = session.model->config();
-  auto longest = static_cast<std::int64_t>(p.inputs.prompt_ids.size());
-  check_context(longest, "the prompt", p.inputs, model_config);
   // Every companion, before any work: a bad one is refused with its number.
-  for (std::size_t i = 0; i < spec.composition.companions.size(); ++i) {
-    const std::string what = "companion " + std::to_string(i + 1);
-    auto ids = session.prepare(spec.composition.companions[i], spec.overrides);
-    if (!ids.ok()) {
-      base::raise(ids.error().code, what + ": " + ids.error().message);
-    }
-    const auto n = static_cast<std::int64_t>(ids.value().prompt_ids.size());
-    check_context(n, what, p.inputs, model_config);
-    longest = std::max(longest, n);
-    p.companion_ids.push_back(std::move(ids.value().prompt_ids));
-  }
-  // Padded to the longest row, every row's canvases come after it.
-  check_context(longest, "the batch (padded to its longest prompt)", p.inputs, model_config);
+  p.companion_ids =
+      take(session.prepare_companions(spec.composition.companions, p.inputs, spec.overrides));
   ExperimentResult& out = p.header;
   out.spec = spec;
   out.generation_config_json = generation::to_json(p.inputs.generation);
@@ -267,8 +238,8 @@ void record_layouts(const ExperimentSpec& spec, const Prepared& p,
                                 [&](const RowLayout& r) { return r.run == run.id; }),
                  rows.end());
       std::int64_t longest = 0;
-      for (const auto& row :
-           batch_rows(p.header.prompt_ids, p.companion_ids, run.batch_size, spec.composition.row)) {
+      for (const auto& row : generation::batch_rows(p.header.prompt_ids, p.companion_ids,
+                                                    run.batch_size, spec.composition.row)) {
         longest = std::max(longest, static_cast<std::int64_t>(row.size()));
       }
       const std::int64_t pad = longest - tokens;

@@ -55,6 +55,23 @@ const GenerateOptions& checked(const PaddedPrompts& p, const GenerateOptions& op
 
 }  // namespace
 
+std::vector<std::vector<std::int64_t>> batch_rows(
+    const std::vector<std::int64_t>& prompt,
+    const std::vector<std::vector<std::int64_t>>& companions, std::int64_t batch_size,
+    std::int64_t row) {
+  std::vector<std::vector<std::int64_t>> rows;
+  rows.reserve(static_cast<std::size_t>(batch_size));
+  std::size_t next = 0;
+  for (std::int64_t r = 0; r < batch_size; ++r) {
+    if (r == row || companions.empty()) {
+      rows.push_back(prompt);
+    } else {
+      rows.push_back(companions[next++ % companions.size()]);
+    }
+  }
+  return rows;
+}
+
 PaddedPrompts pad_left(const std::vector<std::vector<std::int64_t>>& rows, std::int64_t pad_id) {
   std::size_t longest = 0;
   for (const auto& row : rows) {
@@ -333,7 +350,9 @@ const StepTensors& GenerationEngine::step(probe::TapSink* taps) {
   ++step_;
   --cur_step_;
   last_ =
-      StepTensors{canvas_in, sampled, new_argmax, accepted, entropy, finished_, temp.item<float>()};
+      StepTensors{canvas_in, sampled, new_argmax, accepted, entropy, finished_, temp.item<float>(),
+                  // kept only where asked: [B, C, V] would otherwise live through the next pass
+                  options_.record_first_logits && step_ == 1 ? raw : at::Tensor()};
   return last_;
 }
 
@@ -451,6 +470,9 @@ GenerationResult run_to_end(GenerationEngine& engine, const GenerateOptions& opt
         rec.accepted = t.accepted.cpu();
         rec.entropy = t.entropy.cpu();
         rec.finished = t.finished.cpu();
+        if (options.record_first_logits && rec.step == 1) {
+          rec.logits = t.logits.cpu();
+        }
         options.on_step(rec);
       }
     }

@@ -31,6 +31,9 @@ struct StepRecord {
   at::Tensor accepted;    ///< [B, C] bool  entropy-bound acceptance
   at::Tensor entropy;     ///< [B, C] fp32  entropy of the processed logits
   at::Tensor finished;    ///< [B] bool     rows whose denoising has stopped
+  /// [B, C, V] the decoder's raw logits on the host, at each canvas's first step only, and
+  /// only with GenerateOptions::record_first_logits (tools/parity's bitwise check).
+  at::Tensor logits;
 };
 
 /// Called after every denoising step; may return false to cancel.
@@ -43,6 +46,14 @@ struct PaddedPrompts {
   at::Tensor valid;                   ///< [B, L] bool: the real tokens
   std::vector<std::int64_t> lengths;  ///< real tokens per row
 };
+
+/// The prompts of a batch of `batch_size` rows with companions (issue #35): `prompt` in row
+/// `row`, the companions cycled over the other rows in order. Empty companions: `prompt` in
+/// every row.
+std::vector<std::vector<std::int64_t>> batch_rows(
+    const std::vector<std::int64_t>& prompt,
+    const std::vector<std::vector<std::int64_t>>& companions, std::int64_t batch_size,
+    std::int64_t row);
 
 /// `rows` (each at least one token) left-padded with `pad_id`. InvalidArgument on no rows or
 /// an empty row.
@@ -74,6 +85,8 @@ struct GenerateOptions {
   const ops::OpPolicy* policy = nullptr;      ///< null = default
   const base::CancelToken* cancel = nullptr;  ///< checked before every step
   StepObserver on_step;                       ///< optional
+  /// on_step's StepRecord::logits at each canvas's first step (a host copy of [B, C, V]).
+  bool record_first_logits = false;
   /// On CUDA, the decoder pass of each step with self-conditioning replays a CUDA graph captured
   /// once per canvas, tap copies included (the same kernels, so the same bits: the first replay
   /// of each capture is checked bitwise against the eager pass, and graphs are dropped for good
@@ -110,6 +123,9 @@ struct StepTensors {
   at::Tensor entropy;    ///< [B, C] fp32
   at::Tensor finished;   ///< [B] bool
   float temperature = 0;
+  /// [B, C, V] the decoder's raw logits (the model's output dtype), at a canvas's first step
+  /// with GenerateOptions::record_first_logits only; undefined otherwise.
+  at::Tensor logits;
 };
 
 /// Row 0's denoising state, for lockstep runs (see GenerationEngine::adopt).

@@ -253,6 +253,9 @@ void write_groups(hid_t fid, const ExperimentResult& r, bool serial) {
   if (r.causes) {  // schema 1.6: a mixed batch's causes, as JSON (experiment/causes.h)
     json_group("causes", "report_json", experiment::to_json(*r.causes));
   }
+  if (r.exact) {  // schema 1.7: the exact reference at each divergence (exact_reference.h)
+    json_group("exact", "report_json", experiment::to_json(*r.exact));
+  }
 }
 
 // ---- reading ------------------------------------------------------------------------------
@@ -1062,6 +1065,10 @@ ExperimentResult read_file(const std::string& file, std::uint64_t file_bytes) {
   if (rd.at_least({1, 6}) && exists(root.id(), "causes")) {
     r.causes = json_group("causes", "report_json",
                           [](const nlohmann::json& d) { return experiment::causes_from_json(d); });
+  }
+  if (rd.at_least({1, 7}) && exists(root.id(), "exact")) {
+    r.exact = json_group("exact", "report_json",
+                         [](const nlohmann::json& d) { return experiment::exact_from_json(d); });
   }
   validate(Fail{file + ": ", ErrorCode::FileCorrupted}, r);
   // Files written before issue #34 counted edits (a shifted text's deletions and insertions

@@ -11,7 +11,7 @@ namespace batchlens::io {
 
 inline constexpr const char* kFormat = "batchlens-experiment";
 inline constexpr int kSchemaMajor = 1;  ///< readers refuse other majors
-inline constexpr int kSchemaMinor = 6;  ///< additions old readers may ignore (1.6: /causes)
+inline constexpr int kSchemaMinor = 7;  ///< additions old readers may ignore (1.7: /exact)
 
 /// Writes `result` to `path` through a base::AtomicFile beside it, renamed into place only after
 /// every HDF5 write, the flush and the close succeeded and the file read back whole: a crash, an

@@ -185,6 +185,46 @@ base::Result<Inputs> Session::prepare(const Prompt& prompt,
   });
 }
 
+namespace {
+
+// `tokens` prompt tokens and the canvases of `in` must fit the model's positions.
+void check_context(std::int64_t tokens, const std::string& what, const Inputs& in,
+                   const model::ModelConfig& config) {
+  const std::int64_t c = config.canvas_length;
+  const std::int64_t canvases = (in.generation.max_new_tokens + c - 1) / c;
+  const std::int64_t limit = config.text.max_position_embeddings;
+  if (tokens + canvases * c > limit) {
+    base::raise(base::ErrorCode::InvalidArgument,
+                what + " is too long for the model's context: " + std::to_string(tokens) +
+                    " tokens and " + std::to_string(canvases) + " canvases of " +
+                    std::to_string(c) + " make more than its " + std::to_string(limit) +
+                    " positions");
+  }
+}
+
+}  // namespace
+
+base::Result<std::vector<std::vector<std::int64_t>>> Session::prepare_companions(
+    const std::vector<Prompt>& companions, const Inputs& inputs,
+    const generation::GenerationOverrides& overrides) const {
+  return base::guarded([&]() -> std::vector<std::vector<std::int64_t>> {
+    const model::ModelConfig& config = model->config();
+    check_context(static_cast<std::int64_t>(inputs.prompt_ids.size()), "the prompt", inputs,
+                  config);
+    std::vector<std::vector<std::int64_t>> ids;
+    for (std::size_t i = 0; i < companions.size(); ++i) {
+      const std::string what = "companion " + std::to_string(i + 1);
+      auto one = prepare(companions[i], overrides);
+      if (!one.ok()) {
+        base::raise(one.error().code, what + ": " + one.error().message);
+      }
+      check_context(static_cast<std::int64_t>(one.value().prompt_ids.size()), what, inputs, config);
+      ids.push_back(std::move(one.value().prompt_ids));
+    }
+    return ids;
+  });
+}
+
 base::Result<Session> open_model(const model::ModelSource& source, model::LoadOptions load) {
   return base::guarded([&]() -> Session {
     Session s;

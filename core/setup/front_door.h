@@ -51,6 +51,15 @@ struct Session {
   /// Errors as prepare()'s, InvalidArgument for an id outside the vocabulary. Never throws.
   base::Result<Inputs> prepare(const Prompt& prompt,
                                const generation::GenerationOverrides& overrides) const;
+
+  /// The ids of `companions` (issue #35: the other rows of a mixed batch beside `inputs`'
+  /// prompt), each prepared as prepare() does, before any work: InvalidArgument naming the
+  /// companion ("companion 2: ...") for a bad one, and for the prompt or a companion too long
+  /// for the model's context with `inputs`' canvases after it (a padded batch's canvases come
+  /// after its longest row). Never throws.
+  base::Result<std::vector<std::vector<std::int64_t>>> prepare_companions(
+      const std::vector<Prompt>& companions, const Inputs& inputs,
+      const generation::GenerationOverrides& overrides) const;
 };
 
 /// A tokenizer.json file. Errors: those of text::Tokenizer::from_file. Never throws.

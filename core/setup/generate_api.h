@@ -22,6 +22,12 @@ namespace batchlens::setup {
 struct GenerateRequest {
   Prompt prompt;
   std::int64_t batch_size = 1;
+  /// A mixed batch (issue #35): the other rows' prompts, cycled over every row but `row`, which
+  /// holds `prompt`; the batch left-padded, masked and positioned by `positions` as
+  /// transformers' generate does it (Shared). Empty: `prompt` in every row.
+  std::vector<Prompt> companions;
+  std::int64_t row = 0;
+  generation::PositionMode positions = generation::PositionMode::Shared;
   std::uint64_t seed = 0;
   generation::GenerationOverrides overrides;  ///< over generation_config.json (or its defaults)
   generation::RngMode rng = generation::RngMode::PerRow;
@@ -31,8 +37,12 @@ struct GenerateRequest {
   base::ProgressFn progress;  ///< one report per denoising step (all rows)
   /// When set, every step's record (canvas in, draws, argmax, acceptance, entropy, finished)
   /// is written there as safetensors, "c{canvas}.s{step}.{field}", with "prompt" and
-  /// "sequences": what tools/parity replays through the reference.
+  /// "sequences": what tools/parity replays through the reference. "prompt" is [B, L] (left-
+  /// padded, with "attention_mask" [B, L] u8 beside it, for a mixed batch).
   std::filesystem::path record_path;
+  /// With record_path: also "c{canvas}.s1.logits", the decoder's raw logits [B, C, V] at each
+  /// canvas's first step (tools/parity's bitwise check; large for a big vocabulary).
+  bool record_logits = false;
 };
 
 /// What one row produced.
@@ -50,9 +60,11 @@ struct GenerateReport {
   std::string prefill;
   std::uint64_t seed = 0;
   generation::GenerationConfig config;   ///< what ran (file + overrides)
-  std::vector<std::int64_t> prompt_ids;  ///< what the model saw
-  bool has_text = false;                 ///< a tokenizer was found; `text` fields are filled
-  std::vector<GeneratedRow> rows;        ///< one per batch row
+  std::vector<std::int64_t> prompt_ids;  ///< what the model saw (the row under test's)
+  std::string composition;  ///< a mixed batch's rows, padding and positions; "" for identical rows
+  std::int64_t row = 0;     ///< the row under test (a mixed batch's)
+  bool has_text = false;    ///< a tokenizer was found; `text` fields are filled
+  std::vector<GeneratedRow> rows;  ///< one per batch row
 };
 
 /// Opens a session (open_session: generation config, tokenizer, prompt, model; without a
@@ -68,7 +80,8 @@ base::Result<GenerateReport> run_generation(const model::ModelSource& source,
 std::string format_report(const GenerateReport& report, bool show_ids);
 
 /// The report as JSON (stable keys: model, policy, rng, prefill, seed, generation_config,
-/// prompt_ids, rows[{tokens, text, stop_position, steps}]).
+/// prompt_ids, composition (null for identical rows), rows[{tokens, text, stop_position,
+/// steps}]).
 std::string report_json(const GenerateReport& report);
 
 }  // namespace batchlens::setup

@@ -2,6 +2,7 @@
 // `batchlens-cli save-model` + `forward` end to end on the tiny preset.
 #include <csignal>
 #include <filesystem>
+#include <fstream>
 
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
@@ -141,6 +142,73 @@ TEST(CliGenerate, TextPromptGivesTextAndJsonAndARecord) {
   EXPECT_NE(big.err.find("outside the vocabulary"), std::string::npos) << big.err;
 }
 
+// Issue #35: a padded batch of different prompts, as tools/parity/run_mixed_parity.sh replays
+// it through transformers' generate: the record holds the left-padded batch, its mask and the
+// raw logits of each canvas's first step.
+TEST(CliGenerate, MixedBatchRecordsThePaddedBatchItsMaskAndFirstLogits) {
+  const fs::path dir = fs::temp_directory_path() / ("bl_gen_mixed_" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  {
+    std::ofstream c(dir / "companions.jsonl");
+    c << "{\"prompt_ids\": [2, 105, 40, 41, 42, 43, 44, 45, 46]}\n{\"prompt_ids\": [2, 50]}\n";
+  }
+  const fs::path rec = dir / "rec.safetensors";
+  const std::vector<std::string> base{BL_CLI_PATH,
+                                      "generate",
+                                      "--preset",
+                                      "tiny",
+                                      "--prompt-ids",
+                                      "2,105,50,51",
+                                      "--batch",
+                                      "3",
+                                      "--row",
+                                      "1",
+                                      "--steps",
+                                      "3",
+                                      "--companions",
+                                      (dir / "companions.jsonl").string(),
+                                      "--max-new-tokens",
+                                      "16"};
+  auto args = base;
+  args.insert(args.end(), {"--record", rec.string(), "--record-logits"});
+  const auto r = run_process(args);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("batch: row 1 under test, 2 companion prompts (cycled), padded to 9 tokens "
+                       "(5 padding slots before the row under test), positions shared"),
+            std::string::npos)
+      << r.out;
+  EXPECT_NE(r.out.find("row 1 (under test)"), std::string::npos) << r.out;
+  const auto f = model::SafetensorsFile::open(rec);
+  const at::Tensor prompt = f->tensor("prompt");  // [3, 9] rows: companion 1, prompt, companion 2
+  ASSERT_EQ(prompt.sizes(), (at::IntArrayRef{3, 9}));
+  const at::Tensor mask = f->tensor("attention_mask");
+  ASSERT_EQ(mask.sizes(), (at::IntArrayRef{3, 9}));
+  const auto values = [](const at::Tensor& t) {
+    const at::Tensor c = t.to(at::kLong).contiguous();
+    return std::vector<std::int64_t>(c.data_ptr<std::int64_t>(),
+                                     c.data_ptr<std::int64_t>() + c.numel());
+  };
+  EXPECT_EQ(values(mask.sum(1)), (std::vector<std::int64_t>{9, 4, 2}));
+  EXPECT_EQ(values(prompt[1].narrow(0, 5, 4)), (std::vector<std::int64_t>{2, 105, 50, 51}));
+  EXPECT_EQ(f->tensor("c0.s1.logits").size(0), 3);
+  EXPECT_EQ(f->tensors().count("c0.s2.logits"), 0U);  // the first step of each canvas only
+  // Without --record-logits none; a row outside the batch and an empty companions file refused
+  // before any work.
+  const auto bad_row =
+      run_process({BL_CLI_PATH, "generate", "--preset", "tiny", "--prompt-ids", "2,105", "--batch",
+                   "2", "--row", "2", "--companions", (dir / "companions.jsonl").string()});
+  EXPECT_EQ(bad_row.exit_code, 1) << bad_row.err;
+  EXPECT_NE(bad_row.err.find("the row under test must be in 0..1, not 2"), std::string::npos)
+      << bad_row.err;
+  { std::ofstream(dir / "empty.txt"); }
+  const auto empty =
+      run_process({BL_CLI_PATH, "generate", "--preset", "tiny", "--prompt-ids", "2,105", "--batch",
+                   "2", "--companions", (dir / "empty.txt").string()});
+  EXPECT_EQ(empty.exit_code, 2) << empty.err;
+  EXPECT_NE(empty.err.find("companions file"), std::string::npos) << empty.err;
+  fs::remove_all(dir);
+}
+
 TEST(CliGenerate, SavedCheckpointCarriesTokenizerAndGenerationConfigAndGeneratesTheSame) {
   const fs::path dir = fs::temp_directory_path() / ("bl_cli_gen_ckpt_" + std::to_string(getpid()));
   fs::remove_all(dir);
@@ -207,8 +275,22 @@ TEST(CliRun, WritesAnExperimentFileThatSummaryReads) {
   EXPECT_EQ(j["emulated"], true);
   EXPECT_EQ(j["comparisons"].size(), 2U);
   EXPECT_EQ(j["noise_floor_clean"], true);
+  // Where row 0 diverges, the exact (fp64) reference is in the file (issue #35); --no-exact
+  // leaves it out.
+  ASSERT_FALSE(j["comparisons"][1]["first_divergence"].is_null()) << s.out;
+  EXPECT_TRUE(j.contains("exact")) << s.out;
+  EXPECT_TRUE(j["comparisons"][1].contains("exact")) << s.out;
   const auto text = run_process({BL_CLI_PATH, "summary", file.string()});
   EXPECT_NE(text.out.find("first divergence"), std::string::npos) << text.out;
+  EXPECT_NE(text.out.find("exact (fp64): the op: "), std::string::npos) << text.out;
+  const fs::path plain = dir / "plain.h5";
+  ASSERT_EQ(run_process({BL_CLI_PATH, "run", "--preset", "tiny", "--steps", "3", "--max-new-tokens",
+                         "16", "--batch-sizes", "2", "--policy", "emulated_split_k", "--no-exact",
+                         "--out", plain.string()})
+                .exit_code,
+            0);
+  const auto without = run_process({BL_CLI_PATH, "summary", plain.string(), "--json"});
+  EXPECT_FALSE(nlohmann::json::parse(without.out).contains("exact")) << without.out;
   // Errors: a bad file, a bad spec.
   const auto bad = run_process({BL_CLI_PATH, "summary", (dir / "nope.h5").string()});
   EXPECT_EQ(bad.exit_code, 1);

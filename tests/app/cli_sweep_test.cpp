@@ -110,6 +110,55 @@ nlohmann::json outcome(const fs::path& sweep_file) {
 }
 
 // A FIFO given as --prompts is refused at once instead of blocking on its read (issue #32).
+// Issue #35: the companions and the row under test as axes of a sweep, counted per value.
+TEST_F(CliSweep, CompanionSetsAndRowsAreAxes) {
+  {
+    std::ofstream c(dir_ / "companions.txt");
+    c << "Explain how a lighthouse works, and why its light turns.\n";
+  }
+  const auto r = run_process({BL_CLI_PATH,
+                              "sweep",
+                              "--preset",
+                              "tiny",
+                              "--prompt",
+                              "Tides?",
+                              "--seeds",
+                              "0",
+                              "--batch-sizes",
+                              "2",
+                              "--steps",
+                              "2",
+                              "--max-new-tokens",
+                              "16",
+                              "--companion-sets",
+                              "none," + (dir_ / "companions.txt").string(),
+                              "--rows",
+                              "0,1",
+                              "--out",
+                              (dir_ / "axes").string()});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto text = run_process({BL_CLI_PATH, "summary", (dir_ / "axes" / "sweep.h5").string()});
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("batch rows: 2 set(s) of companions (identical rows, companions 2 (1 "
+                          "prompt)) x row(s) under test 0 1, positions shared"),
+            std::string::npos)
+      << text.out;
+  for (const char* line :
+       {"B=2, identical rows, row 0: text changed", "B=2, identical rows, row 1",
+        "B=2, companions 2 (1 prompt), row 0", "B=2, companions 2 (1 prompt), row 1"}) {
+    EXPECT_NE(text.out.find(line), std::string::npos) << line << "\n" << text.out;
+  }
+  const auto bad = run_process({BL_CLI_PATH, "sweep", "--preset", "tiny", "--rows", "0,x", "--out",
+                                (dir_ / "bad").string()});
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+  EXPECT_NE(bad.err.find("--rows"), std::string::npos) << bad.err;
+  const auto far = run_process(
+      {BL_CLI_PATH, "sweep", "--preset", "tiny", "--batch-sizes", "2", "--rows", "0,2",
+       "--companion-sets", (dir_ / "companions.txt").string(), "--out", (dir_ / "far").string()});
+  EXPECT_NE(far.exit_code, 0);
+  EXPECT_NE(far.err.find("row"), std::string::npos) << far.err;
+}
+
 TEST_F(CliSweep, PromptsFromAFifoAreRefusedWithoutBlocking) {
   const fs::path fifo = dir_ / "prompts.fifo";
   ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);

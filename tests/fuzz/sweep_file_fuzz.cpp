@@ -31,7 +31,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   const auto& s = result.value();
   (void)analysis::sweep_text(s);
   (void)analysis::sweep_json(s).dump();
-  (void)analysis::sweep_stats(s.rows);
+  (void)analysis::sweep_stats(s.spec, s.rows);
+  (void)analysis::sweep_stats(s.spec, analysis::rows_where(s.spec, s.rows, 0, 0), {false, false});
   (void)analysis::missing_items(s);
   (void)analysis::merge_sweeps({s, s}, {"a", "b"});
   if (!s.provenances.empty()) {

@@ -44,6 +44,7 @@
 #include "core/experiment/runner.h"
 #include "core/io/experiment_file.h"
 #include "tests/support/ui_window.h"
+#include "ui/comparison_table_model.h"
 #include "ui/controllers.h"
 #include "ui/heatmap_plot.h"
 #include "ui/main_window.h"
@@ -471,16 +472,21 @@ TEST_F(ExplorerTest, WorkaroundToggleStartsARunWithTheWorkaroundOps) {
   EXPECT_FALSE(window_->state()->hasAfter());
 }
 
-// Run > Find culprit with the batch-invariant strategy on the H200's emulation profile: the
-// result shows the culprit line, its link fills the op list with the fix and its strategy.
-TEST_F(ExplorerTest, FindCulpritShowsTheCulpritAndFillsTheOpList) {
-  RunPanel* panel = window_->runPanel();
+// The demo on the H200's emulation profile, short: row 0 of B=2 diverges at once.
+experiment::ExperimentSpec emulatedDemoSpec() {
   experiment::ExperimentSpec s = demoSpec("");
   s.policy = ops::OpPolicy::emulation_profile("emulated_h200");
   s.overrides.max_new_tokens = 32;
   s.overrides.max_denoising_steps = 4;
   s.repeats = 0;
-  panel->setSpec(s);
+  return s;
+}
+
+// Run > Find culprit with the batch-invariant strategy on the H200's emulation profile: the
+// result shows the culprit line, its link fills the op list with the fix and its strategy.
+TEST_F(ExplorerTest, FindCulpritShowsTheCulpritAndFillsTheOpList) {
+  RunPanel* panel = window_->runPanel();
+  panel->setSpec(emulatedDemoSpec());
   QComboBox* strategy = panel->workaroundStrategyBox();
   strategy->setCurrentIndex(strategy->findData(static_cast<int>(ops::Strategy::BatchInvariant)));
   QSignalSpy shown(window_.get(), &MainWindow::documentShown);
@@ -505,6 +511,39 @@ TEST_F(ExplorerTest, FindCulpritShowsTheCulpritAndFillsTheOpList) {
   ASSERT_EQ(filled.rules.size(), 1U);
   EXPECT_EQ(filled.rules[0].strategy, ops::Strategy::BatchInvariant);
   EXPECT_EQ(filled.rules[0].families, r->culprit->fix.rules[0].families);
+}
+
+// Issue #35: a run from the panel explains its divergence against the exact value: under the
+// first divergence the overview's exact line (the op and the step's logits in fp64, which batch
+// size lies closer), the same in the comparison table's tooltip; a file without it hides it.
+TEST_F(ExplorerTest, ARunShowsTheExactReferenceAtTheFirstDivergence) {
+  RunPanel* panel = window_->runPanel();
+  panel->setSpec(emulatedDemoSpec());
+  QSignalSpy shown(window_.get(), &MainWindow::documentShown);
+  panel->runButton()->click();
+  ASSERT_TRUE(window_->runController()->isRunning());
+  ASSERT_TRUE(shown.wait(4 * kWaitMs)) << window_->lastError().toStdString();
+  flushViews();
+  const auto* r = window_->state()->result();
+  ASSERT_TRUE(r->exact.has_value());
+  QLabel* line = window_->overview()->exact();
+  EXPECT_TRUE(line->isVisibleTo(window_->overview()));
+  EXPECT_TRUE(line->text().contains(QStringLiteral("Exact (fp64): the op: selfcond_matmul")))
+      << line->text().toStdString();
+  EXPECT_TRUE(line->text().contains(QStringLiteral("the step's logits: lm_head")))
+      << line->text().toStdString();
+  QTableView* table = window_->overview()->table();
+  const int row = table->currentIndex().row();
+  ASSERT_GE(row, 0);
+  const QString tip = table->model()
+                          ->index(row, ComparisonTableModel::FirstDivergence)
+                          .data(Qt::ToolTipRole)
+                          .toString();
+  EXPECT_TRUE(tip.contains(QStringLiteral("exact (fp64): the op: selfcond_matmul")))
+      << tip.toStdString();
+  open(fixtureFile(""));
+  flushViews();
+  EXPECT_FALSE(window_->overview()->exact()->isVisibleTo(window_->overview()));
 }
 
 // The Kernels tab and the Overview's kernel line on an experiment with kernel provenance: the

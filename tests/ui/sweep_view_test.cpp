@@ -3,6 +3,9 @@
 // sweep run here whose items open their kept experiment or are re-run as full experiments.
 #include "ui/sweep_view.h"
 
+#include <utility>
+
+#include <QComboBox>
 #include <QCoreApplication>
 #include <QDir>
 #include <QFileInfo>
@@ -43,6 +46,27 @@ class SweepViewTest : public test_support::WindowTest {
     QSignalSpy shown(window_.get(), &MainWindow::sweepShown);
     window_->openFile(path);
     ASSERT_TRUE(shown.wait(kWaitMs)) << window_->lastError().toStdString();
+  }
+
+  // Runs `spec` into `dir` (keeping what `keep` keeps), writes DIR/sweep.h5 and opens it.
+  void runAndOpen(const analysis::SweepSpec& spec, const std::filesystem::path& dir,
+                  decltype(analysis::SweepRunOptions::keep) keep) {
+    std::filesystem::remove_all(dir);
+    analysis::SweepRunOptions run;
+    run.dir = dir;
+    run.keep = std::move(keep);
+    const auto session =
+        experiment::open_session_for(analysis::item_spec(spec, analysis::sweep_items(spec)[0]));
+    ASSERT_TRUE(session.ok()) << session.error().message;
+    const auto outcome = analysis::run_sweep(session.value(), spec, run);
+    ASSERT_TRUE(outcome.ok()) << outcome.error().message;
+    const auto records = analysis::read_sweep_dir(dir);
+    ASSERT_TRUE(records.ok());
+    ASSERT_TRUE(io::write_sweep_file(
+                    dir / "sweep.h5",
+                    analysis::shard_records(records.value(), {0, 1}, outcome.value().provenance))
+                    .ok());
+    openSweep(QString::fromStdString((dir / "sweep.h5").string()));
   }
 
   // The table row of (item, kernels group, batch size).
@@ -135,6 +159,46 @@ TEST_F(SweepViewTest, TheH200SweepShowsItsCountsIntervalsStepsAndFamilies) {
 
 // A sweep run here with item 0's experiment kept: item 0 opens it; item 1 is offered for a re-run
 // that runs it as a full experiment with the item's prompt and seed.
+// Issue #35: a sweep over companions and rows: the Batch rows box picks the items of one value
+// of an axis (or one of each) for the plots and counts; the item table names each item's.
+TEST_F(SweepViewTest, TheBatchRowsPickTheItemsOfOneValueOfAnAxis) {
+  analysis::SweepSpec spec;
+  spec.base.model.preset = "tiny";
+  spec.base.overrides.max_denoising_steps = 2;
+  spec.base.overrides.max_new_tokens = 16;
+  spec.base.batch_sizes = {2};
+  spec.prompts = {{"Tides?", true, {}}};
+  spec.companion_sets = {{}, {{"Explain how a lighthouse works, at length.", true, {}}}};
+  spec.rows = {0, 1};
+  const std::filesystem::path dir = std::filesystem::path(::testing::TempDir()) /
+                                    ("bl_ui_sweep_axes_" + std::to_string(::getpid()));
+  runAndOpen(spec, dir, {});
+  SweepView* view = window_->sweep();
+  QComboBox* box = view->batchRows();
+  EXPECT_TRUE(box->isVisibleTo(view));
+  ASSERT_EQ(box->count(), 9);  // every item, 2 sets, 2 rows, 4 of each
+  EXPECT_TRUE(
+      view->shareTooltip(experiment::RunGroup::Main, 2).contains(QStringLiteral("of 4 items")))
+      << view->shareTooltip(experiment::RunGroup::Main, 2).toStdString();
+  box->setCurrentIndex(box->findData(QStringLiteral("1,-1")));
+  EXPECT_TRUE(box->currentText().contains(QStringLiteral("companions 2 (1 prompt)")))
+      << box->currentText().toStdString();
+  EXPECT_TRUE(
+      view->shareTooltip(experiment::RunGroup::Main, 2).contains(QStringLiteral("of 2 items")))
+      << view->shareTooltip(experiment::RunGroup::Main, 2).toStdString();
+  box->setCurrentIndex(box->findData(QStringLiteral("1,1")));
+  EXPECT_TRUE(
+      view->shareTooltip(experiment::RunGroup::Main, 2).contains(QStringLiteral("of 1 items")))
+      << view->shareTooltip(experiment::RunGroup::Main, 2).toStdString();
+  ASSERT_EQ(view->items()->rowCount(), 4);
+  ASSERT_EQ(view->items()->columnCount(), 14);
+  EXPECT_TRUE(view->items()->item(0, 13)->text().contains(QStringLiteral("prompt in row")));
+  // A sweep without the axes: no box.
+  openSweep(QStringLiteral(":/samples/h200-26b-a4b-sweep.h5"));
+  EXPECT_FALSE(view->batchRows()->isVisibleTo(view));
+  std::filesystem::remove_all(dir);
+}
+
 TEST_F(SweepViewTest, ItemsOpenTheirKeptExperimentOrRunAgain) {
   analysis::SweepSpec spec;
   spec.base.model.preset = "tiny";
@@ -146,26 +210,12 @@ TEST_F(SweepViewTest, ItemsOpenTheirKeptExperimentOrRunAgain) {
   spec.seeds = {3};
   const std::filesystem::path dir =
       std::filesystem::path(::testing::TempDir()) / ("bl_ui_sweep_" + std::to_string(::getpid()));
-  std::filesystem::remove_all(dir);
-  analysis::SweepRunOptions run;
-  run.dir = dir;
-  run.keep = [&](const analysis::SweepItem& item, const experiment::ExperimentResult& r) {
-    std::filesystem::create_directories(dir / "experiments");
-    return item.index == 0 ? io::write_experiment(analysis::kept_experiment(dir, 0), r)
-                           : base::ok_result();
-  };
-  const auto session =
-      experiment::open_session_for(analysis::item_spec(spec, analysis::sweep_items(spec)[0]));
-  ASSERT_TRUE(session.ok()) << session.error().message;
-  const auto outcome = analysis::run_sweep(session.value(), spec, run);
-  ASSERT_TRUE(outcome.ok()) << outcome.error().message;
-  const auto records = analysis::read_sweep_dir(dir);
-  ASSERT_TRUE(records.ok());
-  ASSERT_TRUE(io::write_sweep_file(
-                  dir / "sweep.h5",
-                  analysis::shard_records(records.value(), {0, 1}, outcome.value().provenance))
-                  .ok());
-  openSweep(QString::fromStdString((dir / "sweep.h5").string()));
+  runAndOpen(spec, dir,
+             [&](const analysis::SweepItem& item, const experiment::ExperimentResult& r) {
+               std::filesystem::create_directories(dir / "experiments");
+               return item.index == 0 ? io::write_experiment(analysis::kept_experiment(dir, 0), r)
+                                      : base::ok_result();
+             });
   SweepView* view = window_->sweep();
   ASSERT_EQ(view->items()->rowCount(), 2);
   EXPECT_FALSE(view->keptExperiment(0).isEmpty());

@@ -17,6 +17,12 @@ Everything else (decoder, temperature, softmax, argmax, entropy-bound acceptance
 EOS handling) is the reference's own. Per step it compares the decoder's input canvas, the
 argmax canvas, the acceptance mask and the finished flags; at the end the sequences. The
 verdict names the first step and field that differ.
+
+A mixed batch (`generate --companions`, issue #35): the record's "prompt" is the left-padded
+[B, L] batch with its "attention_mask"; the reference gets both, as a server would pass them
+(transformers' generate positions every row from the padded length: only `--positions shared`
+has a reference). With `--record-logits` the decoder's raw logits at each canvas's first step
+are compared bitwise too (every row).
 """
 from __future__ import annotations
 
@@ -81,6 +87,10 @@ def main(argv=None) -> int:
     ours, meta = load_record(args.record)
     gc = json.loads(meta["generation_config"])
     batch = int(meta.get("batch", "1"))
+    mixed = "attention_mask" in ours
+    if mixed and meta.get("positions", "shared") != "shared":
+        die("transformers' generate positions a padded batch from its padded length: only a "
+            "record of --positions shared has a reference")
     if meta.get("rng") != "per_row" and batch > 1:
         log("note: a shared-RNG batch replays the same way (the draws are recorded per row)")
     model, impl = build_model(args.checkpoint, args.experts, device)
@@ -88,6 +98,7 @@ def main(argv=None) -> int:
 
     state = {"canvas": -1, "step": 0, "min_prob": 1.0, "missing": []}
     ref_steps = []
+    ref_logits = {}  # canvas -> the reference's raw logits at its first step
 
     def recorded(canvas: int, step: int, field: str):
         return ours.get(f"c{canvas}.s{step}.{field}")
@@ -124,6 +135,14 @@ def main(argv=None) -> int:
 
     def traced_step(*a, **kw):
         canvas_in = kw["current_canvas"].clone()
+        if state["step"] == 0 and "decoder_forward" in kw:  # the canvas's first step
+            forward = kw["decoder_forward"]
+
+            def capture(*fa, **fk):
+                out = forward(*fa, **fk)
+                ref_logits[state["canvas"]] = out.logits.detach().cpu()
+                return out
+            kw["decoder_forward"] = capture
         out = orig_step(*a, **kw)
         ref_steps.append({
             "canvas": state["canvas"], "step": state["step"],
@@ -138,8 +157,14 @@ def main(argv=None) -> int:
     model._denoising_step = traced_step
     try:
         with torch.inference_mode():
+            prompt = ours["prompt"].to(device)
+            extra = {}
+            if mixed:  # left-padded rows and their mask, as given
+                extra["attention_mask"] = ours["attention_mask"].to(device).bool()
+            else:
+                prompt = prompt.expand(batch, -1).contiguous()
             out = model.generate(
-                input_ids=ours["prompt"].to(device).expand(batch, -1).contiguous(),
+                input_ids=prompt, **extra,
                 max_new_tokens=int(gc["max_new_tokens"]),
                 max_denoising_steps=int(gc["max_denoising_steps"]),
                 sampler_config=gdg.EntropyBoundSamplerConfig(
@@ -176,6 +201,21 @@ def main(argv=None) -> int:
         rows.append(row)
     if first is None and len(ref_steps) != len(ours_steps):
         first = f"step counts differ: reference {len(ref_steps)}, BatchLens {len(ours_steps)}"
+    logit_rows = []
+    for c in sorted(ref_logits):
+        mine = recorded(c, 1, "logits")
+        if mine is None:
+            continue
+        theirs = ref_logits[c]
+        same_dtype = mine.dtype == theirs.dtype
+        rows_equal = [bool(torch.equal(mine[r].float(), theirs[r].float()))
+                      for r in range(theirs.shape[0])] if mine.shape == theirs.shape else []
+        logit_rows.append({"canvas": c, "dtype": f"{mine.dtype} / {theirs.dtype}",
+                           "rows_bitwise_equal": rows_equal,
+                           "max_abs_diff": float((mine.float() - theirs.float()).abs().max())
+                           if mine.shape == theirs.shape else None})
+        if first is None and (not same_dtype or not rows_equal or not all(rows_equal)):
+            first = f"canvas {c} step 1: raw logits differ (rows equal: {rows_equal})"
     seq_equal = tuple(sequences.shape) == tuple(ours["sequences"].shape) and bool(
         torch.equal(sequences, ours["sequences"]))
     if first is None and not seq_equal:
@@ -191,11 +231,17 @@ def main(argv=None) -> int:
     log(f"(cells: positions that differ)  min reference probability of a BatchLens draw: {state['min_prob']:.3g}")
     if state["missing"]:
         log(f"not replayable (reference ran past BatchLens): {state['missing'][:5]}")
+    for row in logit_rows:
+        log(f"canvas {row['canvas']} step 1 raw logits ({row['dtype']}): rows bitwise equal "
+            f"{row['rows_bitwise_equal']}, max |diff| {row['max_abs_diff']}")
+    if mixed:
+        log(f"mixed batch: rows padded {[int((~m.bool()).sum()) for m in ours['attention_mask']]}")
     log(f"final sequences equal: {seq_equal}")
     log(f"GENERATE PARITY: {verdict}")
     if args.json:
         args.json.write_text(json.dumps({
             "verdict": verdict, "steps": rows, "sequences_equal": seq_equal,
+            "first_step_logits": logit_rows, "mixed": mixed,
             "min_draw_probability": state["min_prob"], "missing": state["missing"],
             "implementations": impl, "torch": torch.__version__,
         }, indent=2) + "\n")

@@ -10,7 +10,10 @@
 # draws through the reference's generate and compares every denoising step
 # (generate_reference.py). Report: WORKDIR/generate_parity_report.md.
 # Environment: BL_CLI, PYTHON as run_parity.sh; BATCH (default 1), STEPS (48),
-# MAX_NEW (two canvases), RNG (per_row), PROMPT_IDS (20 ids below the vocabulary size).
+# MAX_NEW (two canvases), RNG (per_row), PROMPT_IDS (20 ids below the vocabulary size);
+# COMPANIONS (a companions file: a mixed batch of BATCH rows, issue #35) with ROW (0), the
+# positions shared as transformers' generate has them; RECORD_LOGITS (1: each canvas's first-step
+# logits compared bitwise too).
 set -euo pipefail
 export PYTHONUNBUFFERED=1
 if [[ $# -lt 2 || $# -gt 3 ]]; then
@@ -37,6 +40,7 @@ main() {
   echo "# BatchLens generate parity"
   echo
   echo "- preset \`$PRESET\`, experts \`$EXPERTS\`, batch $BATCH, rng $RNG, $STEPS steps, max_new_tokens $MAX_NEW"
+  [[ -n "${COMPANIONS:-}" ]] && echo "- mixed batch: row ${ROW:-0} under test, companions \`$COMPANIONS\` (cycled), positions shared"
   echo "- date $(date -u +%Y-%m-%dT%H:%M:%SZ), repo $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
   echo "- gpu $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -n1 || echo '?')"
   echo
@@ -49,9 +53,13 @@ main() {
   fi
   echo "## BatchLens generate"
   echo '```'
+  local mixed=()
+  [[ -n "${COMPANIONS:-}" ]] && mixed=(--companions "$COMPANIONS" --row "${ROW:-0}" --positions shared)
+  [[ "${RECORD_LOGITS:-1}" = 1 ]] && mixed+=(--record-logits)
   "$BL_CLI" generate --checkpoint "$WORKDIR" --prompt-ids "$PROMPT_IDS" --batch "$BATCH" \
     --rng "$RNG" --steps "$STEPS" --max-new-tokens "$MAX_NEW" --device cuda --dtype bf16 \
-    --experts "$EXPERTS" --record "$WORKDIR/generate_record.safetensors" --show-ids 2>/dev/null
+    --experts "$EXPERTS" "${mixed[@]}" --record "$WORKDIR/generate_record.safetensors" \
+    --show-ids 2>/dev/null
   echo '```'
   echo "## Reference replay and comparison"
   echo '```'

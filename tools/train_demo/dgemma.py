@@ -25,15 +25,24 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim)) if with_scale else None
 
     def forward(self, x):
-        y = x.float() * torch.pow(x.float().pow(2).mean(-1, keepdim=True) + self.eps, -0.5)
-        if self.weight is not None:
-            y = y * self.weight.float()
-        return y.to(x.dtype)
+        return OPS["rms"](x, self.weight, self.eps)
+
+
+def _rms(x, weight, eps):
+    """ref: DiffusionGemmaRMSNorm._norm and forward: fp32 inside, back to x's dtype."""
+    y = x.float() * torch.pow(x.float().pow(2).mean(-1, keepdim=True) + eps, -0.5)
+    if weight is not None:
+        y = y * weight.float()
+    return y.to(x.dtype)
+
+
+def _gelu_mul(gate, up):
+    return F.gelu(gate, approximate="tanh") * up
 
 
 def gated(gate, up, down, x):
     """ref: DiffusionGemmaText4MLP.forward (gelu_pytorch_tanh)."""
-    return down(F.gelu(gate(x), approximate="tanh") * up(x))
+    return down(OPS["gelu_mul"](gate(x), up(x)))
 
 
 def rope_inv_freq(rope, head_dim):
@@ -59,11 +68,15 @@ def rope_tables(inv_freq, positions, dtype):
     return emb.cos().to(dtype)[:, :, None, :], emb.sin().to(dtype)[:, :, None, :]
 
 
-def apply_rope(x, cos, sin):
-    """ref: rotate_half, apply_rotary_pos_emb. x [B, S, H, D]."""
+def _rope(x, cos, sin):
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
     return x * cos + rotated * sin
+
+
+def apply_rope(x, cos, sin):
+    """ref: rotate_half, apply_rotary_pos_emb. x [B, S, H, D]."""
+    return OPS["rope"](x, cos, sin)
 
 
 def layer_shape(t, i):
@@ -185,8 +198,7 @@ class Router(nn.Module):
 
     def route(self, x):
         """The normalised top-k weights before the per-expert scale, and the experts."""
-        xf = x.float()
-        n = (xf * torch.pow(xf.pow(2).mean(-1, keepdim=True) + self.eps, -0.5)).to(x.dtype)
+        n = OPS["rms"](x, None, self.eps)
         probs = torch.softmax(self.proj(n * self.scale * self.root), -1, dtype=torch.float32)
         w, idx = torch.topk(probs, self.top_k, -1)
         return w / w.sum(-1, keepdim=True), idx
@@ -224,7 +236,7 @@ class Experts(nn.Module):
             if tok.numel() == 0:
                 continue
             gate, up = F.linear(x[tok], self.gate_up_proj[e]).chunk(2, -1)
-            h = F.linear(F.gelu(gate, approximate="tanh") * up, self.down_proj[e])
+            h = F.linear(OPS["gelu_mul"](gate, up), self.down_proj[e])
             out = out.index_add(0, tok, (h * w[tok, slot, None]).to(out.dtype))
         return out
 
@@ -245,7 +257,7 @@ class Experts(nn.Module):
         # expand is a plain sum (no atomic adds in a run-dependent order).
         rows = x[:, None, :].expand(n, k, x.shape[1]).reshape(n * k, -1)[order]  # [N*K, H]
         gate, up = grouped_mm(rows, self.gate_up_proj.transpose(1, 2), offs).chunk(2, -1)
-        h = grouped_mm(F.gelu(gate, approximate="tanh") * up, self.down_proj.transpose(1, 2),
+        h = grouped_mm(OPS["gelu_mul"](gate, up), self.down_proj.transpose(1, 2),
                        offs)  # [N*K, H] in expert order
         back = torch.empty_like(order)
         back[order] = torch.arange(n * k, device=x.device)
@@ -257,7 +269,7 @@ class Experts(nn.Module):
         picked have weight 0. x [N, H], weights [N, E] (Router.dense_weights)."""
         gate_up = torch.einsum("nh,eih->eni", x, self.gate_up_proj)  # [E, N, 2I]
         gate, up = gate_up.chunk(2, -1)
-        h = torch.einsum("eni,ehi->enh", F.gelu(gate, approximate="tanh") * up,
+        h = torch.einsum("eni,ehi->enh", OPS["gelu_mul"](gate, up),
                          self.down_proj)  # [E, N, H]
         return torch.einsum("enh,ne->nh", h, weights.to(h.dtype)).to(x.dtype)
 
@@ -415,9 +427,48 @@ class DiffusionGemmaPort(nn.Module):
         for i, layer in enumerate(dec.layers):
             cos, sin = tab[types[i]]
             x, _ = layer(x, cos, sin, caches[i], False, layer.layer_scalar)
-        logits = F.linear(dec.norm(x), dec.embed_tokens.weight).float()
-        cap = self.t["final_logit_softcapping"]
-        return torch.tanh(logits / cap) * cap
+        logits = F.linear(dec.norm(x), dec.embed_tokens.weight)  # [B, C, V]
+        return OPS["softcap"](logits, self.t["final_logit_softcapping"])  # fp32
+
+
+def _softcap(logits, cap):
+    """ref: DiffusionGemmaForBlockDiffusion.forward's final_logit_softcapping, in fp32."""
+    logits = logits.float()
+    return torch.tanh(logits / cap) * cap
+
+
+def _cross_entropy(logits, target):
+    """Per position, fp32 (train.py's loss)."""
+    return F.cross_entropy(logits.float().flatten(0, 1), target.flatten(), reduction="none")
+
+
+# The elementwise pieces of the step, each one function: eager as written, or (set_kernels'
+# fusion="compiled", train.py --fast on a GPU, PyTorch >= 2.1) each through torch.compile, so
+# that the fp32 RMSNorms, rotations, gates, softcap and loss are one fused kernel each instead
+# of 5-15 small memory-bound ones (the step's cost at hidden 256, issue #33). Same math.
+EAGER_OPS = {"rms": _rms, "rope": _rope, "gelu_mul": _gelu_mul, "softcap": _softcap,
+             "cross_entropy": _cross_entropy}
+OPS = dict(EAGER_OPS)
+_COMPILED = {}
+
+
+def set_fusion(fusion):
+    """"none": the eager functions; "compiled": torch.compile of each (dynamic shapes: one
+    compilation serves every context bucket and batch)."""
+    if fusion == "compiled":
+        if not _COMPILED:
+            import torch._dynamo
+            # One compilation per dtype, rank, weight or none and grad mode of each function:
+            # more than the default limit (64 in 2.11), past which Dynamo falls back to eager.
+            for name in ("cache_size_limit", "recompile_limit"):
+                if hasattr(torch._dynamo.config, name):
+                    setattr(torch._dynamo.config, name, 1024)
+            _COMPILED.update({k: torch.compile(f, dynamic=True) for k, f in EAGER_OPS.items()})
+        OPS.update(_COMPILED)
+    elif fusion == "none":
+        OPS.update(EAGER_OPS)
+    else:
+        raise ValueError("fusion: none or compiled, not %r" % fusion)
 
 
 def grouped_mm(a, b, offs):
@@ -443,9 +494,11 @@ def has_sdpa():
     return hasattr(F, "scaled_dot_product_attention")
 
 
-def set_kernels(model, experts, attention):
-    """How the port computes its experts ("loop", "dense", "grouped") and attention ("eager",
-    "sdpa"): the same math, other kernels (train.py --fast)."""
+def set_kernels(model, experts, attention, fusion="none"):
+    """How the port computes its experts ("loop", "dense", "grouped"), attention ("eager",
+    "sdpa") and elementwise pieces ("none", "compiled": set_fusion): the same math, other
+    kernels (train.py --fast). Fusion is global to the module (every model)."""
+    set_fusion(fusion)
     for m in model.modules():
         if isinstance(m, Experts):
             m.kernel = experts

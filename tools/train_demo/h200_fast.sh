@@ -4,7 +4,7 @@
 #   0. check (CHECK_VARIANTS, default every experts/attention pair; empty: none): each kernel
 #      pair's loss and gradients against the reference kernels, per parameter (check.jsonl);
 #   1. bench: steps/s, tokens/s, model FLOPs and utilisation of the training step per
-#      BENCH_VARIANTS kernel pair (default grouped/sdpa; dense/eager was the previous step),
+#      BENCH_VARIANTS kernel variant EXPERTS/ATTENTION[/FUSION] (default grouped/sdpa),
 #      each first checked against the reference kernels (loss and gradients);
 #   2. train: --fast (CUDA graphs) with the fastest variant that passed its check, STEPS steps
 #      (default 10000, warm-up 3 %) or BUDGET_S=auto (a schedule that ends before the deadline),
@@ -33,7 +33,7 @@ left() { echo $(( ${DEADLINE_S:-560} - ($(date +%s) - t0) )); }
 {
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
   python3 -c 'import torch; print("torch", torch.__version__)'
-  kernels=(--experts "${EXPERTS:-auto}" --attention "${ATTENTION:-auto}")
+  kernels=(--experts "${EXPERTS:-auto}" --attention "${ATTENTION:-auto}" --fusion "${FUSION:-auto}")
   if [ -n "${CHECK_VARIANTS-dense/eager,grouped/eager,dense/sdpa,grouped/sdpa}" ]; then
     train check-kernels --device cuda --batch 64 \
       --bench-variants "${CHECK_VARIANTS-dense/eager,grouped/eager,dense/sdpa,grouped/sdpa}" |
@@ -52,11 +52,14 @@ rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
 ok = [r for r in rows if "error" not in r and r.get("check_grad_cos", 0) > 0.99
       and r.get("check_loss_rel", 1) < 0.02]
 best = max(ok, key=lambda r: r["steps_per_s"], default=None)
-print("%s %s" % (best["experts"], best["attention"]) if best else "dense eager")
+print("%s %s %s" % (best["experts"], best["attention"], best.get("fusion", "none"))
+      if best else "dense eager none")
 PY
 )
-    echo "h200_fast: training with experts/attention = ${best/ //}"
-    [ "${EXPERTS:-auto}" = auto ] && kernels=(--experts "${best% *}" --attention "${best#* }")
+    read -r b_experts b_attention b_fusion <<< "$best"
+    echo "h200_fast: training with experts $b_experts, attention $b_attention, fusion $b_fusion"
+    [ "${EXPERTS:-auto}" = auto ] &&
+      kernels=(--experts "$b_experts" --attention "$b_attention" --fusion "$b_fusion")
   fi
   # BUDGET_S=auto: a schedule measured to end before the deadline (steps 10-40 timed; the
   # held-out evaluations and the export's margin left out), else STEPS steps.

@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "core/analysis/summary.h"
 #include "core/base/sha256.h"
 #include "core/experiment/runner.h"
 #include "core/model/diffusion_gemma.h"
@@ -123,6 +124,52 @@ TEST(Repro, Sha256MatchesKnownDigests) {
   h.update(million.data(), 999999);
   h.update(million.data(), 1);
   EXPECT_EQ(h.hex(), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+// Issue #35: the exact reference at the first divergence, as `run` stores it in the file: the
+// same op and numbers as the repro's, the step's logits beside it; its JSON round-trips, the
+// summary prints it, and bad JSON is refused by name.
+TEST(Repro, ExactAtDivergenceIsTheReprosAndRoundTrips) {
+  const ExperimentResult& r = emulated();
+  auto report = exact_at_divergence(repro_session(), r);
+  ASSERT_TRUE(report.ok()) << report.error().message;
+  ASSERT_EQ(report.value().comparisons.size(), 1U);  // ref__b2 (no repeats)
+  const ExactAtDivergence& e = report.value().comparisons[0];
+  EXPECT_EQ(e.comparison, "ref__b2");
+  EXPECT_EQ(e.batch, 2);
+  EXPECT_EQ(e.step, r.comparison("ref__b2")->first.step);
+  ASSERT_TRUE(e.op.has_value()) << e.note;
+  EXPECT_EQ(e.op->site, "selfcond_matmul");
+  EXPECT_TRUE(e.op->differs_alone);
+  EXPECT_EQ(e.op->columns, e.op->columns_of);  // 128 columns: all compared
+  const ReproExport x = export_to(r, repro_dir("exact"));
+  EXPECT_EQ(e.op->distance.text(2), x.exact.text(2));
+  EXPECT_NE(e.op->distance.closer_text(2).find("B=2 is closer to exact"), std::string::npos)
+      << e.op->distance.closer_text(2);
+  ASSERT_TRUE(e.logits.has_value()) << e.note;
+  EXPECT_EQ(e.logits->site, "lm_head");
+  EXPECT_TRUE(e.logits->distance.computed);
+  EXPECT_NEAR(
+      e.logits->distance.closer_one + e.logits->distance.closer_batch + e.logits->distance.ties,
+      1.0, 1e-12);
+  const auto back = exact_from_json(to_json(report.value()));
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(to_json(back.value()), to_json(report.value()));
+  ExperimentResult with = r;
+  with.exact = report.value();
+  const std::string text = analysis::summary_text(with);
+  EXPECT_NE(text.find("exact (fp64): the op: selfcond_matmul (matmul, bf16, differs alone): B=2 "
+                      "is closer to exact"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("exact (fp64): the step's logits: lm_head"), std::string::npos) << text;
+  nlohmann::json bad = to_json(report.value());
+  bad["comparisons"][0]["op"]["distance"]["max_ulp_one"] = "one";
+  EXPECT_FALSE(exact_from_json(bad).ok());
+  bad = to_json(report.value());
+  bad["comparisons"][0].erase("step");
+  EXPECT_FALSE(exact_from_json(bad).ok());
+  EXPECT_FALSE(exact_from_json(nlohmann::json::array()).ok());
 }
 
 // The default: the first op behind the first divergence that differs alone, with its captured

@@ -87,7 +87,9 @@ TEST(Sweep, StatisticsOfAKnownSet) {
   SweepRow fixed = row(0, 2, false, 0, -1, "");
   fixed.group = experiment::RunGroup::Workaround;
   rows.push_back(fixed);
-  const std::vector<SweepStats> s = sweep_stats(rows);
+  SweepSpec spec;
+  spec.prompts = {{"a", true, {}}, {"b", true, {}}, {"c", true, {}}, {"d", true, {}}};
+  const std::vector<SweepStats> s = sweep_stats(spec, rows);
   ASSERT_EQ(s.size(), 3U);
   EXPECT_EQ(s[0].group, experiment::RunGroup::Main);
   EXPECT_EQ(s[0].batch_size, 2);
@@ -123,6 +125,81 @@ TEST(Sweep, StatisticsOfAKnownSet) {
   bad = to_json(rows[3]);
   bad.erase("seed");
   EXPECT_NE(sweep_row_from_json(bad).error().message.find("'seed'"), std::string::npos);
+}
+
+// Issue #35: the companions and the row under test as axes beside prompts and seeds: every
+// combination is an item with its own spec, the statistics keep each value apart or take them
+// together, and a sweep without the axes keeps its JSON (and so its id).
+TEST(Sweep, CompanionsAndRowsAreAxes) {
+  SweepSpec spec;
+  spec.base.model.preset = "tiny";
+  spec.base.batch_sizes = {2, 4};
+  spec.prompts = {{"a", true, {}}, {"b", true, {}}};
+  const std::string plain = to_json(spec).dump();
+  EXPECT_EQ(plain.find("companion_sets"), std::string::npos) << plain;
+  spec.companion_sets = {{}, {{"Explain tides, please, at length.", true, {}}}};
+  spec.rows = {0, 1};
+  ASSERT_TRUE(validate(spec).ok()) << validate(spec).error().message;
+  EXPECT_TRUE(spec.mixed());
+  const std::vector<SweepItem> items = sweep_items(spec);
+  ASSERT_EQ(items.size(), 8U);  // 2 prompts x 1 seed x 2 sets x 2 rows
+  EXPECT_EQ(items[5].prompt, 1);
+  EXPECT_EQ(items[5].companions, 0);
+  EXPECT_EQ(items[5].row, 1);
+  const ExperimentSpec e = item_spec(spec, items[3]);  // prompt a, companions 2, row 1
+  EXPECT_EQ(e.prompt, "a");
+  ASSERT_EQ(e.composition.companions.size(), 1U);
+  EXPECT_EQ(e.composition.row, 1);
+  EXPECT_EQ(e.prefill, generation::PrefillMode::Batched);
+  EXPECT_FALSE(item_spec(spec, items[0]).composition.mixed());
+  // JSON round trip; the id changes with the axes.
+  const auto back = sweep_spec_from_json(to_json(spec));
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(to_json(back.value()), to_json(spec));
+  SweepSpec one = spec;
+  one.rows = {0};
+  EXPECT_NE(sweep_id(one), sweep_id(spec));
+  // A row outside the smallest batch is refused by name.
+  SweepSpec far = spec;
+  far.rows = {0, 2};
+  EXPECT_FALSE(validate(far).ok());
+  nlohmann::json bad = to_json(spec);
+  bad.erase("rows");
+  EXPECT_FALSE(sweep_spec_from_json(bad).ok());
+  // A spec of one run's options (companions in the base) puts them on the axes.
+  SweepSpec from_run;
+  from_run.base = spec.base;
+  from_run.base.composition.companions = spec.companion_sets[1];
+  from_run.base.composition.row = 1;
+  from_run.prompts = spec.prompts;
+  from_run.normalize_axes();
+  EXPECT_EQ(from_run.companion_sets.size(), 1U);
+  EXPECT_EQ(from_run.rows, (std::vector<std::int64_t>{1}));
+  EXPECT_FALSE(from_run.base.composition.mixed());
+  // Statistics per value of the axes, or all together; one value's rows.
+  std::vector<SweepRow> rows;
+  for (const SweepItem& item : items) {
+    rows.push_back(row(item.index, 2, item.companions == 1, item.companions == 1 ? 5 : 0,
+                       item.companions == 1 ? 2 : -1, item.companions == 1 ? "router_proj" : ""));
+  }
+  const std::vector<SweepStats> apart = sweep_stats(spec, rows);
+  ASSERT_EQ(apart.size(), 4U);  // B=2 x 2 sets x 2 rows
+  EXPECT_EQ(apart[0].companions, 0);
+  EXPECT_EQ(apart[0].row, 0);
+  EXPECT_EQ(apart[0].n, 2);
+  EXPECT_EQ(apart[0].text_changed, 0);
+  EXPECT_EQ(apart[3].companions, 1);
+  EXPECT_EQ(apart[3].row, 1);
+  EXPECT_EQ(apart[3].text_changed, 2);
+  const std::vector<SweepStats> together = sweep_stats(spec, rows, {false, false});
+  ASSERT_EQ(together.size(), 1U);
+  EXPECT_EQ(together[0].n, 8);
+  EXPECT_EQ(together[0].text_changed, 4);
+  EXPECT_EQ(together[0].companions, -1);
+  EXPECT_EQ(rows_where(spec, rows, 1, -1).size(), 4U);
+  EXPECT_EQ(rows_where(spec, rows, 1, 0).size(), 2U);
+  EXPECT_EQ(companions_label(spec, 0), "identical rows");
+  EXPECT_EQ(companions_label(spec, 1), "companions 2 (1 prompt)");
 }
 
 TEST(Sweep, SeedsParse) {

@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/analysis/causes.h"
+#include "core/analysis/explain.h"
 #include "core/analysis/story.h"
 #include "core/base/system_info.h"
 #include "core/compat/torch_compat.h"
@@ -69,13 +70,13 @@ std::string mask_changes_bits() {
 TEST(Composition, BatchRowsPutThePromptInItsRowAndCycleTheCompanions) {
   const std::vector<std::int64_t> p{1, 2};
   const std::vector<std::vector<std::int64_t>> c{{7}, {8, 8}};
-  const auto rows = batch_rows(p, c, 4, 1);
+  const auto rows = generation::batch_rows(p, c, 4, 1);
   ASSERT_EQ(rows.size(), 4U);
   EXPECT_EQ(rows[0], c[0]);
   EXPECT_EQ(rows[1], p);
   EXPECT_EQ(rows[2], c[1]);
   EXPECT_EQ(rows[3], c[0]);
-  EXPECT_EQ(batch_rows(p, {}, 3, 0), (std::vector<std::vector<std::int64_t>>{p, p, p}));
+  EXPECT_EQ(generation::batch_rows(p, {}, 3, 0), (std::vector<std::vector<std::int64_t>>{p, p, p}));
 }
 
 TEST(Composition, SpecJsonKeepsItOnlyWhenSetAndRoundTrips) {
@@ -284,7 +285,7 @@ TEST(Causes, EmulatedKernelsBesideOtherPromptsAreToldApartAndKeptInTheFile) {
   ExperimentSpec s = mixed_spec("emulated_split_k", generation::PositionMode::Shared);
   s.batch_sizes = {2};
   s.overrides.max_new_tokens = 32;
-  auto padded = analysis::run_experiment_with_causes(s);
+  auto padded = analysis::run_and_explain(s);
   ASSERT_TRUE(padded.ok()) << padded.error().message;
   const CauseReport& c = padded.value().causes.value();
   ASSERT_EQ(c.rows.size(), 1U);
@@ -308,6 +309,11 @@ TEST(Causes, EmulatedKernelsBesideOtherPromptsAreToldApartAndKeptInTheFile) {
   ASSERT_TRUE(read.ok()) << read.error().message;
   ASSERT_TRUE(read.value().causes.has_value());
   EXPECT_EQ(to_json(*read.value().causes), to_json(c));
+  // The exact reference at the divergence (run_and_explain's), kept in the file (schema 1.7).
+  ASSERT_TRUE(padded.value().exact.has_value());
+  ASSERT_TRUE(read.value().exact.has_value());
+  EXPECT_EQ(to_json(*read.value().exact), to_json(*padded.value().exact));
+  ASSERT_NE(padded.value().exact->find("ref__b2"), nullptr);
   EXPECT_EQ(to_json(read.value().spec), to_json(s));
   std::filesystem::remove(path);
 
@@ -316,7 +322,7 @@ TEST(Causes, EmulatedKernelsBesideOtherPromptsAreToldApartAndKeptInTheFile) {
   longest.prompt =
       "Write a long essay about Portugal, its history, its sea, its language and "
       "its people, please.";
-  const auto r = analysis::run_experiment_with_causes(longest);
+  const auto r = analysis::run_and_explain(longest);
   ASSERT_TRUE(r.ok()) << r.error().message;
   const CauseReport& k = r.value().causes.value();
   EXPECT_EQ(k.rows.at(0).pad_slots, 0);

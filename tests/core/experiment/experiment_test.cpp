@@ -19,6 +19,7 @@
 #include "core/experiment/runner.h"
 #include "core/io/experiment_file.h"
 #include "core/model/config.h"
+#include "tests/support/gemm_probe.h"
 
 #include <unistd.h>
 
@@ -68,6 +69,9 @@ std::string temp_path(const std::string& name) {
 }
 
 TEST(Experiment, DefaultPolicyOnCpuIsBatchInvariantAndRecordedSo) {
+  if (const std::string why = test::bf16_products_depend_on_rows(); !why.empty()) {
+    GTEST_SKIP() << why;
+  }
   const ExperimentResult& r = default_run();
   ASSERT_EQ(r.runs.size(), 5U);  // ref, repeat1, b2, b3, b4
   ASSERT_EQ(r.comparisons.size(), 4U);

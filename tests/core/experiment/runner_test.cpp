@@ -5,6 +5,7 @@
 
 #include <cstring>
 #include <functional>
+#include <iostream>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -12,6 +13,7 @@
 #include "core/analysis/summary.h"
 #include "core/experiment/plan.h"
 #include "core/experiment/provenance.h"
+#include "tests/support/gemm_probe.h"
 
 namespace batchlens::experiment {
 namespace {
@@ -149,9 +151,13 @@ TEST_F(WorkaroundGroup, MergedEqualsTheWholeSpecRunAtOnce) {
     }
   }
   EXPECT_EQ(ticks, wa_steps);
-  // The story of the H200 profile: the main runs diverge, the workaround makes them identical.
+  // The story of the H200 profile: the main runs diverge, the workaround makes them identical
+  // (where LibTorch's own CPU kernels are batch-invariant: on AMX CPUs they are not).
+  const std::string cpu_varies = test::bf16_products_depend_on_rows();
   for (const ComparisonResult& c : merged.value().comparisons) {
-    if (c.id.rfind("wa.", 0) == 0) {
+    if (c.id.rfind("wa.", 0) == 0 && !cpu_varies.empty()) {
+      std::cout << "[ note ] " << c.id << " not checked: " << cpu_varies << "\n";
+    } else if (c.id.rfind("wa.", 0) == 0) {
       EXPECT_FALSE(c.first.found()) << c.id << " " << describe(c.first);
       EXPECT_TRUE(c.tokens_identical) << c.id;
     } else if (c.run != "repeat1") {
@@ -209,7 +215,8 @@ TEST_F(WorkaroundGroup, RunsComputedWithOtherKernelsAreNotAddedUnderTheShownProv
        }},
       {"oneDNN ISA",
        [](ExperimentResult& r) {
-         r.provenance.cpu.onednn_isa = "avx512_core_amx";
+         r.provenance.cpu.onednn_isa =
+             r.provenance.cpu.onednn_isa == "avx512_core_amx" ? "avx2" : "avx512_core_amx";
        }},
       {"bf16 matmuls by",
        [](ExperimentResult& r) {

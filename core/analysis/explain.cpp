@@ -1,0 +1,37 @@
+// SPDX-License-Identifier: Apache-2.0
+#include "core/analysis/explain.h"
+
+#include <algorithm>
+
+#include "core/analysis/causes.h"
+#include "core/analysis/repro.h"
+#include "core/setup/front_door.h"
+
+namespace batchlens::analysis {
+
+base::Result<experiment::ExperimentResult> run_and_explain(const experiment::ExperimentSpec& spec,
+                                                           const Explain& explain,
+                                                           const experiment::RunControl& control) {
+  return base::guarded([&]() -> experiment::ExperimentResult {
+    const setup::Session session = base::take(experiment::open_session_for(spec, control));
+    experiment::ExperimentResult out =
+        base::take(experiment::run_experiment(session, spec, control));
+    out.timings.load_s = session.load_s;
+    if (explain.causes && spec.composition.mixed()) {
+      out.causes = base::take(find_causes(session, out, control));
+    }
+    if (explain.exact) {
+      const bool diverged =
+          std::any_of(out.comparisons.begin(), out.comparisons.end(),
+                      [](const experiment::ComparisonResult& c) {
+                        return c.kind == experiment::ComparisonKind::Row0 && c.first.found();
+                      });
+      if (diverged) {
+        out.exact = base::take(exact_at_divergence(session, out, control));
+      }
+    }
+    return out;
+  });
+}
+
+}  // namespace batchlens::analysis
