@@ -21,6 +21,9 @@ packages=(
   python3-torch
   # a real single-node Slurm cluster for the sweep fan-out test (tests/app/slurm_cluster.sh)
   slurm-wlm munge
+  # a real OpenSSH server on 127.0.0.1 for the remote-run test (tests/app/sshd_server.sh; ssh
+  # itself runs remote experiments, issue #36)
+  openssh-client openssh-server
   # bash -n and shellcheck over the generated Slurm scripts (tests/core/analysis/sweep_test.cpp)
   shellcheck
   # a readable word list for the generated demo tokenizer

@@ -8,6 +8,7 @@
 #include "core/base/input.h"
 #include "core/base/system_info.h"
 #include "core/base/version.h"
+#include "core/io/experiment_file.h"
 
 namespace batchlens::cli {
 
@@ -41,6 +42,8 @@ nlohmann::json to_json(const base::SystemInfo& s) {
             {"build_type", b.build_type},
             {"compiler", b.compiler}}},
           {"libtorch", s.libtorch_version},
+          // The experiment files this build writes: `remote` refuses a target that writes newer.
+          {"file_schema", {io::kSchemaMajor, io::kSchemaMinor}},
           {"host", s.host},
           {"os", s.os},
           {"cpu",

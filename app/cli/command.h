@@ -76,6 +76,8 @@ void register_sweep(CLI::App& app, int& exit_code);
 
 /// `sweep-merge`: shard files of one sweep into one sweep file (core/io/sweep_file.h).
 void register_sweep_merge(CLI::App& app, int& exit_code);
+/// remote TARGET probe|run|fetch: runs on a GPU server over SSH (issue #36).
+void register_remote(CLI::App& app, int& exit_code);
 
 /// `repro`: a minimal repro folder for one op of an experiment (core/experiment/repro.h).
 void register_repro(CLI::App& app, int& exit_code);

@@ -38,6 +38,7 @@ int run(int argc, char** argv) {
   cli::register_sweep(app, exit_code);
   cli::register_sweep_merge(app, exit_code);
   cli::register_culprit(app, exit_code);
+  cli::register_remote(app, exit_code);
 
   try {
     app.parse(argc, argv);

@@ -17,11 +17,15 @@
 #include "core/analysis/culprit.h"
 #include "core/analysis/summary.h"
 #include "core/base/atomic_file.h"
+#include "core/base/input.h"
+#include "core/base/sha256.h"
 #include "core/experiment/experiment.h"
 #include "core/experiment/runner.h"
 #include "core/io/experiment_file.h"
 #include "core/model/config.h"
 #include "core/setup/prompt.h"
+
+#include <unistd.h>
 
 namespace batchlens::cli {
 
@@ -142,13 +146,71 @@ void add_spec_options(CLI::App* cmd, SpecOptions& o, bool workaround, const char
                 "Do not record which kernels each op family launched per engine (one extra "
                 "decoder pass per engine, with and without self-conditioning)");
   cmd->add_option("--out", o.out, out_help)->required();
+  cmd->add_option("--spec-json", o.spec_json,
+                  "The whole experiment spec as JSON (an experiment file's spec, 'summary --json' "
+                  "of none; '-' reads stdin): the spec options above are then not read");
+  cmd->add_option("--progress", o.progress,
+                  "bar (a terminal progress bar) or json (JSON lines on stderr, for programs)")
+      ->capture_default_str();
 }
+
+namespace {
+
+// --spec-json: the spec from a file or stdin ("-"), checked as a file's spec is. False (with the
+// exit code set and the reason printed) when it is not one.
+bool spec_from_json_option(SpecOptions& o, const char* command, int& exit_code) {
+  base::Result<std::string> text = std::string();
+  if (o.spec_json == "-") {
+    std::string all;
+    char buf[65536];
+    std::size_t n = 0;
+    while ((n = std::fread(buf, 1, sizeof buf, stdin)) > 0) {
+      all.append(buf, n);
+      if (all.size() > base::kMaxTextFileBytes) {
+        text = base::Error{base::ErrorCode::InvalidArgument, "the spec on stdin is too large"};
+        break;
+      }
+    }
+    if (text.ok()) {
+      text = std::move(all);
+    }
+  } else {
+    text = base::read_input_file(o.spec_json, "spec JSON");
+  }
+  base::Result<experiment::ExperimentSpec> spec =
+      text.ok() ? experiment::spec_from_json_text(text.value())
+                : base::Result<experiment::ExperimentSpec>(text.error());
+  if (spec.ok()) {
+    if (auto v = experiment::validate(spec.value()); !v.ok()) {
+      spec = v.error();
+    }
+  }
+  if (!spec.ok()) {
+    std::cerr << "batchlens-cli " << command << ": --spec-json: " << spec.error().message << "\n";
+    exit_code = kExitUsage;
+    return false;
+  }
+  o.spec = std::move(spec).value();
+  return true;
+}
+
+}  // namespace
 
 // Fills o.spec from the typed options and runs the checks before any work. False (with the
 // exit code set and the reason printed) when the command must not start.
 bool resolve_spec(SpecOptions& o, const char* command, int& exit_code, bool file_out) {
   auto& mo = o.model;
   auto& spec = o.spec;
+  if (o.progress != "bar" && o.progress != "json") {
+    std::cerr << "batchlens-cli " << command << ": --progress is bar or json, not '" << o.progress
+              << "'\n";
+    exit_code = kExitUsage;
+    return false;
+  }
+  if (!o.spec_json.empty()) {
+    return spec_from_json_option(o, command, exit_code) &&
+           (!file_out || preflight(spec, o.out, exit_code));
+  }
   if (mo.source.preset.empty() && mo.checkpoint.empty()) {
     std::cerr << "batchlens-cli " << command << ": give --preset or --checkpoint\n";
     exit_code = kExitUsage;
@@ -237,15 +299,21 @@ void compute_and_write(
         compute,
     int& exit_code) {
   base::Result<experiment::ExperimentResult> result = base::Error{};
+  progress_event(o.progress, "start", {{"pid", static_cast<std::int64_t>(::getpid())}});
   {
     const SigintCancel sigint;
     experiment::RunControl control;
     control.cancel = sigint.token();
-    control.progress = draw_progress;
+    control.progress = progress_reporter(o.progress);
     result = compute(control);
   }
-  std::fprintf(stderr, "\n");
+  if (o.progress != "json") {
+    std::fprintf(stderr, "\n");
+  }
   if (!result.ok()) {
+    progress_event(
+        o.progress, "error",
+        {{"code", base::to_string(result.error().code)}, {"message", result.error().message}});
     exit_code = report_error(result.error());
     return;
   }
@@ -265,8 +333,40 @@ void compute_and_write(
             << t.engines_s << " s, per-tick copies and comparisons " << t.comparisons_s
             << " s (read back per canvas " << t.readback_s << " s), results " << t.results_s
             << " s, kernel provenance " << t.kernels_s << " s, file " << write_s << " s\n";
+  if (written == out && o.progress == "json") {
+    auto digest = base::sha256_file(out);
+    std::error_code ec;
+    progress_event(o.progress, "written",
+                   {{"path", fs::absolute(out, ec).string()},
+                    {"bytes", static_cast<std::uint64_t>(fs::file_size(out, ec))},
+                    {"sha256", digest.ok() ? digest.value() : std::string()}});
+  }
   // A rescued result is kept, but the command did not do what it was asked.
   exit_code = written == out ? kExitOk : kExitFailure;
+}
+
+base::ProgressFn progress_reporter(const std::string& mode) {
+  if (mode != "json") {
+    return draw_progress;
+  }
+  return [](const base::Progress& p) {
+    progress_event("json", "progress",
+                   {{"done", p.done},
+                    {"total", p.total},
+                    {"stage", p.stage},
+                    {"elapsed_s", p.elapsed_s},
+                    {"eta_s", p.eta_s}});
+  };
+}
+
+void progress_event(const std::string& mode, const std::string& name, nlohmann::json fields) {
+  if (mode != "json") {
+    return;
+  }
+  fields["event"] = name;
+  const std::string line = base::dump_json_lossy(fields) + "\n";
+  std::fwrite(line.data(), 1, line.size(), stderr);
+  std::fflush(stderr);
 }
 
 }  // namespace batchlens::cli

@@ -8,6 +8,7 @@
 #include <string>
 
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include "app/cli/model_options.h"
 #include "core/base/error.h"
@@ -40,6 +41,10 @@ struct SpecOptions {
   bool no_kernels = false;
   bool no_causes = false;  // run: skip the re-runs that tell a mixed batch's causes apart
   bool no_exact = false;   // run: skip the exact (fp64) reference at the first divergences
+  // The whole spec as JSON (a file, or "-" for stdin: `remote` sends it so, issue #36): the
+  // options above that describe the spec are then not read.
+  std::string spec_json;
+  std::string progress = "bar";  // "json": progress and events as JSON lines on stderr
 };
 
 /// Declares the spec options on `cmd` (with --workaround when `workaround`).
@@ -51,8 +56,16 @@ void add_spec_options(CLI::App* cmd, SpecOptions& o, bool workaround,
 /// must not start.
 bool resolve_spec(SpecOptions& o, const char* command, int& exit_code, bool file_out = true);
 
+/// The progress reporter of --progress: the terminal bar, or one JSON line per report on stderr
+/// ({"event": "progress", "done", "total", "stage", "elapsed_s", "eta_s"}) for a program that
+/// drives this one (the `remote` command over SSH).
+base::ProgressFn progress_reporter(const std::string& mode);
+/// With --progress json: one {"event": NAME, ...fields} line on stderr; nothing otherwise.
+void progress_event(const std::string& mode, const std::string& name, nlohmann::json fields);
+
 /// Runs `compute` under Ctrl-C cancellation with progress, prints the summary and writes the
-/// file (or rescues it); sets the exit code.
+/// file (or rescues it); sets the exit code. With --progress json the written file's path,
+/// size and SHA-256 follow as an event ("written").
 void compute_and_write(
     const SpecOptions& o,
     const std::function<base::Result<experiment::ExperimentResult>(const experiment::RunControl&)>&

@@ -2,7 +2,10 @@
 #include "core/base/sha256.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
+#include <vector>
 
 namespace batchlens::base {
 
@@ -122,6 +125,25 @@ std::string Sha256::hex() {
 std::string sha256_hex(const void* data, std::size_t size) {
   Sha256 s;
   s.update(data, size);
+  return s.hex();
+}
+
+Result<std::string> sha256_file(const std::filesystem::path& path) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) {
+    return Error{ErrorCode::IoFailed, "cannot read " + path.string() + ": " + std::strerror(errno)};
+  }
+  Sha256 s;
+  std::vector<char> buf(std::size_t{1} << 20);
+  std::size_t n = 0;
+  while ((n = std::fread(buf.data(), 1, buf.size(), f)) > 0) {
+    s.update(buf.data(), n);
+  }
+  const bool failed = std::ferror(f) != 0;
+  std::fclose(f);
+  if (failed) {
+    return Error{ErrorCode::IoFailed, "reading " + path.string() + " failed"};
+  }
   return s.hex();
 }
 

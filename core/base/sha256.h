@@ -1,12 +1,16 @@
 // SPDX-License-Identifier: Apache-2.0
 // SHA-256 (FIPS 180-4), for naming a tensor's bytes in a minimal repro (experiment/repro.h) so
-// that whoever holds the checkpoint can check they load the same weight. Torch-free.
+// that whoever holds the checkpoint can check they load the same weight, and for checking a file
+// brought back from a remote run. Torch-free.
 #pragma once
 
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <filesystem>
 #include <string>
+
+#include "core/base/error.h"
 
 namespace batchlens::base {
 
@@ -28,5 +32,10 @@ class Sha256 {
 
 /// SHA-256 of `size` bytes at `data`, as 64 lowercase hex digits.
 std::string sha256_hex(const void* data, std::size_t size);
+
+/// SHA-256 of a file's bytes (read in 1 MiB blocks), as sha256_hex gives it: a file brought back
+/// from another machine checked against the digest its writer printed (issue #36). Errors:
+/// IoFailed naming the file. Never throws.
+Result<std::string> sha256_file(const std::filesystem::path& path);
 
 }  // namespace batchlens::base

@@ -1,0 +1,168 @@
+// SPDX-License-Identifier: Apache-2.0
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "app/cli/cli_progress.h"
+#include "app/cli/command.h"
+#include "app/cli/model_options.h"
+#include "app/cli/spec_options.h"
+#include "core/remote/ssh_run.h"
+
+#include <unistd.h>
+
+namespace batchlens::cli {
+
+namespace {
+
+struct RemoteOptions {
+  std::string target;
+  std::string cli = "batchlens-cli";
+  std::string workdir = "batchlens-runs";
+  std::vector<std::string> ssh_options;
+  SpecOptions run;
+  std::string fetch_path;
+  std::string fetch_out;
+  std::string fetch_sha256;
+};
+
+// The target of the options, or false (reason printed, exit code set).
+bool target_of(const RemoteOptions& o, remote::SshTarget& t, int& exit_code) {
+  auto parsed = remote::parse_target(o.target);
+  if (!parsed.ok()) {
+    std::cerr << "batchlens-cli remote: " << parsed.error().message << "\n";
+    exit_code = kExitUsage;
+    return false;
+  }
+  t = std::move(parsed).value();
+  t.cli = o.cli;
+  t.workdir = o.workdir;
+  for (const std::string& opt : o.ssh_options) {
+    // Each --ssh-option is "-F FILE" or "-o Key=Value" style, split once at the first space.
+    const std::size_t sp = opt.find(' ');
+    t.ssh_options.push_back(opt.substr(0, sp));
+    if (sp != std::string::npos) {
+      t.ssh_options.push_back(opt.substr(sp + 1));
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+void register_remote(CLI::App& app, int& exit_code) {
+  auto o = std::make_shared<RemoteOptions>();
+  auto* cmd = app.add_subcommand(
+      "remote",
+      "Run on a GPU server over SSH (your keys, agent and ~/.ssh/config; no password prompt): "
+      "the spec goes over stdin, progress comes back, Ctrl-C ends the run there, the file comes "
+      "back checked");
+  cmd->add_option("target", o->target, "An alias of ~/.ssh/config, host, user@host[:port]")
+      ->required();
+  cmd->add_option("--cli", o->cli, "batchlens-cli on the target (PATH or a path)")
+      ->capture_default_str();
+  cmd->add_option("--workdir", o->workdir,
+                  "Folder on the target where its files are kept (made; relative to the login "
+                  "folder)")
+      ->capture_default_str();
+  cmd->add_option("--ssh-option", o->ssh_options,
+                  "More for ssh, e.g. \"-F /path/ssh_config\" or \"-o ConnectTimeout=10\" "
+                  "(repeatable)");
+  cmd->require_subcommand(1);
+
+  auto* probe = cmd->add_subcommand("probe", "What the target has: BatchLens, LibTorch, devices");
+  probe->callback([o, &exit_code] {
+    remote::SshTarget t;
+    if (!target_of(*o, t, exit_code)) {
+      return;
+    }
+    auto info = remote::probe(t);
+    if (!info.ok()) {
+      exit_code = report_error(info.error());
+      return;
+    }
+    std::cout << t.describe() << ": BatchLens " << info.value().version << ", LibTorch "
+              << info.value().libtorch << ", files " << info.value().schema_major << "."
+              << info.value().schema_minor << "\n";
+    for (const std::string& d : info.value().devices) {
+      std::cout << "  " << t.host << ": " << d << "\n";
+    }
+    exit_code = kExitOk;
+  });
+
+  auto* run = cmd->add_subcommand(
+      "run", "`batchlens-cli run` on the target; the experiment file comes back to --out here");
+  add_spec_options(run, o->run, /*workaround=*/true,
+                   "Experiment file to write here (.h5); the target keeps its own copy");
+  run->add_flag("--no-causes", o->run.no_causes, "As `run --no-causes`");
+  run->add_flag("--no-exact", o->run.no_exact, "As `run --no-exact`");
+  run->callback([o, &exit_code] {
+    remote::SshTarget t;
+    if (!target_of(*o, t, exit_code)) {
+      return;
+    }
+    // The spec is checked here as `run` checks it, but not against this machine's devices and
+    // memory: it runs there (its out file is checked here, where it lands).
+    if (!resolve_spec(o->run, "remote run", exit_code, /*file_out=*/false)) {
+      return;
+    }
+    // Where the file lands is checked before the run, which may take hours.
+    std::error_code ec;
+    const std::filesystem::path parent = std::filesystem::absolute(o->run.out, ec).parent_path();
+    std::filesystem::create_directories(parent, ec);
+    if (ec || ::access(parent.c_str(), W_OK) != 0) {
+      std::cerr << "batchlens-cli remote run: cannot write into " << parent.string() << "\n";
+      exit_code = kExitUsage;
+      return;
+    }
+    std::vector<std::string> extra;
+    if (o->run.no_causes) {
+      extra.emplace_back("--no-causes");
+    }
+    if (o->run.no_exact) {
+      extra.emplace_back("--no-exact");
+    }
+    base::Result<remote::RemoteOutcome> result = base::Error{};
+    {
+      const SigintCancel sigint;
+      experiment::RunControl control;
+      control.cancel = sigint.token();
+      control.progress = progress_reporter(o->run.progress);
+      result = remote::run_remote(t, "run", o->run.spec, extra, o->run.out, control);
+    }
+    if (o->run.progress != "json") {
+      std::fprintf(stderr, "\n");
+    }
+    if (!result.ok()) {
+      exit_code = report_error(result.error());
+      return;
+    }
+    std::cout << result.value().summary << "wrote " << o->run.out << " (from " << t.describe()
+              << ":" << result.value().remote_path << ", " << result.value().bytes
+              << " bytes, SHA-256 " << result.value().sha256 << " checked)\n";
+    exit_code = kExitOk;
+  });
+
+  auto* fetch = cmd->add_subcommand(
+      "fetch", "Bring a file a remote run left on the target (e.g. after a dropped connection)");
+  fetch->add_option("path", o->fetch_path, "The file on the target")->required();
+  fetch->add_option("--out", o->fetch_out, "Where to write it here")->required();
+  fetch->add_option("--sha256", o->fetch_sha256, "Its SHA-256, checked before it is kept");
+  fetch->callback([o, &exit_code] {
+    remote::SshTarget t;
+    if (!target_of(*o, t, exit_code)) {
+      return;
+    }
+    if (auto r = remote::fetch(t, o->fetch_path, o->fetch_sha256, o->fetch_out); !r.ok()) {
+      exit_code = report_error(r.error());
+      return;
+    }
+    std::cout << "wrote " << o->fetch_out << "\n";
+    exit_code = kExitOk;
+  });
+}
+
+}  // namespace batchlens::cli

@@ -1,0 +1,191 @@
+// SPDX-License-Identifier: Apache-2.0
+// Runs on a GPU server from the laptop (issue #36), against a real OpenSSH server on 127.0.0.1
+// (tests/app/sshd_server.sh: Debian's sshd with a generated host key and user key, nothing
+// faked): the file comes back checked, prompts travel as data (a canary file that must not
+// appear), progress arrives, Ctrl-C ends the remote run, a dropped connection and a wrong host
+// key are clear errors, and nothing is half-written here.
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "tests/support/process.h"
+
+#include <unistd.h>
+
+namespace batchlens {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::run_process;
+
+const char* const kServerScript = BL_SOURCE_DIR "/tests/app/sshd_server.sh";
+
+class CliRemote : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("bl_remote_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    if (!fs::exists("/usr/sbin/sshd")) {
+      if (std::getenv("CI") != nullptr) {
+        FAIL() << "openssh-server is not installed, and CI must run this test "
+                  "(scripts/install-deps.sh installs it)";
+      }
+      GTEST_SKIP() << "openssh-server (/usr/sbin/sshd) is not installed";
+    }
+    const auto started = run_process({"/bin/bash", kServerScript, "start", server()});
+    ASSERT_EQ(started.exit_code, 0) << started.out << started.err;
+    up_ = true;
+  }
+  void TearDown() override {
+    if (up_) {
+      run_process({"/bin/bash", kServerScript, "stop", server()});
+    }
+    fs::remove_all(dir_);
+  }
+
+  std::string server() const { return (dir_ / "sshd").string(); }
+  std::string work() const { return (dir_ / "work").string(); }
+
+  // batchlens-cli remote bltest (this test's sshd) ... with `args` after it.
+  std::vector<std::string> remote(const std::vector<std::string>& args) const {
+    std::vector<std::string> argv{
+        BL_CLI_PATH, "remote",    "bltest",    "--ssh-option", "-F " + server() + "/ssh_config",
+        "--cli",     BL_CLI_PATH, "--workdir", work()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return argv;
+  }
+
+  // The files under the remote work folder.
+  std::vector<fs::path> remote_files() const {
+    std::vector<fs::path> out;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(work(), ec)) {
+      out.push_back(e.path());
+    }
+    return out;
+  }
+
+  fs::path dir_;
+  bool up_ = false;
+};
+
+TEST_F(CliRemote, RunComesBackCheckedAndPromptsTravelAsData) {
+  const fs::path canary = dir_ / "CANARY";
+  const std::string prompt = "It's \"quoted\"; $(touch " + canary.string() + ") `touch " +
+                             canary.string() + "` a\nnew line and  spaces";
+  const fs::path out = dir_ / "local folder" / "it's here.h5";
+  const auto probe = run_process(remote({"probe"}));
+  ASSERT_EQ(probe.exit_code, 0) << probe.err;
+  EXPECT_NE(probe.out.find("bltest: cpu"), std::string::npos) << probe.out;
+  const auto r =
+      run_process(remote({"run", "--preset", "tiny", "--steps", "2", "--max-new-tokens", "16",
+                          "--batch-sizes", "2", "--policy", "emulated_split_k", "--prompt", prompt,
+                          "--progress", "json", "--out", out.string()}));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_FALSE(fs::exists(canary)) << "a prompt ran as a command";
+  EXPECT_NE(r.err.find("\"event\":\"progress\""), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("\"stage\":\"bltest: "), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("SHA-256"), std::string::npos) << r.out;
+  ASSERT_TRUE(fs::exists(out));
+  // The same bytes as the file the target keeps, and the prompt as given.
+  const std::vector<fs::path> there = remote_files();
+  ASSERT_EQ(there.size(), 1U);
+  EXPECT_EQ(testing::slurp(there[0]), testing::slurp(out));
+  const auto summary = run_process({BL_CLI_PATH, "summary", "--json", out.string()});
+  ASSERT_EQ(summary.exit_code, 0) << summary.err;
+  const auto spec = run_process({BL_CLI_PATH, "summary", out.string()});
+  EXPECT_NE(spec.out.find("ref__b2"), std::string::npos);
+  // fetch: again, and refused against another checksum (nothing written).
+  const fs::path again = dir_ / "again.h5";
+  ASSERT_EQ(run_process(remote({"fetch", there[0].string(), "--out", again.string()})).exit_code,
+            0);
+  EXPECT_EQ(testing::slurp(again), testing::slurp(out));
+  const fs::path wrong = dir_ / "wrong.h5";
+  const auto refused = run_process(remote(
+      {"fetch", there[0].string(), "--sha256", std::string(64, '0'), "--out", wrong.string()}));
+  EXPECT_EQ(refused.exit_code, 1);
+  EXPECT_NE(refused.err.find("does not match its SHA-256"), std::string::npos) << refused.err;
+  EXPECT_FALSE(fs::exists(wrong));
+  // A target that looks like an ssh option is refused before ssh runs.
+  const auto option =
+      run_process({BL_CLI_PATH, "remote", "-oProxyCommand=touch " + canary.string(), "probe"});
+  EXPECT_NE(option.exit_code, 0);
+  EXPECT_FALSE(fs::exists(canary));
+}
+
+// Ctrl-C here ends the run there (its process group), and nothing is left on either side.
+TEST_F(CliRemote, CtrlCEndsTheRemoteRun) {
+  const fs::path out = dir_ / "long.h5";
+  fs::create_directories(dir_ / "logs-cancel");
+  testing::Child child(
+      remote({"run", "--preset", "tiny", "--steps", "48", "--max-new-tokens", "2048",
+              "--batch-sizes", "2", "--progress", "json", "--out", out.string()}),
+      {}, dir_ / "logs-cancel");
+  ASSERT_TRUE(child.wait_for_err("\"event\":\"progress\"")) << child.err();
+  child.signal(SIGINT);
+  EXPECT_EQ(child.wait(std::chrono::seconds(120)), 130) << child.err();
+  EXPECT_NE(child.err().find("cancelled"), std::string::npos) << child.err();
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_TRUE(remote_files().empty()) << remote_files().front();
+  const auto left = run_process({"/usr/bin/pgrep", "-f", "--progress json --out long-"});
+  EXPECT_NE(left.exit_code, 0) << "still running there: " << left.out;
+}
+
+// The connection dropped mid-run (the server's session processes killed): a clear error, nothing
+// written here.
+TEST_F(CliRemote, ADroppedConnectionIsAClearErrorAndWritesNothing) {
+  const fs::path out = dir_ / "dropped.h5";
+  fs::create_directories(dir_ / "logs-drop");
+  testing::Child child(
+      remote({"run", "--preset", "tiny", "--steps", "48", "--max-new-tokens", "2048",
+              "--batch-sizes", "2", "--progress", "json", "--out", out.string()}),
+      {}, dir_ / "logs-drop");
+  ASSERT_TRUE(child.wait_for_err("\"event\":\"progress\"")) << child.err();
+  // The per-connection sshd processes of this test's server (the listener stays).
+  const std::string pid = testing::slurp(server() + "/sshd.pid");
+  run_process({"/bin/sh", "-c",
+               "for m in $(pgrep -P " + pid.substr(0, pid.find('\n')) +
+                   "); do pkill -KILL -P \"$m\"; kill -KILL \"$m\"; done"});
+  const int code = child.wait(std::chrono::seconds(120));
+  EXPECT_EQ(code, 1) << child.err();
+  EXPECT_NE(child.err().find("bltest"), std::string::npos) << child.err();
+  EXPECT_FALSE(fs::exists(out));
+  for (const auto& e : fs::directory_iterator(dir_)) {
+    EXPECT_EQ(e.path().filename().string().find(".part-"), std::string::npos) << e.path();
+  }
+  run_process({"/usr/bin/pkill", "-f", "--progress json --out dropped-"});
+}
+
+// Another host key than known_hosts holds: refused (never accepted by BatchLens), with what to do.
+TEST_F(CliRemote, AnotherHostKeyIsRefused) {
+  const auto keygen = run_process({"/usr/bin/ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f",
+                                   (dir_ / "other_key").string()});
+  ASSERT_EQ(keygen.exit_code, 0) << keygen.err;
+  const std::string config = testing::slurp(server() + "/ssh_config");
+  const std::size_t at = config.find("Port ");
+  const std::string port = config.substr(at + 5, config.find('\n', at) - at - 5);
+  const std::string pub = testing::slurp(dir_ / "other_key.pub");
+  {
+    std::ofstream k(server() + "/known_hosts", std::ios::trunc);
+    k << "[127.0.0.1]:" << port << " " << pub.substr(0, pub.find(' ', pub.find(' ') + 1)) << "\n";
+  }
+  const fs::path out = dir_ / "never.h5";
+  const auto r = run_process(remote({"run", "--preset", "tiny", "--steps", "2", "--max-new-tokens",
+                                     "16", "--batch-sizes", "2", "--out", out.string()}));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("host key of bltest is unknown or has changed"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_TRUE(remote_files().empty());
+}
+
+}  // namespace
+}  // namespace batchlens
