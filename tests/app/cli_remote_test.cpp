@@ -47,6 +47,15 @@ class CliRemote : public ::testing::Test {
   }
   void TearDown() override {
     if (up_) {
+      // Whatever a failed test left running: runs in the remote work folder, ssh clients of
+      // this server (a test's client killed with SIGKILL cannot end its remote run).
+      run_process({"/bin/sh", "-c",
+                   "for p in $(pgrep -f 'batchlens-cli run --spec-json'); do "
+                   "[ \"$(readlink /proc/$p/cwd)\" = '" +
+                       work() +
+                       "' ] && kill -9 $p; done; "
+                       "pkill -9 -f -- '-F " +
+                       server() + "/ssh_config'; true"});
       run_process({"/bin/bash", kServerScript, "stop", server()});
     }
     fs::remove_all(dir_);
