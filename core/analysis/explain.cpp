@@ -2,6 +2,7 @@
 #include "core/analysis/explain.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "core/analysis/causes.h"
 #include "core/analysis/repro.h"
@@ -27,7 +28,26 @@ base::Result<experiment::ExperimentResult> run_and_explain(const experiment::Exp
                         return c.kind == experiment::ComparisonKind::Row0 && c.first.found();
                       });
       if (diverged) {
-        out.exact = base::take(exact_at_divergence(session, out, control));
+        // An explanation that cannot be computed (out of memory for the fp64 copies) leaves
+        // the experiment as it ran; only Cancel ends everything.
+        auto exact = exact_at_divergence(session, out, control);
+        if (exact.ok()) {
+          out.exact = std::move(exact).value();
+        } else if (exact.error().code == base::ErrorCode::Cancelled) {
+          throw base::ErrorException(exact.error());
+        } else {
+          out.exact.emplace();
+          for (const experiment::ComparisonResult& c : out.comparisons) {
+            if (c.kind == experiment::ComparisonKind::Row0 && c.first.found()) {
+              experiment::ExactAtDivergence e;
+              e.comparison = c.id;
+              e.canvas = c.first.canvas;
+              e.step = c.first.step;
+              e.note = "not computed: " + exact.error().message;
+              out.exact->comparisons.push_back(std::move(e));
+            }
+          }
+        }
       }
     }
     return out;

@@ -16,8 +16,9 @@ struct Explain {
 };
 
 /// Opens a session for `spec` (as run_experiment(spec) does), runs it, and explains there what
-/// `explain` asks for into the result's `causes` and `exact`. Errors: those of open_session,
-/// run_experiment, find_causes and exact_at_divergence (Cancelled included). Never throws.
+/// `explain` asks for into the result's `causes` and `exact` (an exact reference that fails, e.g.
+/// out of memory for its fp64 copies, is a note in `exact`: the experiment is kept). Errors: those
+/// of open_session, run_experiment and find_causes; Cancelled. Never throws.
 base::Result<experiment::ExperimentResult> run_and_explain(
     const experiment::ExperimentSpec& spec, const Explain& explain = {},
     const experiment::RunControl& control = {});
