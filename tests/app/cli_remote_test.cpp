@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -73,6 +74,16 @@ class CliRemote : public ::testing::Test {
     return argv;
   }
 
+  // A remote run long enough to be interrupted (tiny, 2048 tokens of 48 steps), progress as
+  // JSON, its output files in dir_/LOGS.
+  std::unique_ptr<testing::Child> long_run(const fs::path& out, const std::string& logs) const {
+    fs::create_directories(dir_ / logs);
+    return std::make_unique<testing::Child>(
+        remote({"run", "--preset", "tiny", "--steps", "48", "--max-new-tokens", "2048",
+                "--batch-sizes", "2", "--progress", "json", "--out", out.string()}),
+        std::vector<std::string>{}, dir_ / logs);
+  }
+
   // The files under the remote work folder.
   std::vector<fs::path> remote_files() const {
     std::vector<fs::path> out;
@@ -134,11 +145,8 @@ TEST_F(CliRemote, RunComesBackCheckedAndPromptsTravelAsData) {
 // Ctrl-C here ends the run there (its process group), and nothing is left on either side.
 TEST_F(CliRemote, CtrlCEndsTheRemoteRun) {
   const fs::path out = dir_ / "long.h5";
-  fs::create_directories(dir_ / "logs-cancel");
-  testing::Child child(
-      remote({"run", "--preset", "tiny", "--steps", "48", "--max-new-tokens", "2048",
-              "--batch-sizes", "2", "--progress", "json", "--out", out.string()}),
-      {}, dir_ / "logs-cancel");
+  const std::unique_ptr<testing::Child> running = long_run(out, "logs-cancel");
+  testing::Child& child = *running;
   ASSERT_TRUE(child.wait_for_err("\"event\":\"progress\"")) << child.err();
   child.signal(SIGINT);
   EXPECT_EQ(child.wait(std::chrono::seconds(120)), 130) << child.err();
@@ -153,11 +161,8 @@ TEST_F(CliRemote, CtrlCEndsTheRemoteRun) {
 // written here.
 TEST_F(CliRemote, ADroppedConnectionIsAClearErrorAndWritesNothing) {
   const fs::path out = dir_ / "dropped.h5";
-  fs::create_directories(dir_ / "logs-drop");
-  testing::Child child(
-      remote({"run", "--preset", "tiny", "--steps", "48", "--max-new-tokens", "2048",
-              "--batch-sizes", "2", "--progress", "json", "--out", out.string()}),
-      {}, dir_ / "logs-drop");
+  const std::unique_ptr<testing::Child> running = long_run(out, "logs-drop");
+  testing::Child& child = *running;
   ASSERT_TRUE(child.wait_for_err("\"event\":\"progress\"")) << child.err();
   // The per-connection sshd processes of this test's server (the listener stays).
   const std::string pid = testing::slurp(server() + "/sshd.pid");
