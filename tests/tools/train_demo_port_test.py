@@ -76,6 +76,19 @@ class PaddedBatchTest(unittest.TestCase):
         self.assertEqual(pad.tolist(), [12])
         self.assertEqual(ctx[0, 12:].tolist(), list(range(3, 23)))
 
+    def test_a_wider_bucket_makes_fewer_shapes_with_the_same_examples(self):
+        exs = [(list(range(3, 3 + n)), [8] * train.CANVAS, False) for n in (3, 17, 20, 40, 47)]
+        narrow = train.BucketBatches(torch, exs, "cpu")
+        wide = train.BucketBatches(torch, exs, "cpu", 48)
+        self.assertEqual(narrow.lengths(), [16, 32, 48])
+        self.assertEqual(wide.lengths(), [48])
+        self.assertEqual(len(wide.order), len(exs))
+        ctx, pad, _ = wide.pools[48]
+        self.assertEqual(pad.tolist(), [45, 31, 28, 8, 1])
+        self.assertEqual(ctx[4, 1:].tolist(), list(range(3, 50)))
+        with self.assertRaises(SystemExit):
+            train.BucketBatches(torch, exs, "cpu", 0)
+
 
 class ExpertKernelTest(unittest.TestCase):
     """--fast's expert kernels compute the eager loop's sum, forward and gradients (here the

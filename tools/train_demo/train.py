@@ -262,21 +262,27 @@ class Batches:
         return [self.exs[first]] + [self.exs[rng.choice(pool)] for _ in range(size - 1)]
 
 
-BUCKET = 16  # --fast: contexts are left-padded to a multiple of this (11 shapes, 14 % padding)
+# --fast: contexts are left-padded to a multiple of this (--bucket). Each width is a shape of its
+# own: on CUDA a captured graph each, ~8 s of warm-up and capture apiece (the H100's 10,000-step
+# call spent 125 s on 11 of them). Padding of the KJV canvases' contexts (mean 56 tokens) per
+# width: 16 -> 11 shapes, 14 %; 24 -> 8, 21 %; 32 -> 6, 29 %; 48 -> 4, 38 %.
+BUCKET = 16
 
 
 class BucketBatches:
     """--fast's batches: fixed shapes, on the GPU. Every context is left-padded to the next
-    multiple of BUCKET (the port masks the pad positions and counts positions from the first
+    multiple of `width` (--bucket, default BUCKET; the port masks the pad positions and counts positions from the first
     real token: the same logits as unpadded, tests/tools/train_demo_test.cpp); a batch is drawn
     from one bucket. Step s: the bucket and the first example from the step's Python generator,
     the rest as indices drawn on the device from its torch generator, gathered into `out` (a
     graph's static inputs) without a copy from the host."""
 
-    def __init__(self, torch, exs, device):
+    def __init__(self, torch, exs, device, width=BUCKET):
+        if width < 1:
+            raise SystemExit("--bucket must be at least 1, not %d" % width)
         groups = {}
         for ctx, tgt, _ in exs:
-            groups.setdefault(-(-len(ctx) // BUCKET) * BUCKET, []).append((ctx, tgt))
+            groups.setdefault(-(-len(ctx) // width) * width, []).append((ctx, tgt))
         self.pools = {}
         self.order = []  # (bucket, index in it) of every example, as Batches counts them
         for length, members in sorted(groups.items()):
@@ -339,22 +345,30 @@ class GraphedSteps:
             batches.gather(torch, length, 0, gen, batch, static)
             noise = draw_noise(torch, gen, batch, CANVAS, VOCAB, True, dev)
             inputs[length] = (static, noise)
+        # Seconds per bucket: the two warm-up steps (compilation included) and the capture.
+        self.warm_seconds, self.graph_seconds = {}, {}
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
             for length, (static, noise) in inputs.items():
+                t = time.time()
                 for _ in range(2):
                     opt.zero_grad(set_to_none=True)
                     self.body(static, noise)
+                side.synchronize()
+                self.warm_seconds[length] = time.time() - t
         torch.cuda.current_stream().wait_stream(side)
         pool = None
         for length, (static, noise) in inputs.items():
+            t = time.time()
             graph = torch.cuda.CUDAGraph()
             opt.zero_grad(set_to_none=True)
             with torch.cuda.graph(graph, pool=pool):
                 loss = self.body(static, noise)
             pool = graph.pool()
             self.graphs[length] = (graph, static, noise, loss)
+            torch.cuda.synchronize()
+            self.graph_seconds[length] = time.time() - t
         with torch.no_grad():
             for p, v in zip(params, saved):
                 p.copy_(v)
@@ -524,7 +538,7 @@ def train(args):
         kernels = fast_kernels(args, cuda)
         dgemma.set_kernels(model, *kernels)
         print("--fast: experts %s, attention %s, fusion %s" % kernels, flush=True)
-        gpu_b = BucketBatches(torch, train_b.exs, device)
+        gpu_b = BucketBatches(torch, train_b.exs, device, args.bucket)
     # A graph reads the learning rate from a device tensor (AdamW's capturable form).
     lr0 = torch.tensor(args.lr, device=device) if graphs else args.lr
     opt = torch.optim.AdamW(param_groups(model), lr=lr0, betas=(0.9, 0.95),
@@ -541,6 +555,11 @@ def train(args):
             raise SystemExit("%s was trained with --loss-positions %s, not %s: --fresh starts "
                              "again" % (state_path, st.get("loss_positions", "corrupted"),
                                         args.loss_positions))
+        if fast and st.get("bucket", BUCKET) != args.bucket:
+            # Another width draws other batches: the resumed run would not be the run it
+            # continues.
+            raise SystemExit("%s was trained with --bucket %d, not %d: --fresh starts again"
+                             % (state_path, st.get("bucket", BUCKET), args.bucket))
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
         if graphs:
@@ -573,7 +592,7 @@ def train(args):
         tmp = state_path + ".tmp"
         torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step,
                     "elapsed": elapsed, "total": total,
-                    "loss_positions": args.loss_positions}, tmp)
+                    "loss_positions": args.loss_positions, "bucket": args.bucket}, tmp)
         os.replace(tmp, state_path)
 
     def keep_if_best(held):
@@ -594,6 +613,9 @@ def train(args):
                                gpu_b, args.batch, autocast, args.loss_positions)
         print("captured %d CUDA graphs (context buckets %s) in %.1f s" % (
             len(graphed.graphs), gpu_b.lengths(), graphed.capture_seconds), flush=True)
+        print("  per bucket, warm-up (2 steps) + capture: %s" % ", ".join(
+            "%d: %.1f + %.1f s" % (n, graphed.warm_seconds[n], graphed.graph_seconds[n])
+            for n in gpu_b.lengths()), flush=True)
     start = time.time()
     t10 = None
     log = open(log_path, "a", encoding="utf-8")
@@ -757,7 +779,7 @@ def check_kernels(args):
         args.backend = "port"
         model = build_model(args, args.device)
         params = [p for _, p in trained_parameters(model)]
-        batches = BucketBatches(torch, exs, args.device)
+        batches = BucketBatches(torch, exs, args.device, args.bucket)
 
         def autocast(**kw):
             # fp32 by default: in bf16 the gradients of a fresh model are dominated by rounding
@@ -829,7 +851,7 @@ def bench(args):
         args.backend = "port"
         model = build_model(args, device)
         params = [p for _, p in trained_parameters(model)]
-        batches = BucketBatches(torch, exs, device)
+        batches = BucketBatches(torch, exs, device, args.bucket)
         graphs = mode == "graphs"
         lr = torch.tensor(args.lr, device=device)
         opt = torch.optim.AdamW(param_groups(model), lr=lr if graphs else args.lr,
@@ -1275,6 +1297,9 @@ def main():
     ap.add_argument("--fusion", choices=["auto", "none", "compiled"], default="auto",
                     help="--fast: the elementwise pieces (RMSNorm, rotation, gate, softcap, "
                          "loss) eager (none; auto) or each fused by torch.compile (compiled)")
+    ap.add_argument("--bucket", type=int, default=BUCKET,
+                    help="--fast: contexts are left-padded to a multiple of this (default %d); "
+                         "each multiple is one captured CUDA graph" % BUCKET)
     ap.add_argument("--log-every", type=int, default=50,
                     help="--fast: steps between waits for the GPU (log records are written then)")
     ap.add_argument("--eval-every", type=int, default=250)
