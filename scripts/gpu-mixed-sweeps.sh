@@ -16,6 +16,7 @@
 #                     the fp64 verdict (the exact reference) of the first divergent op.
 # The sweeps keep 64 new tokens (2 canvases of 32, 48 steps each): the first divergence of a
 # mixed batch is in the first canvas. A sweep stopped by the deadline resumes where it stopped.
+# PHASES limits a call to some of them (a fresh machine does not know what an earlier one did).
 # Everything lands in $OUT/mixed.tgz.part-NN (15 MB parts) and $OUT/run.log.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -26,7 +27,9 @@ state=${STATE:-/tmp/bl-mixed}
 work=$state/files
 mkdir -p "$out" "$work"
 left() { echo $(( ${DEADLINE_S:-540} - ($(date +%s) - t0) )); }
-done_() { [ -f "$state/$1.done" ]; }
+# PHASES: the phases this call may do (default all five), e.g. PHASES=sweep-per_row.
+phases=" ${PHASES:-parity-eager samples sweep-shared sweep-per_row run-causes} "
+done_() { [ -f "$state/$1.done" ] || [[ "$phases" != *" $1 "* ]]; }
 mark() { touch "$state/$1.done"; }
 cli="$build/app/batchlens-cli"
 sweep() {  # POSITIONS
@@ -69,7 +72,10 @@ sweep() {  # POSITIONS
     echo "  $(( $(date +%s) - t0 )) s"
   fi
   for positions in shared per_row; do
-    done_ "sweep-$positions" || { sweep "$positions" && mark "sweep-$positions"; }
+    # A sweep that failed part-way (a device error) resumes in a fresh process while time is left.
+    for _ in 1 2 3; do
+      done_ "sweep-$positions" || { sweep "$positions" && mark "sweep-$positions"; }
+    done
   done
   if ! done_ run-causes && [ "$(left)" -gt 120 ]; then
     timeout -s INT $(( $(left) - 20 )) "$cli" run --preset 26b-a4b --device cuda --dtype bf16 \

@@ -10,6 +10,7 @@
 #include <QDir>
 #include <QFile>
 #include <QFileInfo>
+#include <QRegularExpression>
 #include <QStandardPaths>
 #include <QThread>
 
@@ -170,6 +171,65 @@ bool RunController::start(const experiment::ExperimentSpec& spec) {
                   });
 }
 
+bool RunController::startRemote(const remote::SshTarget& target,
+                                const experiment::ExperimentSpec& spec, const std::string& command,
+                                const std::vector<std::string>& extra) {
+  if (running_) {
+    return false;
+  }
+  spec_ = spec;
+  if (command == "culprit") {
+    spec_.workaround.reset();  // the finder's fix becomes the workaround
+  }
+  workaround_run_ = false;
+  remote_name_ = q(target.describe());
+  if (auto valid = experiment::validate(spec_); !valid.ok()) {
+    Q_EMIT failed(q(valid.error().message));
+    return true;
+  }
+  // "<host>-<model>-<time>.h5": never an existing file (run_remote writes beside it and renames).
+  QString stem =
+      QStringLiteral("%1-%2-%3")
+          .arg(remote_name_, q(spec_.model.preset.empty() ? "checkpoint" : spec_.model.preset),
+               QDateTime::currentDateTime().toString(QStringLiteral("yyyyMMdd-HHmmss")));
+  stem.replace(QRegularExpression(QStringLiteral("[^A-Za-z0-9._-]")), QStringLiteral("_"));
+  const QString dir = remoteRunsDir();
+  QString local = QDir(dir).filePath(stem + QStringLiteral(".h5"));
+  for (int n = 2; QFileInfo::exists(local); ++n) {
+    local = QDir(dir).filePath(QStringLiteral("%1-%2.h5").arg(stem).arg(n));
+  }
+  launch(
+      [target, spec = spec_, dir, local, command,
+       extra](const experiment::RunControl& control) -> base::Result<experiment::ExperimentResult> {
+        if (!QDir().mkpath(dir)) {
+          return base::Error{base::ErrorCode::IoFailed,
+                             "cannot make " + dir.toStdString() + " for the remote run's file"};
+        }
+        auto outcome =
+            remote::run_remote(target, command, spec, extra, local.toStdString(), control);
+        if (!outcome.ok()) {
+          return outcome.error();
+        }
+        return io::read_experiment(local.toStdString());
+      },
+      [local, name = remote_name_](experiment::ExperimentResult result) {
+        ExperimentDocument doc = makeDocument(std::move(result), local, QString());
+        doc.origin =
+            tr("run on %1 at %2")
+                .arg(name, QDateTime::currentDateTime().toString(QStringLiteral("HH:mm:ss")));
+        return doc;  // saved already: its file came back
+      });
+  return true;
+}
+
+QString RunController::remoteRunsDir() const {
+  if (!remote_dir_.isEmpty()) {
+    return remote_dir_;
+  }
+  return QDir(QStandardPaths::writableLocation(QStandardPaths::AppLocalDataLocation))
+      .filePath(QStringLiteral("remote-runs"));
+}
+
 bool RunController::startCulprit(const experiment::ExperimentSpec& spec, ops::Strategy strategy) {
   experiment::ExperimentSpec s = spec;
   s.workaround.reset();  // the finder's fix becomes the workaround
@@ -191,6 +251,7 @@ bool RunController::startNew(
   spec_ = spec;
   spec_.load.switches = switches_;
   workaround_run_ = false;
+  remote_name_.clear();
   if (auto valid = experiment::validate(spec_); !valid.ok()) {
     Q_EMIT failed(q(valid.error().message));
     return true;
@@ -218,6 +279,7 @@ bool RunController::startWorkaround(const ExperimentDocument& shown,
   spec_ = shown.result->spec;
   spec_.workaround = workaround;
   workaround_run_ = true;
+  remote_name_.clear();
   launch(
       [result = shown.result, workaround](const experiment::RunControl& control) {
         return experiment::run_workaround_group(*result, workaround, control);

@@ -19,6 +19,7 @@
 #include "core/experiment/experiment.h"
 #include "core/experiment/runner.h"
 #include "core/ops/policy.h"
+#include "core/remote/ssh_run.h"
 #include "ui/explorer_state.h"
 #include "ui/sweep_view.h"
 
@@ -77,6 +78,21 @@ class RunController : public QObject {
   /// a run is in progress or without a result.
   bool startRepro(std::shared_ptr<const experiment::ExperimentResult> shown,
                   const analysis::ReproRequest& request);
+  /// Runs `spec` on an SSH target (remote::run_remote: `batchlens-cli run` there, the spec as
+  /// JSON on its stdin, its progress into progressChanged, Cancel ending the remote process
+  /// group); the file comes back with its SHA-256 checked into remoteRunsDir() and is the
+  /// finished document (its path set: already saved). A failure says what happened there; the
+  /// target keeps its copy of a finished file. False (nothing started) while a run is in
+  /// progress; an invalid spec fails through `failed`.
+  /// `command` "culprit" (with `extra`, e.g. "--strategy", "batch_invariant") runs the culprit
+  /// finder there instead.
+  bool startRemote(const remote::SshTarget& target, const experiment::ExperimentSpec& spec,
+                   const std::string& command = "run", const std::vector<std::string>& extra = {});
+  /// Where files of remote runs land: default the application's data folder + "/remote-runs".
+  QString remoteRunsDir() const;
+  void setRemoteRunsDir(const QString& dir) { remote_dir_ = dir; }
+  /// The SSH target of the current or last run ("gpu-server"), empty when it ran here.
+  const QString& remoteName() const { return remote_name_; }
   /// Asks the running experiment to stop at its next step; `cancelled` follows. No-op when idle.
   void cancel();
   /// True when the current or last run is a workaround group (startWorkaround).
@@ -118,6 +134,8 @@ class RunController : public QObject {
 
   experiment::ExperimentSpec spec_;
   bool workaround_run_ = false;
+  QString remote_name_;
+  QString remote_dir_;
   base::Switches switches_;
   std::shared_ptr<base::CancelToken> cancel_;
   bool running_ = false;

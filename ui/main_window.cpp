@@ -40,6 +40,7 @@
 #include "ui/app_filter.h"
 #include "ui/controllers.h"
 #include "ui/qt_text.h"
+#include "ui/remote_targets.h"
 #include "ui/report_export.h"
 #include "ui/run_panel.h"
 #include "ui/sweep_view.h"
@@ -179,6 +180,7 @@ MainWindow::MainWindow(base::SystemInfo system, QWidget* parent)
   QSettings settings;
   restoreGeometry(settings.value(QStringLiteral("window/geometry")).toByteArray());
   restoreState(settings.value(QStringLiteral("window/state")).toByteArray());
+  run_panel_->setRemoteTargets(loadRemoteTargets(settings));
   run_panel_->restoreSettings(settings);
   tabs_->setCurrentIndex(settings.value(QStringLiteral("window/tab"), 0).toInt());
 }
@@ -341,7 +343,8 @@ void MainWindow::buildMenus() {
 }
 
 void MainWindow::connectControllers() {
-  connect(run_panel_, &RunPanel::runRequested, this, &MainWindow::startRun);
+  connect(run_panel_, &RunPanel::runRequested, this, &MainWindow::startPanelRun);
+  connect(run_panel_, &RunPanel::targetsRequested, this, &MainWindow::editRemoteTargets);
   connect(run_panel_, &RunPanel::cancelRequested, runs_, &RunController::cancel);
   connect(run_panel_, &RunPanel::workaroundToggled, this, &MainWindow::onWorkaroundToggled);
   connect(runs_, &RunController::started, this, [this] {
@@ -352,7 +355,7 @@ void MainWindow::connectControllers() {
   connect(runs_, &RunController::finished, this, [this](const ExperimentDocument& doc) {
     restore_workaround_.reset();
     run_panel_->setRunning(false);
-    if (!runs_->workaroundRun() && doc.result != nullptr) {
+    if (!runs_->workaroundRun() && runs_->remoteName().isEmpty() && doc.result != nullptr) {
       // What a decoder step cost here: the next estimates use it.
       RunPanel::recordMeasuredCost(*doc.result);
     }
@@ -530,7 +533,37 @@ void MainWindow::runFromPanel() {
     run_panel_->showMessage(tr("Cannot run: %1").arg(q(spec.error().message)));
     return;
   }
-  startRun(spec.value());
+  startPanelRun(spec.value());
+}
+
+void MainWindow::startPanelRun(const experiment::ExperimentSpec& spec) {
+  const std::optional<remote::SshTarget> target = run_panel_->remoteTarget();
+  if (!target) {
+    startRun(spec);
+    return;
+  }
+  if (runs_->isRunning()) {
+    run_panel_->showMessage(tr("A run is in progress: cancel it first."));
+    return;
+  }
+  run_panel_->showMessage(
+      tr("Running %1 on %2 over SSH…").arg(q(spec.model.describe()), q(target->describe())));
+  runs_->startRemote(*target, spec);
+}
+
+void MainWindow::editRemoteTargets() {
+  auto* dialog = new RemoteTargetsDialog(run_panel_->remoteTargets(), this);
+  dialog->setAttribute(Qt::WA_DeleteOnClose);
+  connect(dialog, &QDialog::accepted, this, [this, dialog] {
+    QSettings settings;
+    saveRemoteTargets(settings, dialog->targets());
+    run_panel_->setRemoteTargets(dialog->targets());
+    statusBar()->showMessage(
+        tr("%n SSH target(s); their devices are in the Run panel's device list", nullptr,
+           static_cast<int>(dialog->targets().size())),
+        8000);
+  });
+  dialog->open();
 }
 
 void MainWindow::findCulprit() {
@@ -544,6 +577,14 @@ void MainWindow::findCulprit() {
     return;
   }
   const ops::Strategy strategy = run_panel_->workaroundStrategy();
+  if (const auto target = run_panel_->remoteTarget()) {
+    run_panel_->showMessage(
+        tr("Finding the culprit (%1) on %2 over SSH…")
+            .arg(q(std::string(ops::strategy_name(strategy))), q(target->describe())));
+    runs_->startRemote(*target, spec.value(), "culprit",
+                       {"--strategy", std::string(ops::strategy_name(strategy))});
+    return;
+  }
   run_panel_->showMessage(
       tr("Finding the culprit (%1) on %2…")
           .arg(q(std::string(ops::strategy_name(strategy))), q(spec.value().model.describe())));
@@ -626,6 +667,26 @@ void MainWindow::onWorkaroundToggled(bool on) {
     return;
   }
   const QString blocker = workaroundBlocker(system_, *r);
+  const int recorded_on =
+      blocker.isEmpty()
+          ? -1
+          : targetRecordedOn(
+                run_panel_->remoteTargets(), r->provenance.host,
+                r->spec.load.device == "cpu" ? std::string() : r->provenance.device_name);
+  if (recorded_on >= 0) {
+    // Where it was recorded is an SSH target: the experiment runs again there, whole (its
+    // settings and prompt ids, the workaround on), and the file comes back.
+    const RemoteTarget& target = run_panel_->remoteTargets()[static_cast<std::size_t>(recorded_on)];
+    experiment::ExperimentSpec spec = r->spec;
+    spec.workaround = workaround;
+    spec.prompt_ids = r->prompt_ids;
+    run_panel_->showMessage(
+        tr("%1 The experiment runs again with the workaround on %2, where it was recorded "
+           "(host %3)…")
+            .arg(blocker, target.name(), q(r->provenance.host)));
+    startForToggle([this, ssh = target.ssh, spec] { runs_->startRemote(ssh, spec); });
+    return;
+  }
   if (!blocker.isEmpty()) {
     // Never something else in its place without saying so: the user chooses.
     run_panel_->setWorkaroundEnabled(false);

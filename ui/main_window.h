@@ -149,7 +149,13 @@ class MainWindow : public QMainWindow {
   void startFromOffer(const std::function<void()>& fill_panel);
   /// The shown document's file name without extension, "experiment" for an unsaved run.
   QString documentStem() const;
+  /// Runs `spec` here.
   void startRun(const experiment::ExperimentSpec& spec);
+  /// Runs the Run panel's `spec` where its device is: here, or on its SSH target.
+  void startPanelRun(const experiment::ExperimentSpec& spec);
+  /// The "SSH targets…" dialog; on OK the Run panel lists their devices and QSettings keeps
+  /// them.
+  void editRemoteTargets();
   void chooseOpen();
   /// Asks where to save (the dialog starts in saveDialogDir) and starts the save; false when
   /// the user cancelled.

@@ -43,6 +43,8 @@ enum OpColumn { OpFamilyColumn, OpFirstColumn, OpLastColumn, OpColumnCount };
 
 // Device items for a device this machine does not have carry true under this role.
 constexpr int kMissingRole = Qt::UserRole + 1;
+// Device items of an SSH target carry its index in RunPanel::targets_ under this role.
+constexpr int kTargetRole = Qt::UserRole + 2;
 
 // The run panel's settings layout; older ones are not restored (their defaults were slow, or,
 // version 2, too few steps for the trained demo model to write sentences).
@@ -220,8 +222,16 @@ void RunPanel::createModelFields(const base::SystemInfo& system,
     device_->addItem(QStringLiteral("cuda:%1 %2").arg(gpu.index).arg(q(gpu.name)),
                      QStringLiteral("cuda:%1").arg(gpu.index));
   }
-  device_->setToolTip(system.cuda_build ? tr("CPU or a CUDA device found on this machine")
-                                        : tr("This build has no CUDA: CPU only"));
+  device_->setToolTip(system.cuda_build
+                          ? tr("CPU or a CUDA device found on this machine, or a device of an "
+                               "SSH target (SSH targets…)")
+                          : tr("This build has no CUDA: CPU here, or a device of an SSH target "
+                               "(a GPU server: SSH targets…)"));
+  targets_button_ = new QPushButton(tr("SSH targets…"), this);
+  targets_button_->setObjectName(QStringLiteral("TargetsButton"));
+  targets_button_->setToolTip(
+      tr("Add GPU servers reached over SSH: their devices join this list, runs on them come "
+         "back here as files"));
   device_note_ = new QLabel(this);
   device_note_->setObjectName(QStringLiteral("DeviceNote"));
   device_note_->setWordWrap(true);
@@ -383,6 +393,7 @@ void RunPanel::createFooter() {
 void RunPanel::connectFields() {
   connect(preset_, &QComboBox::currentIndexChanged, this, &RunPanel::updateModelFields);
   connect(device_, &QComboBox::currentIndexChanged, this, &RunPanel::updateModelFields);
+  connect(targets_button_, &QPushButton::clicked, this, &RunPanel::targetsRequested);
   connect(policy_, &QComboBox::currentIndexChanged, this, &RunPanel::updateProfileNote);
   connect(browse_, &QPushButton::clicked, this, [this] {
     const QString dir =
@@ -430,7 +441,10 @@ QWidget* RunPanel::buildForm() {
   auto* model_form = new QFormLayout(model_box);
   model_form->addRow(tr("Preset"), preset_);
   model_form->addRow(tr("Checkpoint"), ckpt_row);
-  model_form->addRow(tr("Device"), device_);
+  auto* device_row = new QHBoxLayout;
+  device_row->addWidget(device_, 1);
+  device_row->addWidget(targets_button_);
+  model_form->addRow(tr("Device"), device_row);
   model_form->addRow(QString(), device_note_);
   model_form->addRow(tr("Precision"), dtype_);
   model_form->addRow(tr("Experts"), experts_);
@@ -574,6 +588,75 @@ QString RunPanel::device() const {
 
 bool RunPanel::deviceAvailable() const {
   return device_->currentIndex() >= 0 && !device_->currentData(kMissingRole).toBool();
+}
+
+std::optional<remote::SshTarget> RunPanel::remoteTarget() const {
+  const QVariant target = device_->currentData(kTargetRole);
+  if (!target.isValid() || target.toInt() < 0 ||
+      target.toInt() >= static_cast<int>(targets_.size())) {
+    return std::nullopt;
+  }
+  return targets_[static_cast<std::size_t>(target.toInt())].ssh;
+}
+
+bool RunPanel::selectRemoteDevice(int target, const QString& device) {
+  for (int i = 0; i < device_->count(); ++i) {
+    const QVariant t = device_->itemData(i, kTargetRole);
+    if (t.isValid() && t.toInt() == target && device_->itemData(i).toString() == device &&
+        !device_->itemData(i, kMissingRole).toBool()) {
+      device_->setCurrentIndex(i);
+      return true;
+    }
+  }
+  return false;
+}
+
+void RunPanel::setRemoteTargets(std::vector<RemoteTarget> targets) {
+  // The current choice, kept by (target name, device) when it is still listed.
+  const std::optional<remote::SshTarget> was = remoteTarget();
+  const QString was_device = device();
+  const QSignalBlocker block(device_);
+  for (int i = device_->count() - 1; i >= 0; --i) {
+    if (device_->itemData(i, kTargetRole).isValid()) {
+      device_->removeItem(i);
+    }
+  }
+  targets_ = std::move(targets);
+  int keep = -1;
+  for (int t = 0; t < static_cast<int>(targets_.size()); ++t) {
+    const RemoteTarget& target = targets_[static_cast<std::size_t>(t)];
+    if (!target.info) {
+      device_->addItem(tr("%1 — not reachable").arg(target.name()), QStringLiteral("cpu"));
+      const int index = device_->count() - 1;
+      device_->setItemData(index, t, kTargetRole);
+      device_->setItemData(index, true, kMissingRole);
+      device_->setItemData(index, target.status(), Qt::ToolTipRole);
+      continue;
+    }
+    for (const std::string& d : target.info->devices) {
+      // "cuda:0 (NVIDIA H200)" -> data "cuda:0"
+      const QString label = q(d);
+      const QString id = label.section(QLatin1Char(' '), 0, 0);
+      device_->addItem(QStringLiteral("%1: %2").arg(target.name(), label), id);
+      const int index = device_->count() - 1;
+      device_->setItemData(index, t, kTargetRole);
+      device_->setItemData(
+          index,
+          tr("%1 on the SSH target %2 (%3): the run goes there, its progress and its file come "
+             "back")
+              .arg(label, target.name(), target.status()),
+          Qt::ToolTipRole);
+      if (was && was->describe() == target.ssh.describe() && id == was_device) {
+        keep = index;
+      }
+    }
+  }
+  if (keep >= 0) {
+    device_->setCurrentIndex(keep);
+  } else if (was || device_->currentIndex() < 0) {
+    device_->setCurrentIndex(0);  // the chosen target's device is gone: this machine's CPU
+  }
+  updateModelFields();
 }
 
 void RunPanel::loadCompanions() {
@@ -858,6 +941,12 @@ QString RunPanel::expectedText() const {
   if (!s.ok()) {
     return tr("Expected duration: — (%1)").arg(QString::fromStdString(s.error().message));
   }
+  if (const auto target = remoteTarget()) {
+    // This machine's measurements say nothing of the server's speed.
+    return tr("Expected duration: measured on %1 (runs there over SSH; progress and ETA come "
+              "from it, the file comes back here)")
+        .arg(q(target->describe()));
+  }
   const auto steps = stepsOf(s.value());
   if (!steps.ok()) {
     return tr("Expected duration: unknown (%1)").arg(QString::fromStdString(steps.error().message));
@@ -1025,6 +1114,8 @@ void RunPanel::saveSettings(QSettings& settings) const {
   settings.setValue(QStringLiteral("preset"), preset_->currentText());
   settings.setValue(QStringLiteral("checkpoint"), checkpoint_->text());
   settings.setValue(QStringLiteral("device"), device_->currentData());
+  const auto target = remoteTarget();
+  settings.setValue(QStringLiteral("deviceTarget"), target ? q(target->describe()) : QString());
   settings.setValue(QStringLiteral("dtype"), dtype_->currentText());
   settings.setValue(QStringLiteral("experts"), experts_->currentText());
   settings.setValue(QStringLiteral("prompt"), prompt_->toPlainText());
@@ -1055,6 +1146,13 @@ void RunPanel::restoreSettings(const QSettings& settings) {
   checkpoint_->setText(value("checkpoint").toString());
   const int device = device_->findData(value("device"));
   device_->setCurrentIndex(device >= 0 ? device : 0);
+  // A device of an SSH target (setRemoteTargets ran first, from the same settings).
+  const QString target = value("deviceTarget").toString();
+  for (int t = 0; !target.isEmpty() && t < static_cast<int>(targets_.size()); ++t) {
+    if (targets_[static_cast<std::size_t>(t)].name() == target) {
+      selectRemoteDevice(t, value("device").toString());
+    }
+  }
   selectText(dtype_, value("dtype").toString());
   selectText(experts_, value("experts").toString());
   prompt_->setPlainText(value("prompt").toString());

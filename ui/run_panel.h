@@ -15,6 +15,7 @@
 #include "core/base/system_info.h"
 #include "core/experiment/experiment.h"
 #include "core/experiment/plan.h"
+#include "ui/remote_targets.h"
 
 class QCheckBox;
 class QComboBox;
@@ -53,9 +54,20 @@ class RunPanel : public QWidget {
   void setExperiment(const experiment::ExperimentResult& result);
   /// The prompt ids spec() uses instead of the prompt's text; empty when it tokenises the text.
   std::vector<std::int64_t> keptPromptIds() const;
-  /// The device the form names ("cpu", "cuda:0"), and whether this machine has it.
+  /// The device the form names ("cpu", "cuda:0"), and whether it can run there: on this
+  /// machine, or on the SSH target the device belongs to.
   QString device() const;
   bool deviceAvailable() const;
+
+  /// The SSH targets the device list offers devices of (issue #36): each probed target's
+  /// devices as "gpu-server: cuda:0 (NVIDIA H200)", a target whose probe failed as one item
+  /// flagged unreachable. The current device is kept when it is still listed.
+  void setRemoteTargets(std::vector<RemoteTarget> targets);
+  const std::vector<RemoteTarget>& remoteTargets() const { return targets_; }
+  /// The SSH target of the chosen device, or none for a device of this machine.
+  std::optional<remote::SshTarget> remoteTarget() const;
+  /// Chooses `device` ("cuda:0") of targets_[target]; false when it does not list it.
+  bool selectRemoteDevice(int target, const QString& device);
 
   /// The expected duration of the form's spec in seconds, or a negative value when unknown:
   /// decoder steps (experiment::count_steps) × the cost of one step, measured by an earlier run
@@ -103,6 +115,7 @@ class RunPanel : public QWidget {
   QComboBox* presetCombo() const { return preset_; }
   QComboBox* policyCombo() const { return policy_; }
   QComboBox* deviceCombo() const { return device_; }
+  QPushButton* targetsButton() const { return targets_button_; }
   QLabel* expectedLabel() const { return expected_; }
   QLabel* profileLabel() const { return profile_note_; }
   QTableWidget* workaroundOps() const { return ops_; }
@@ -112,6 +125,8 @@ class RunPanel : public QWidget {
   void cancelRequested();
   /// The user switched the workaround toggle.
   void workaroundToggled(bool on);
+  /// The user asked to edit the SSH targets (the "SSH targets…" button).
+  void targetsRequested();
 
  private:
   void requestRun();
@@ -134,6 +149,8 @@ class RunPanel : public QWidget {
   QLineEdit* checkpoint_ = nullptr;
   QPushButton* browse_ = nullptr;
   QComboBox* device_ = nullptr;
+  QPushButton* targets_button_ = nullptr;
+  std::vector<RemoteTarget> targets_;
   QComboBox* dtype_ = nullptr;
   QComboBox* experts_ = nullptr;
   QPlainTextEdit* prompt_ = nullptr;

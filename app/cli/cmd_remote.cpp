@@ -24,6 +24,11 @@ struct RemoteOptions {
   std::string workdir = "batchlens-runs";
   std::vector<std::string> ssh_options;
   SpecOptions run;
+  SpecOptions culprit;
+  std::string strategy = "row_wise";
+  int cost_repeats = 5;
+  bool free_trials = false;
+  bool no_narrow = false;
   std::string fetch_path;
   std::string fetch_out;
   std::string fetch_sha256;
@@ -49,6 +54,50 @@ bool target_of(const RemoteOptions& o, remote::SshTarget& t, int& exit_code) {
     }
   }
   return true;
+}
+
+// `command` (run, culprit) of `spec` on the target with `extra` arguments there; the file
+// comes back to spec.out. Sets exit_code.
+void run_there(const RemoteOptions& o, const char* command, SpecOptions& spec,
+               const std::vector<std::string>& extra, int& exit_code) {
+  remote::SshTarget t;
+  if (!target_of(o, t, exit_code)) {
+    return;
+  }
+  // The spec is checked here as the command checks it, but not against this machine's devices
+  // and memory: it runs there (its out file is checked here, where it lands).
+  const std::string what = std::string("remote ") + command;
+  if (!resolve_spec(spec, what.c_str(), exit_code, /*file_out=*/false)) {
+    return;
+  }
+  // Where the file lands is checked before the run, which may take hours.
+  std::error_code ec;
+  const std::filesystem::path parent = std::filesystem::absolute(spec.out, ec).parent_path();
+  std::filesystem::create_directories(parent, ec);
+  if (ec || ::access(parent.c_str(), W_OK) != 0) {
+    std::cerr << "batchlens-cli " << what << ": cannot write into " << parent.string() << "\n";
+    exit_code = kExitUsage;
+    return;
+  }
+  base::Result<remote::RemoteOutcome> result = base::Error{};
+  {
+    const SigintCancel sigint;
+    experiment::RunControl control;
+    control.cancel = sigint.token();
+    control.progress = progress_reporter(spec.progress);
+    result = remote::run_remote(t, command, spec.spec, extra, spec.out, control);
+  }
+  if (spec.progress != "json") {
+    std::fprintf(stderr, "\n");
+  }
+  if (!result.ok()) {
+    exit_code = report_error(result.error());
+    return;
+  }
+  std::cout << result.value().summary << "wrote " << spec.out << " (from " << t.describe() << ":"
+            << result.value().remote_path << ", " << result.value().bytes << " bytes, SHA-256 "
+            << result.value().sha256 << " checked)\n";
+  exit_code = kExitOk;
 }
 
 }  // namespace
@@ -100,24 +149,6 @@ void register_remote(CLI::App& app, int& exit_code) {
   run->add_flag("--no-causes", o->run.no_causes, "As `run --no-causes`");
   run->add_flag("--no-exact", o->run.no_exact, "As `run --no-exact`");
   run->callback([o, &exit_code] {
-    remote::SshTarget t;
-    if (!target_of(*o, t, exit_code)) {
-      return;
-    }
-    // The spec is checked here as `run` checks it, but not against this machine's devices and
-    // memory: it runs there (its out file is checked here, where it lands).
-    if (!resolve_spec(o->run, "remote run", exit_code, /*file_out=*/false)) {
-      return;
-    }
-    // Where the file lands is checked before the run, which may take hours.
-    std::error_code ec;
-    const std::filesystem::path parent = std::filesystem::absolute(o->run.out, ec).parent_path();
-    std::filesystem::create_directories(parent, ec);
-    if (ec || ::access(parent.c_str(), W_OK) != 0) {
-      std::cerr << "batchlens-cli remote run: cannot write into " << parent.string() << "\n";
-      exit_code = kExitUsage;
-      return;
-    }
     std::vector<std::string> extra;
     if (o->run.no_causes) {
       extra.emplace_back("--no-causes");
@@ -125,25 +156,35 @@ void register_remote(CLI::App& app, int& exit_code) {
     if (o->run.no_exact) {
       extra.emplace_back("--no-exact");
     }
-    base::Result<remote::RemoteOutcome> result = base::Error{};
-    {
-      const SigintCancel sigint;
-      experiment::RunControl control;
-      control.cancel = sigint.token();
-      control.progress = progress_reporter(o->run.progress);
-      result = remote::run_remote(t, "run", o->run.spec, extra, o->run.out, control);
+    run_there(*o, "run", o->run, extra, exit_code);
+  });
+
+  auto* culprit = cmd->add_subcommand(
+      "culprit",
+      "`batchlens-cli culprit` on the target (the op families to fix, the fix's cost); its "
+      "experiment file comes back to --out here");
+  add_spec_options(culprit, o->culprit, /*workaround=*/false,
+                   "Experiment file to write here (.h5); the target keeps its own copy");
+  culprit
+      ->add_option("--strategy", o->strategy,
+                   "As `culprit --strategy`: row_wise or "
+                   "batch_invariant")
+      ->check(CLI::IsMember({"row_wise", "batch_invariant"}))
+      ->capture_default_str();
+  culprit->add_option("--cost-repeats", o->cost_repeats, "As `culprit --cost-repeats`")
+      ->capture_default_str();
+  culprit->add_flag("--free-trials", o->free_trials, "As `culprit --free-trials`");
+  culprit->add_flag("--no-narrow", o->no_narrow, "As `culprit --no-narrow`");
+  culprit->callback([o, &exit_code] {
+    std::vector<std::string> extra{"--strategy", o->strategy, "--cost-repeats",
+                                   std::to_string(o->cost_repeats)};
+    if (o->free_trials) {
+      extra.emplace_back("--free-trials");
     }
-    if (o->run.progress != "json") {
-      std::fprintf(stderr, "\n");
+    if (o->no_narrow) {
+      extra.emplace_back("--no-narrow");
     }
-    if (!result.ok()) {
-      exit_code = report_error(result.error());
-      return;
-    }
-    std::cout << result.value().summary << "wrote " << o->run.out << " (from " << t.describe()
-              << ":" << result.value().remote_path << ", " << result.value().bytes
-              << " bytes, SHA-256 " << result.value().sha256 << " checked)\n";
-    exit_code = kExitOk;
+    run_there(*o, "culprit", o->culprit, extra, exit_code);
   });
 
   auto* fetch = cmd->add_subcommand(

@@ -57,6 +57,7 @@ std::optional<analysis::SweepSpec> sweep_of(SweepOptions& o, int& exit_code) {
     }
     return std::move(spec).value();
   }
+  o.spec.companion_axis = !o.companion_sets.empty();
   if (!resolve_spec(o.spec, "sweep", exit_code, /*file_out=*/false)) {
     return std::nullopt;
   }

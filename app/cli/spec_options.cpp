@@ -267,6 +267,9 @@ bool resolve_spec(SpecOptions& o, const char* command, int& exit_code, bool file
   if (!file_out && probe.prompt.empty() && probe.prompt_ids.empty()) {
     probe.prompt = "-";  // a sweep's prompts come from --prompts, checked when read
   }
+  if (o.companion_axis && probe.composition.companions.empty()) {
+    probe.composition.positions = generation::PositionMode::Shared;  // checked with the axis
+  }
   // Text that is not UTF-8 is reported by the checks below, naming the option.
   base::Result<void> usable =
       check_spec_text(spec).ok() ? experiment::validate(probe) : base::ok_result();

@@ -31,6 +31,9 @@ struct SpecOptions {
   std::string workaround;
   // The program's edge: how files are written, as the environment sets it.
   io::WriteOptions write = io::WriteOptions::from_environment();
+  /// sweep --companion-sets: the companions come with the axis, after these checks (per_row
+  /// positions without --companions are then not refused here).
+  bool companion_axis = false;
   std::string prefill = "copied";
   CLI::Option* prefill_option = nullptr;  // given: kept as given, even beside companions
   std::string companions;                 // a prompt file: the other rows (issue #35)

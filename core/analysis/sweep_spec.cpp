@@ -31,6 +31,11 @@ ExperimentSpec with_axes(const ExperimentSpec& base, const std::vector<setup::Pr
   ExperimentSpec s = base;
   s.composition.companions = companions;
   s.composition.row = row;
+  if (!s.composition.mixed()) {
+    // Identical rows (the axis value "none") have no padding: per-row positions are the shared
+    // ones, and an experiment spec says so (validate refuses per_row without companions).
+    s.composition.positions = generation::PositionMode::Shared;
+  }
   if (s.composition.mixed() && s.prefill == generation::PrefillMode::Copied) {
     s.prefill = generation::PrefillMode::Batched;  // a batch of different prompts, as `run`
   }
@@ -58,9 +63,9 @@ void SweepSpec::normalize_axes() {
 }
 
 base::Result<void> validate(const SweepSpec& spec) {
-  if (auto v = validate(spec.base); !v.ok()) {
-    return v;
-  }
+  // The base spec is checked below with every value of the axes (its own composition holds no
+  // companions once normalize_axes moved them into the axes: alone, per_row positions would be
+  // refused although every item has companions).
   if (spec.companion_sets.empty() || spec.rows.empty() || spec.companion_sets.size() > 1000 ||
       spec.rows.size() > 1000) {
     return base::Error{ErrorCode::InvalidArgument,
@@ -116,6 +121,12 @@ json to_json(const SweepSpec& spec) {
     }
     out["companion_sets"] = std::move(sets);
     out["rows"] = spec.rows;
+    // The base spec's JSON keeps its composition only with companions, which are the axis here:
+    // per_row positions are kept beside it (shared, the default, adds nothing: the ids of the
+    // sweeps recorded before stay).
+    if (spec.base.composition.positions != generation::PositionMode::Shared) {
+      out["positions"] = generation::name(spec.base.composition.positions);
+    }
   }
   return out;
 }
@@ -174,6 +185,16 @@ base::Result<SweepSpec> sweep_spec_from_json(const json& doc) {
         }
         s.rows.push_back(x.get<std::int64_t>());
       }
+    }
+    if (doc.contains("positions")) {
+      if (!doc.at("positions").is_string()) {
+        base::corrupt(where + ": 'positions' is not a string");
+      }
+      auto mode = generation::parse_position_mode(doc.at("positions").get<std::string>());
+      if (!mode.ok()) {
+        base::corrupt(where + ": 'positions' is not shared or per_row");
+      }
+      s.base.composition.positions = mode.value();
     }
     s.normalize_axes();  // a spec of last session's format: its companions are the axis
     return s;

@@ -86,4 +86,10 @@ void DeviceGraph::reset() {
   }
 }
 
+void release_cached_device_memory(const at::Device& device) {
+  if (device.is_cuda()) {
+    c10::cuda::CUDACachingAllocator::emptyCache();
+  }
+}
+
 }  // namespace batchlens::compat

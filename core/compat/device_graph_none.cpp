@@ -34,4 +34,6 @@ bool DeviceGraph::captured() const {
 
 void DeviceGraph::reset() {}
 
+void release_cached_device_memory(const at::Device& /*device*/) {}
+
 }  // namespace batchlens::compat

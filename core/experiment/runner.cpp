@@ -9,6 +9,7 @@
 #include <ATen/ATen.h>
 
 #include "core/base/input.h"
+#include "core/compat/device_graph.h"
 #include "core/experiment/comparator.h"
 #include "core/experiment/kernel_capture.h"
 #include "core/experiment/plan.h"
@@ -267,6 +268,9 @@ void run_groups(const setup::Session& session, const ExperimentSpec& spec, const
               base::ProgressClock(static_cast<std::int64_t>(groups.size()) * canvases *
                                   p.inputs.generation.sampler.max_denoising_steps)};
   for (const PlannedGroup& group : groups) {
+    // Each group's engines capture their CUDA graphs into pools of their own: what earlier
+    // groups (or experiments of this session: a sweep's items) left cached goes back first.
+    compat::release_cached_device_memory(session.model->device());
     run_group(ctx, group, out);
   }
   if (!p.companion_ids.empty()) {

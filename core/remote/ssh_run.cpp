@@ -166,6 +166,7 @@ base::Result<TargetInfo> probe(const SshTarget& t) {
       info.version = text(j.at("batchlens"), "version");
     }
     info.libtorch = text(j, "libtorch");
+    info.hostname = text(j, "host");
     if (j.contains("file_schema") && j.at("file_schema").is_array() &&
         j.at("file_schema").size() == 2 && j.at("file_schema")[0].is_number_integer() &&
         j.at("file_schema")[1].is_number_integer()) {
@@ -241,8 +242,9 @@ base::Result<RemoteOutcome> run_remote(const SshTarget& t, const std::string& co
                                        const fs::path& local_out,
                                        const experiment::RunControl& control) {
   return base::guarded([&]() -> RemoteOutcome {
-    if (command != "run") {
-      base::raise(ErrorCode::InvalidArgument, "remote runs 'run', not '" + command + "'");
+    if (command != "run" && command != "culprit") {
+      base::raise(ErrorCode::InvalidArgument,
+                  "remote runs 'run' or 'culprit', not '" + command + "'");
     }
     const std::string name = remote_name(local_out);
     // Only tool-chosen or quoted text in the command: the spec (prompts and all) is on stdin.

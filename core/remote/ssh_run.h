@@ -44,6 +44,8 @@ std::vector<std::string> ssh_argv(const SshTarget& target, const std::string& re
 struct TargetInfo {
   std::string version;  ///< BatchLens there
   std::string libtorch;
+  /// Its host name (what an experiment recorded there names as its provenance host).
+  std::string hostname;
   std::vector<std::string> devices;  ///< "cuda:0 (NVIDIA H200)", "cpu"
   int schema_major = 0;              ///< the experiment files it writes
   int schema_minor = 0;
@@ -62,7 +64,8 @@ struct RemoteOutcome {
   std::string summary;  ///< the target's stdout (the summary text)
 };
 
-/// Runs `command` ("run") of `spec` on the target with `extra_args` (e.g. "--no-causes"):
+/// Runs `command` ("run" or "culprit": both write one experiment file) of `spec` on the
+/// target with `extra_args` (e.g. "--no-causes", "--strategy", "batch_invariant"):
 /// progress into control.progress, Cancel (control.cancel) ends the remote process group; then
 /// brings the file back to `local_out` (written beside it and renamed once its SHA-256 matches
 /// the one the target computed). Errors: Cancelled; IoFailed (ssh, a dropped connection, a

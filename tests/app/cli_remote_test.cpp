@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/support/process.h"
+#include "tests/support/sshd.h"
 
 #include <unistd.h>
 
@@ -27,37 +28,23 @@ namespace {
 namespace fs = std::filesystem;
 using testing::run_process;
 
-const char* const kServerScript = BL_SOURCE_DIR "/tests/app/sshd_server.sh";
-
 class CliRemote : public ::testing::Test {
  protected:
   void SetUp() override {
     dir_ = fs::temp_directory_path() / ("bl_remote_" + std::to_string(::getpid()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    if (!fs::exists("/usr/sbin/sshd")) {
-      if (std::getenv("CI") != nullptr) {
-        FAIL() << "openssh-server is not installed, and CI must run this test "
-                  "(scripts/install-deps.sh installs it)";
-      }
-      GTEST_SKIP() << "openssh-server (/usr/sbin/sshd) is not installed";
+    bool skip = false;
+    const std::string why = testing::start_sshd(server(), skip);
+    if (skip) {
+      GTEST_SKIP() << why;
     }
-    const auto started = run_process({"/bin/bash", kServerScript, "start", server()});
-    ASSERT_EQ(started.exit_code, 0) << started.out << started.err;
+    ASSERT_EQ(why, "");
     up_ = true;
   }
   void TearDown() override {
     if (up_) {
-      // Whatever a failed test left running: runs in the remote work folder, ssh clients of
-      // this server (a test's client killed with SIGKILL cannot end its remote run).
-      run_process({"/bin/sh", "-c",
-                   "for p in $(pgrep -f 'batchlens-cli run --spec-json'); do "
-                   "[ \"$(readlink /proc/$p/cwd)\" = '" +
-                       work() +
-                       "' ] && kill -9 $p; done; "
-                       "pkill -9 -f -- '-F " +
-                       server() + "/ssh_config'; true"});
-      run_process({"/bin/bash", kServerScript, "stop", server()});
+      testing::stop_sshd(server(), work());
     }
     fs::remove_all(dir_);
   }
@@ -142,6 +129,31 @@ TEST_F(CliRemote, RunComesBackCheckedAndPromptsTravelAsData) {
   EXPECT_FALSE(fs::exists(canary));
 }
 
+// The culprit finder runs there too: its experiment file (the fix as its workaround, the
+// trials) comes back checked.
+TEST_F(CliRemote, CulpritRunsThereAndItsFileComesBack) {
+  const fs::path out = dir_ / "culprit.h5";
+  const auto r = run_process(
+      remote({"culprit", "--preset", "tiny", "--steps", "2", "--max-new-tokens", "16",
+              "--batch-sizes", "2", "--policy", "emulated_h200", "--strategy", "batch_invariant",
+              "--cost-repeats", "0", "--progress", "json", "--out", out.string()}));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("Culprit: {selfcond_matmul} batch_invariant"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find(R"("stage":"bltest: )"), std::string::npos) << r.err;
+  ASSERT_TRUE(fs::exists(out));
+  const std::vector<fs::path> there = remote_files();
+  ASSERT_EQ(there.size(), 1U);
+  EXPECT_EQ(testing::slurp(there[0]), testing::slurp(out));
+  const auto summary = run_process({BL_CLI_PATH, "summary", out.string()});
+  ASSERT_EQ(summary.exit_code, 0) << summary.err;
+  EXPECT_NE(summary.out.find("culprit finder (batch_invariant)"), std::string::npos) << summary.out;
+  // A strategy the finder does not know is refused here, before ssh runs.
+  const auto bad = run_process(remote({"culprit", "--preset", "tiny", "--strategy", "fastest",
+                                       "--out", (dir_ / "bad.h5").string()}));
+  EXPECT_EQ(bad.exit_code, 2) << bad.err;
+  EXPECT_EQ(remote_files().size(), 1U);
+}
+
 // Ctrl-C here ends the run there (its process group), and nothing is left on either side.
 TEST_F(CliRemote, CtrlCEndsTheRemoteRun) {
   const fs::path out = dir_ / "long.h5";
@@ -168,7 +180,7 @@ TEST_F(CliRemote, ADroppedConnectionIsAClearErrorAndWritesNothing) {
   const std::string pid = testing::slurp(server() + "/sshd.pid");
   run_process({"/bin/sh", "-c",
                "for m in $(pgrep -P " + pid.substr(0, pid.find('\n')) +
-                   "); do pkill -KILL -P \"$m\"; kill -KILL \"$m\"; done"});
+                   R"(); do pkill -KILL -P "$m"; kill -KILL "$m"; done)"});
   const int code = child.wait(std::chrono::seconds(120));
   EXPECT_EQ(code, 1) << child.err();
   EXPECT_NE(child.err().find("bltest"), std::string::npos) << child.err();

@@ -157,6 +157,20 @@ TEST_F(CliSweep, CompanionSetsAndRowsAreAxes) {
        "--companion-sets", (dir_ / "companions.txt").string(), "--out", (dir_ / "far").string()});
   EXPECT_NE(far.exit_code, 0);
   EXPECT_NE(far.err.find("row"), std::string::npos) << far.err;
+  // Per-row positions over the axis (the companions come with it, not --companions): accepted,
+  // run, and named in the summary (they were refused, then lost in sweep.json).
+  const auto per_row = run_process(
+      {BL_CLI_PATH, "sweep", "--preset", "tiny", "--prompt", "Tides?", "--batch-sizes", "2",
+       "--steps", "2", "--max-new-tokens", "16", "--positions", "per_row", "--companion-sets",
+       "none," + (dir_ / "companions.txt").string(), "--out", (dir_ / "per_row").string()});
+  ASSERT_EQ(per_row.exit_code, 0) << per_row.err;
+  const auto per_row_text = run_process({BL_CLI_PATH, "summary", (dir_ / "per_row").string()});
+  EXPECT_NE(per_row_text.out.find("positions per_row"), std::string::npos) << per_row_text.out;
+  // Without companions anywhere, per_row is still refused before any work.
+  const auto alone = run_process({BL_CLI_PATH, "sweep", "--preset", "tiny", "--positions",
+                                  "per_row", "--out", (dir_ / "alone").string()});
+  EXPECT_EQ(alone.exit_code, 2) << alone.err;
+  EXPECT_NE(alone.err.find("give companions"), std::string::npos) << alone.err;
 }
 
 TEST_F(CliSweep, PromptsFromAFifoAreRefusedWithoutBlocking) {

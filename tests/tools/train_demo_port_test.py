@@ -90,6 +90,52 @@ class PaddedBatchTest(unittest.TestCase):
             train.BucketBatches(torch, exs, "cpu", 0)
 
 
+class CompileCacheTest(unittest.TestCase):
+    """--fusion compiled's artifacts between calls: written whole, offered back, and a torch
+    without the mega-cache (Debian's 1.13 here) or artifacts it refuses cost only time."""
+
+    class Compiler:
+        def __init__(self, artifacts=b"", refuse=False):
+            self.artifacts, self.refuse, self.loaded = artifacts, refuse, None
+
+        def save_cache_artifacts(self):
+            return (self.artifacts, {"inductor": 1}) if self.artifacts else None
+
+        def load_cache_artifacts(self, data):
+            if self.refuse:
+                raise RuntimeError("artifacts of another version")
+            self.loaded = data
+
+    def test_written_then_offered_back(self):
+        import tempfile
+        import types
+        with tempfile.TemporaryDirectory() as work:
+            path = os.path.join(work, "compile-cache-x.bin")
+            saver = types.SimpleNamespace(compiler=self.Compiler(b"\x00graphs" * 1000))
+            self.assertEqual(train.save_compile_cache(saver, path), 7000)
+            self.assertEqual(os.listdir(work), ["compile-cache-x.bin"])  # no temporary left
+            loader = types.SimpleNamespace(compiler=self.Compiler())
+            self.assertTrue(train.load_compile_cache(loader, path))
+            self.assertEqual(loader.compiler.loaded, b"\x00graphs" * 1000)
+            refusing = types.SimpleNamespace(compiler=self.Compiler(refuse=True))
+            self.assertFalse(train.load_compile_cache(refusing, path))
+            # Nothing compiled: nothing written, an earlier file kept.
+            self.assertEqual(train.save_compile_cache(
+                types.SimpleNamespace(compiler=self.Compiler()), path), 0)
+            self.assertTrue(os.path.exists(path))
+
+    def test_a_torch_without_the_mega_cache(self):
+        import tempfile
+        with tempfile.TemporaryDirectory() as work:
+            path = train.compile_cache_path(torch, work)
+            self.assertTrue(os.path.basename(path).startswith("compile-cache-"))
+            self.assertNotIn(" ", os.path.basename(path))
+            if not hasattr(getattr(torch, "compiler", None), "save_cache_artifacts"):
+                self.assertEqual(train.save_compile_cache(torch, path), 0)
+                self.assertFalse(train.load_compile_cache(torch, path))
+            self.assertFalse(train.load_compile_cache(torch, path + ".missing"))
+
+
 class ExpertKernelTest(unittest.TestCase):
     """--fast's expert kernels compute the eager loop's sum, forward and gradients (here the
     grouped product's CPU loop; the GPU's grouped kernel is checked by train.py bench)."""

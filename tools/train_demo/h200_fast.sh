@@ -12,7 +12,8 @@
 #      the start less a margin for the export;
 #   3. export (bf16, released layout, parity inputs) of the state reached, as
 #      demo-trained.tgz.part-NN (15 MB parts), and the log.
-# Files: run.log, check.jsonl, bench.jsonl, log.jsonl, demo-trained.tgz.part-*.
+# Files: run.log, check.jsonl, bench.jsonl, log.jsonl, demo-trained.tgz.part-*,
+# compile-cache-*.bin (torch.compile's artifacts: copy them into .train_demo/ for the next call).
 # Here first: /usr/bin/python3 tools/train_demo/train.py prepare   (-> .train_demo/)
 # The call (device tool): bash tools/train_demo/h200_fast.sh   with carry [".train_demo"];
 # a call again within the machine's warm time resumes from $TRAIN_WORK/state.pt.
@@ -27,6 +28,9 @@ work=${TRAIN_WORK:-/tmp/train_demo}
 out=${OUT:-$root/out}
 mkdir -p "$out" "$work"
 for f in kjv.jsonl tokenizer.json; do [ -f "$work/$f" ] || cp "$root/.train_demo/$f" "$work/"; done
+# torch.compile's artifacts of an earlier call (train.py compile_cache_path), when carried back
+# into .train_demo: compiling then takes seconds instead of ~76 s.
+cp -n "$root"/.train_demo/compile-cache-*.bin "$work/" 2>/dev/null || true
 export PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
 # BUCKET: the context width of --fast's batches (default 16: 11 CUDA graphs; 32: 6).
 train() { python3 "$here/train.py" "$@" --work "$work" --bucket "${BUCKET:-16}"; }
@@ -74,6 +78,8 @@ PY
     --loss-positions "${LOSS_POSITIONS:-all}" \
     --batch "${BATCH:-256}" --max-seconds "$(( $(left) - ${EXPORT_MARGIN_S:-40} ))"
   cp "$work/log.jsonl" "$out/"
+  # Here after the call: cp FILES/compile-cache-*.bin .train_demo/ (carried by the next call).
+  cp "$work"/compile-cache-*.bin "$out/" 2>/dev/null || true
   done=$(python3 -c '
 import json, sys
 last = [json.loads(l) for l in open(sys.argv[1]) if l.strip()][-1]

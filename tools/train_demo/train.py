@@ -538,6 +538,10 @@ def train(args):
         kernels = fast_kernels(args, cuda)
         dgemma.set_kernels(model, *kernels)
         print("--fast: experts %s, attention %s, fusion %s" % kernels, flush=True)
+        compile_cache = (compile_cache_path(torch, args.work)
+                         if cuda and kernels[2] == "compiled" else None)
+        if compile_cache:
+            load_compile_cache(torch, compile_cache)
         gpu_b = BucketBatches(torch, train_b.exs, device, args.bucket)
     # A graph reads the learning rate from a device tensor (AdamW's capturable form).
     lr0 = torch.tensor(args.lr, device=device) if graphs else args.lr
@@ -616,6 +620,11 @@ def train(args):
         print("  per bucket, warm-up (2 steps) + capture: %s" % ", ".join(
             "%d: %.1f + %.1f s" % (n, graphed.warm_seconds[n], graphed.graph_seconds[n])
             for n in gpu_b.lengths()), flush=True)
+        if compile_cache:
+            kept = save_compile_cache(torch, compile_cache)
+            if kept:
+                print("compile cache written: %s (%.1f MB)" % (
+                    os.path.basename(compile_cache), kept / 1e6), flush=True)
     start = time.time()
     t10 = None
     log = open(log_path, "a", encoding="utf-8")
@@ -727,6 +736,51 @@ def fast_kernels(args, cuda):
     if fusion == "compiled" and not (cuda and hasattr(__import__("torch"), "compile")):
         raise SystemExit("--fusion compiled needs a GPU and PyTorch >= 2.1")
     return experts, attention, fusion
+
+
+def compile_cache_path(torch, work):
+    """Where --fusion compiled keeps torch.compile's artifacts (PyTorch's mega-cache) between
+    invocations: WORK/compile-cache-<torch>-<GPU>.bin. Compiling the elementwise pieces took 76 s
+    of the H100's 10,000-step call (the first bucket's warm-up, docs/benchmarks.md); with the
+    artifacts of an earlier call, inductor's code generation and Triton's compilation are
+    skipped. Named per PyTorch version and GPU: artifacts of another are never offered."""
+    gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    tag = re.sub(r"[^A-Za-z0-9.]+", "_", "%s-%s" % (torch.__version__, gpu)).strip("_")
+    return os.path.join(work, "compile-cache-%s.bin" % tag)
+
+
+def load_compile_cache(torch, path):
+    """Hands `path`'s artifacts to torch.compile; True when it took them. PyTorch without the
+    mega-cache (< 2.7), no file or artifacts it refuses: False, and compiling happens as
+    without."""
+    compiler = getattr(torch, "compiler", None)
+    if not (os.path.exists(path) and hasattr(compiler, "load_cache_artifacts")):
+        return False
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        compiler.load_cache_artifacts(data)
+    except Exception as e:  # noqa: BLE001 - a cache it cannot use is only slower
+        print("compile cache %s not used (%s): compiling" % (path, e), flush=True)
+        return False
+    print("compile cache: %s (%.1f MB)" % (os.path.basename(path), len(data) / 1e6), flush=True)
+    return True
+
+
+def save_compile_cache(torch, path):
+    """Writes what torch.compile compiled so far to `path` (a temporary file renamed into place);
+    the number of bytes, 0 when there is nothing to write or no mega-cache."""
+    compiler = getattr(torch, "compiler", None)
+    if not hasattr(compiler, "save_cache_artifacts"):
+        return 0
+    got = compiler.save_cache_artifacts()
+    if not got or not got[0]:
+        return 0
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        f.write(got[0])
+    os.replace(tmp, path)
+    return len(got[0])
 
 
 def kernel_check(torch, model, params, batches, batch, autocast, kernels):

@@ -202,6 +202,46 @@ TEST(Sweep, CompanionsAndRowsAreAxes) {
   EXPECT_EQ(companions_label(spec, 1), "companions 2 (1 prompt)");
 }
 
+// Per-row positions are a sweep's too: kept through its JSON (sweep.json, a resumed run), part
+// of its id, and the "identical rows" value of the axis runs with the positions it has anyway.
+// (The H100's per_row sweep of issue #35 was refused at once: its base spec, its companions
+// moved into the axis, failed the check "per_row needs companions".)
+TEST(Sweep, PerRowPositionsSurviveTheAxes) {
+  SweepSpec spec;
+  spec.base.model.preset = "tiny";
+  spec.base.batch_sizes = {4};
+  spec.base.prefill = generation::PrefillMode::Batched;
+  spec.base.composition.companions = {{"Explain tides, please, at length.", true, {}}};
+  spec.base.composition.positions = generation::PositionMode::PerRow;
+  spec.prompts = {{"a", true, {}}};
+  spec.normalize_axes();
+  ASSERT_FALSE(spec.base.composition.mixed());
+  ASSERT_TRUE(validate(spec).ok()) << validate(spec).error().message;
+  const auto back = sweep_spec_from_json(to_json(spec));
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(back.value().base.composition.positions, generation::PositionMode::PerRow);
+  EXPECT_EQ(sweep_id(back.value()), sweep_id(spec));
+  SweepSpec shared = spec;
+  shared.base.composition.positions = generation::PositionMode::Shared;
+  EXPECT_NE(sweep_id(shared), sweep_id(spec));
+  // Shared positions add nothing to the JSON: the ids of sweeps recorded before stay.
+  EXPECT_FALSE(to_json(shared).contains("positions"));
+  const ExperimentSpec item = item_spec(spec, sweep_items(spec)[0]);
+  EXPECT_EQ(item.composition.positions, generation::PositionMode::PerRow);
+  ASSERT_TRUE(experiment::validate(item).ok());
+  // Beside identical rows (the axis value "none") there is no padding: shared positions.
+  spec.companion_sets.insert(spec.companion_sets.begin(), std::vector<setup::Prompt>{});
+  ASSERT_TRUE(validate(spec).ok()) << validate(spec).error().message;
+  const ExperimentSpec none = item_spec(spec, sweep_items(spec)[0]);
+  EXPECT_FALSE(none.composition.mixed());
+  EXPECT_EQ(none.composition.positions, generation::PositionMode::Shared);
+  // A file's positions that are neither: refused by name.
+  nlohmann::json bad = to_json(spec);
+  bad["positions"] = "sideways";
+  ASSERT_FALSE(sweep_spec_from_json(bad).ok());
+  EXPECT_NE(sweep_spec_from_json(bad).error().message.find("positions"), std::string::npos);
+}
+
 TEST(Sweep, SeedsParse) {
   EXPECT_EQ(parse_seeds("0-3,7").value(), (std::vector<std::uint64_t>{0, 1, 2, 3, 7}));
   EXPECT_EQ(parse_seeds("5,5,2").value(), (std::vector<std::uint64_t>{2, 5}));

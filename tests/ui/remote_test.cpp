@@ -1,0 +1,299 @@
+// SPDX-License-Identifier: Apache-2.0
+// The GUI's SSH targets (issue #36) against a real OpenSSH server on 127.0.0.1
+// (tests/app/sshd_server.sh, as the CLI's remote test): the dialog probes a target and the Run
+// panel lists its devices; a run on a target comes back as a file and opens; Cancel ends it
+// there and leaves nothing here; the workaround toggle of an experiment recorded on a target's
+// host runs there instead of offering a command.
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+
+#include <QCheckBox>
+#include <QComboBox>
+#include <QDir>
+#include <QFileInfo>
+#include <QLabel>
+#include <QLineEdit>
+#include <QPushButton>
+#include <QSettings>
+#include <QSignalSpy>
+#include <QTableWidget>
+#include <QTemporaryDir>
+#include <gtest/gtest.h>
+
+#include "core/base/system_info.h"
+#include "core/experiment/runner.h"
+#include "core/io/experiment_file.h"
+#include "tests/support/process.h"
+#include "tests/support/sshd.h"
+#include "tests/support/ui_window.h"
+#include "ui/controllers.h"
+#include "ui/remote_targets.h"
+#include "ui/run_panel.h"
+
+#include <unistd.h>
+
+namespace batchlens::ui {
+namespace {
+
+namespace fs = std::filesystem;
+using test_support::kWaitMs;
+
+// A tiny CPU run: B=1 and B=2 of the emulation, one canvas of `tokens` tokens.
+experiment::ExperimentSpec tiny_spec(int steps, int tokens) {
+  experiment::ExperimentSpec s;
+  s.model.preset = "tiny";
+  s.prompt = "It's \"quoted\"; $(touch CANARY) a\nnew line";
+  s.batch_sizes = {2};
+  s.repeats = 0;
+  s.overrides.max_denoising_steps = steps;
+  s.overrides.max_new_tokens = tokens;
+  s.policy = ops::OpPolicy::emulation_profile("emulated_h200");
+  return s;
+}
+
+class RemoteGuiTest : public test_support::WindowTest {
+ protected:
+  RemoteGuiTest() : WindowTest("remote_test", QSize(1400, 900)) {}
+
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("bl_remote_gui_" + std::to_string(::getpid()));
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    bool skip = false;
+    const std::string why = testing::start_sshd(server(), skip);
+    if (skip) {
+      GTEST_SKIP() << why;
+    }
+    ASSERT_EQ(why, "");
+    up_ = true;
+    WindowTest::SetUp();
+    window_->runController()->setRemoteRunsDir(QString::fromStdString((dir_ / "here").string()));
+  }
+  void TearDown() override {
+    if (window_) {
+      window_->runController()->cancel();
+    }
+    WindowTest::TearDown();
+    if (up_) {
+      testing::stop_sshd(server(), work());
+    }
+    fs::remove_all(dir_);
+  }
+
+  fs::path server() const { return dir_ / "sshd"; }
+  fs::path work() const { return dir_ / "work"; }
+
+  // This test's sshd as a target, probed.
+  RemoteTarget probed_target() const {
+    RemoteTarget t;
+    t.ssh.host = "bltest";
+    t.ssh.cli = BL_CLI_PATH;
+    t.ssh.workdir = work().string();
+    t.ssh.ssh_options = {"-F", (server() / "ssh_config").string()};
+    return probeTarget(t);
+  }
+
+  // Files under `dir` (none when it does not exist).
+  static int files_in(const fs::path& dir) {
+    int n = 0;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(dir, ec)) {
+      n += e.is_regular_file() ? 1 : 0;
+    }
+    return n;
+  }
+
+  fs::path dir_;
+  bool up_ = false;
+};
+
+TEST_F(RemoteGuiTest, TheDialogProbesATargetAndThePanelListsItsDevices) {
+  RemoteTargetsDialog dialog({});
+  dialog.hostEdit()->setText(QStringLiteral("bltest"));
+  dialog.cliEdit()->setText(QStringLiteral(BL_CLI_PATH));
+  dialog.workdirEdit()->setText(QString::fromStdString(work().string()));
+  dialog.sshOptionsEdit()->setText(
+      QStringLiteral("-F \"%1\"").arg(QString::fromStdString((server() / "ssh_config").string())));
+  QSignalSpy probed(&dialog, &RemoteTargetsDialog::probed);
+  ASSERT_TRUE(dialog.addFromFields());
+  ASSERT_TRUE(probed.wait(kWaitMs));
+  ASSERT_EQ(dialog.targets().size(), 1U);
+  const RemoteTarget t = dialog.targets()[0];  // a copy: adding a target moves the list
+  ASSERT_TRUE(t.info.has_value()) << t.error.toStdString();
+  EXPECT_EQ(t.info->hostname, base::query_system_info().value().host);
+  EXPECT_EQ(t.info->devices.back(), "cpu");
+  EXPECT_TRUE(dialog.table()->item(0, 3)->text().contains(QStringLiteral("BatchLens")));
+  // Twice the same target, an ssh option as a target: refused with the reason.
+  dialog.hostEdit()->setText(QStringLiteral("bltest"));
+  EXPECT_FALSE(dialog.addFromFields());
+  EXPECT_TRUE(dialog.messageLabel()->text().contains(QStringLiteral("listed already")));
+  dialog.hostEdit()->setText(QStringLiteral("-oProxyCommand=touch x"));
+  EXPECT_FALSE(dialog.addFromFields());
+  // A host that does not answer: listed with the reason, its devices not offered.
+  dialog.hostEdit()->setText(QStringLiteral("nohost.invalid"));
+  dialog.sshOptionsEdit()->setText(QStringLiteral("-o ConnectTimeout=5"));
+  ASSERT_TRUE(dialog.addFromFields());
+  ASSERT_TRUE(probed.wait(kWaitMs));
+  ASSERT_EQ(dialog.targets().size(), 2U);
+  EXPECT_FALSE(dialog.targets()[1].info.has_value());
+  EXPECT_FALSE(dialog.targets()[1].error.isEmpty());
+
+  RunPanel* panel = window_->runPanel();
+  panel->setRemoteTargets(dialog.targets());
+  QComboBox* devices = panel->deviceCombo();
+  const int remote_cpu = devices->findText(QStringLiteral("bltest: cpu"));
+  ASSERT_GE(remote_cpu, 0);
+  const int unreachable = devices->findText(QStringLiteral("nohost.invalid — not reachable"));
+  ASSERT_GE(unreachable, 0);
+  devices->setCurrentIndex(unreachable);
+  EXPECT_FALSE(panel->deviceAvailable());
+  EXPECT_FALSE(panel->spec().ok());
+  devices->setCurrentIndex(remote_cpu);
+  EXPECT_TRUE(panel->deviceAvailable());
+  ASSERT_TRUE(panel->remoteTarget().has_value());
+  EXPECT_EQ(panel->remoteTarget()->host, "bltest");
+  ASSERT_TRUE(panel->spec().ok());
+  EXPECT_EQ(panel->spec().value().load.device, "cpu");
+  EXPECT_TRUE(panel->expectedText().contains(QStringLiteral("measured on bltest")))
+      << panel->expectedText().toStdString();
+  // Kept across a restart (QSettings), the chosen target's device too.
+  {
+    QSettings settings;
+    saveRemoteTargets(settings, dialog.targets());
+    panel->saveSettings(settings);
+  }
+  QSettings settings;
+  RunPanel again(test_support::thisMachine());
+  again.setRemoteTargets(loadRemoteTargets(settings));
+  again.restoreSettings(settings);
+  ASSERT_TRUE(again.remoteTarget().has_value());
+  EXPECT_EQ(again.remoteTarget()->ssh_options, dialog.targets()[0].ssh.ssh_options);
+  ASSERT_TRUE(again.remoteTargets()[0].info.has_value());
+  EXPECT_EQ(again.remoteTargets()[0].info->hostname, t.info->hostname);
+  // The local CPU is still the first choice.
+  devices->setCurrentIndex(0);
+  EXPECT_FALSE(panel->remoteTarget().has_value());
+}
+
+TEST_F(RemoteGuiTest, ARunOnATargetComesBackAsAFileAndOpens) {
+  const RemoteTarget target = probed_target();
+  ASSERT_TRUE(target.info.has_value()) << target.error.toStdString();
+  RunController* runs = window_->runController();
+  QSignalSpy finished(runs, &RunController::finished);
+  QSignalSpy failed(runs, &RunController::failed);
+  QSignalSpy progress(runs, &RunController::progressChanged);
+  ASSERT_TRUE(runs->startRemote(target.ssh, tiny_spec(2, 16)));
+  EXPECT_EQ(runs->remoteName().toStdString(), "bltest");
+  ASSERT_TRUE(finished.wait(kWaitMs) || !failed.isEmpty())
+      << (failed.isEmpty() ? "" : failed.first().at(0).toString().toStdString());
+  ASSERT_EQ(finished.size(), 1) << failed.first().at(0).toString().toStdString();
+  EXPECT_GT(progress.size(), 0);
+  const ExperimentDocument& doc = window_->state()->document();
+  ASSERT_NE(doc.result, nullptr);
+  EXPECT_FALSE(doc.modified);  // its file is here already
+  EXPECT_TRUE(doc.origin.startsWith(QStringLiteral("run on bltest")));
+  EXPECT_TRUE(QFileInfo(doc.path).isFile());
+  EXPECT_TRUE(doc.path.startsWith(QString::fromStdString((dir_ / "here").string())));
+  // The file here is the target's, whole: it reads back, and the target keeps its copy.
+  auto back = io::read_experiment(doc.path.toStdString());
+  ASSERT_TRUE(back.ok()) << back.error().message;
+  EXPECT_EQ(back.value().spec.prompt, tiny_spec(2, 16).prompt);
+  EXPECT_EQ(files_in(work()), 1);
+  EXPECT_FALSE(fs::exists(work() / "CANARY")) << "a prompt ran as a command";
+  EXPECT_FALSE(fs::exists(fs::current_path() / "CANARY")) << "a prompt ran as a command";
+}
+
+// The Run panel on a target's device: Run and Run > Find culprit go there, the files come back.
+TEST_F(RemoteGuiTest, RunAndFindCulpritFromThePanelGoToTheTarget) {
+  const RemoteTarget target = probed_target();
+  ASSERT_TRUE(target.info.has_value()) << target.error.toStdString();
+  RunPanel* panel = window_->runPanel();
+  panel->setRemoteTargets({target});
+  panel->setSpec(tiny_spec(2, 16));
+  ASSERT_TRUE(panel->selectRemoteDevice(0, QStringLiteral("cpu")));
+  QComboBox* strategy = panel->workaroundStrategyBox();
+  strategy->setCurrentIndex(strategy->findData(static_cast<int>(ops::Strategy::BatchInvariant)));
+  QSignalSpy shown(window_.get(), &MainWindow::documentShown);
+  window_->findCulprit();
+  ASSERT_TRUE(window_->runController()->isRunning());
+  EXPECT_EQ(window_->runController()->remoteName().toStdString(), "bltest");
+  ASSERT_TRUE(shown.wait(kWaitMs)) << window_->lastError().toStdString();
+  const auto* r = window_->state()->result();
+  ASSERT_NE(r, nullptr);
+  ASSERT_TRUE(r->culprit.has_value());
+  EXPECT_TRUE(r->culprit->found) << r->culprit->verdict;
+  EXPECT_EQ(r->culprit->strategy, ops::Strategy::BatchInvariant);
+  EXPECT_TRUE(window_->state()->document().path.startsWith(
+      QString::fromStdString((dir_ / "here").string())));
+  panel->runButton()->click();
+  ASSERT_TRUE(window_->runController()->isRunning());
+  EXPECT_EQ(window_->runController()->remoteName().toStdString(), "bltest");
+  ASSERT_TRUE(shown.wait(kWaitMs)) << window_->lastError().toStdString();
+  EXPECT_FALSE(window_->state()->result()->culprit.has_value());
+  EXPECT_EQ(files_in(dir_ / "here"), 2);
+  EXPECT_EQ(files_in(work()), 2);
+}
+
+TEST_F(RemoteGuiTest, CancelEndsTheRemoteRunAndLeavesNothingHere) {
+  const RemoteTarget target = probed_target();
+  ASSERT_TRUE(target.info.has_value()) << target.error.toStdString();
+  RunController* runs = window_->runController();
+  QSignalSpy cancelled(runs, &RunController::cancelled);
+  QSignalSpy progress(runs, &RunController::progressChanged);
+  ASSERT_TRUE(runs->startRemote(target.ssh, tiny_spec(48, 2048)));
+  // Cancel once the target reports steps (the run is going there).
+  for (int i = 0; i < 600 && progress.isEmpty(); ++i) {
+    progress.wait(100);
+  }
+  ASSERT_FALSE(progress.isEmpty());
+  runs->cancel();
+  ASSERT_TRUE(cancelled.wait(kWaitMs));
+  EXPECT_FALSE(runs->isRunning());
+  EXPECT_EQ(files_in(dir_ / "here"), 0) << "a cancelled remote run left a file here";
+  // The remote process group ended: no run of this work folder is left on the target.
+  const auto left = testing::run_process(
+      {"/bin/sh", "-c",
+       "for p in $(pgrep -f 'batchlens-cli run --spec-json'); do [ \"$(readlink /proc/$p/cwd)\" "
+       "= '" +
+           work().string() + "' ] && echo $p; done; true"});
+  EXPECT_EQ(left.out, "") << "remote runs still going: " << left.out;
+}
+
+TEST_F(RemoteGuiTest, TheWorkaroundToggleRunsAgainOnTheHostItWasRecordedOn) {
+  // An experiment of this host whose kernels this build would not reproduce (another ATen
+  // capability): here the toggle is refused; with a target on its host it runs there.
+  experiment::ExperimentSpec spec = tiny_spec(2, 16);
+  auto ran = experiment::run_experiment(spec);
+  ASSERT_TRUE(ran.ok()) << ran.error().message;
+  experiment::ExperimentResult other = std::move(ran).value();
+  other.provenance.cpu.aten_capability =
+      other.provenance.cpu.aten_capability == "AVX512" ? "AVX2" : "AVX512";
+  const std::string path = (dir_ / "recorded there.h5").string();
+  ASSERT_TRUE(io::write_experiment(path, other).ok());
+  open(path);
+  const RemoteTarget target = probed_target();
+  ASSERT_TRUE(target.info.has_value()) << target.error.toStdString();
+  ASSERT_EQ(target.info->hostname, other.provenance.host);
+  RunPanel* panel = window_->runPanel();
+  panel->setRemoteTargets({target});
+  RunController* runs = window_->runController();
+  QSignalSpy finished(runs, &RunController::finished);
+  QSignalSpy offered(window_.get(), &MainWindow::workaroundElsewhereOffered);
+  panel->workaroundCheck()->click();
+  EXPECT_TRUE(offered.isEmpty()) << "a command was offered although the host is a target";
+  ASSERT_TRUE(runs->isRunning());
+  EXPECT_EQ(runs->remoteName().toStdString(), "bltest");
+  EXPECT_EQ(runs->lastSpec().workaround, ops::OpPolicy::issue_workaround());
+  EXPECT_EQ(runs->lastSpec().prompt_ids, other.prompt_ids);
+  ASSERT_TRUE(finished.wait(kWaitMs));
+  const auto* shown = window_->state()->result();
+  ASSERT_NE(shown, nullptr);
+  ASSERT_TRUE(shown->spec.workaround.has_value());
+  EXPECT_EQ(*shown->spec.workaround, ops::OpPolicy::issue_workaround());
+  EXPECT_EQ(shown->prompt_ids, other.prompt_ids);
+  EXPECT_TRUE(panel->workaroundCheck()->isChecked());
+}
+
+}  // namespace
+}  // namespace batchlens::ui
