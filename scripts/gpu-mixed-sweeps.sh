@@ -71,7 +71,7 @@ sweep() {  # POSITIONS
     mark samples
     echo "  $(( $(date +%s) - t0 )) s"
   fi
-  for positions in shared per_row; do
+  for positions in per_row shared; do
     # A sweep that failed part-way (a device error) resumes in a fresh process while time is left.
     for _ in 1 2 3; do
       done_ "sweep-$positions" || { sweep "$positions" && mark "sweep-$positions"; }

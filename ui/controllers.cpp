@@ -413,6 +413,9 @@ QList<QPair<QString, QString>> FileController::embeddedSamples() {
            QObject::tr("26B-A4B architecture, H100, lockstep")},
           {embeddedSweepSamplePath(),
            QObject::tr("26B-A4B architecture, H200, sweep of 24 prompts (B = 2, 3, 4)")},
+          {QStringLiteral(":/samples/h100-26b-a4b-mixed-sweep.h5"),
+           QObject::tr("26B-A4B architecture, H100, sweep of 24 prompts beside 3 companions "
+                       "(B = 4, shared positions, default and batch-invariant kernels)")},
           {QStringLiteral(":/samples/demo-trained-cpu-emulated.h5"),
            QObject::tr("demo-trained, CPU, EMULATED H200 (the one-click demo)")}};
 }

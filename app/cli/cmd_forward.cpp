@@ -81,8 +81,10 @@ void register_forward(CLI::App& app, int& exit_code) {
               << mo.load.dtype << ", experts " << mo.load.experts << ")\n"
               << "  batch " << s.batch << ", prompt " << s.prompt_length << ", canvas "
               << s.canvas_length << ", self-conditioning " << (s.self_conditioning ? "yes" : "no")
-              << "\n  CPU ISA: " << base::describe(base::query_cpu_isa()) << "\n  encode "
-              << s.encode_ms << " ms, decode " << s.decode_ms << " ms";
+              << "\n  CPU ISA: " << base::describe(base::query_cpu_isa())
+              << (session.value().threads_report.empty() ? std::string()
+                                                         : "\n  " + session.value().threads_report)
+              << "\n  encode " << s.encode_ms << " ms, decode " << s.decode_ms << " ms";
     if (opts->request.repeat > 0) {
       std::cout << ", decode x" << opts->request.repeat << ": median " << s.decode_median_ms
                 << " ms, min " << s.decode_min_ms << " ms";

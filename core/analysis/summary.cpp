@@ -146,7 +146,13 @@ std::string summary_text(const ExperimentResult& r) {
     << r.provenance.device_name << "), LibTorch " << r.provenance.libtorch << ", "
     << r.provenance.dtype << "\n";
   if (!r.provenance.cpu.aten_capability.empty() || !r.provenance.cpu.flags.empty()) {
-    o << "CPU ISA: " << base::describe(r.provenance.cpu) << "\n";
+    o << "CPU ISA: " << base::describe(r.provenance.cpu);
+    if (r.provenance.device == "cpu" && r.provenance.threads > 0) {
+      // Chosen by measurement at load (setup/cpu_threads.h): one on a busy machine.
+      o << "; " << r.provenance.threads << " LibTorch thread"
+        << (r.provenance.threads > 1 ? "s" : "");
+    }
+    o << "\n";
   }
   if (r.provenance.emulated) {
     o << "NOTE: EMULATED split-K kernels (a CPU emulation of GPU batch-shape divergence)\n";

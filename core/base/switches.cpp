@@ -29,6 +29,9 @@ std::string Switches::describe() const {
   if (!cuda_graphs) {
     add("BATCHLENS_CUDA_GRAPHS=0");
   }
+  if (!thread_choice) {
+    add("BATCHLENS_THREAD_CHOICE=0");
+  }
   return out;
 }
 
@@ -37,6 +40,7 @@ Switches Switches::from_environment() {
   const char* fused = std::getenv("BATCHLENS_FUSED");
   const char* off = std::getenv("BATCHLENS_FUSED_OFF");
   const char* graphs = std::getenv("BATCHLENS_CUDA_GRAPHS");
+  const char* threads = std::getenv("BATCHLENS_THREAD_CHOICE");
   // NOLINTEND(concurrency-mt-unsafe)
   Switches s;
   s.fused = !(fused != nullptr && std::string_view(fused) == "0");
@@ -49,6 +53,7 @@ Switches Switches::from_environment() {
     }
   }
   s.cuda_graphs = !(graphs != nullptr && std::string_view(graphs) == "0");
+  s.thread_choice = !(threads != nullptr && std::string_view(threads) == "0");
   return s;
 }
 

@@ -16,6 +16,9 @@ struct Switches {
   std::vector<std::string>
       fused_off;            ///< BATCHLENS_FUSED_OFF=norm,combine,gelu,softcap,route,diff,gemm
   bool cuda_graphs = true;  ///< BATCHLENS_CUDA_GRAPHS=0: denoising steps run eagerly
+  /// BATCHLENS_THREAD_CHOICE=0: a CPU model keeps LibTorch's threads (no measurement at load,
+  /// setup/cpu_threads.h)
+  bool thread_choice = true;
 
   /// Whether the fused kernel `name` may run (it is then still checked bitwise on the device).
   bool fused_kernel(std::string_view name) const;
@@ -23,7 +26,8 @@ struct Switches {
   /// "BATCHLENS_FUSED_OFF=diff,norm; BATCHLENS_CUDA_GRAPHS=0".
   std::string describe() const;
 
-  /// BATCHLENS_FUSED, BATCHLENS_FUSED_OFF (comma-separated) and BATCHLENS_CUDA_GRAPHS, read now.
+  /// BATCHLENS_FUSED, BATCHLENS_FUSED_OFF (comma-separated), BATCHLENS_CUDA_GRAPHS and
+  /// BATCHLENS_THREAD_CHOICE, read now.
   /// Call it where the program starts or takes its options, never deep inside a run.
   static Switches from_environment();
 };

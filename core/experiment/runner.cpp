@@ -9,7 +9,6 @@
 #include <ATen/ATen.h>
 
 #include "core/base/input.h"
-#include "core/compat/device_graph.h"
 #include "core/experiment/comparator.h"
 #include "core/experiment/kernel_capture.h"
 #include "core/experiment/plan.h"
@@ -19,6 +18,7 @@
 #include "core/model/config.h"
 #include "core/model/diffusion_gemma.h"
 #include "core/ops/op_observer.h"
+#include "core/setup/engine_pass.h"
 
 namespace batchlens::experiment {
 
@@ -270,7 +270,7 @@ void run_groups(const setup::Session& session, const ExperimentSpec& spec, const
   for (const PlannedGroup& group : groups) {
     // Each group's engines capture their CUDA graphs into pools of their own: what earlier
     // groups (or experiments of this session: a sweep's items) left cached goes back first.
-    compat::release_cached_device_memory(session.model->device());
+    setup::release_cached_device_memory(session.model->device());
     run_group(ctx, group, out);
   }
   if (!p.companion_ids.empty()) {

@@ -58,6 +58,10 @@ EngineInputs random_engine_inputs(const DiffusionGemma& model, std::int64_t rows
   return in;
 }
 
+void release_cached_device_memory(const at::Device& device) {
+  compat::release_cached_device_memory(device);
+}
+
 struct EnginePass::Impl {
   Impl(const DiffusionGemma& m, const KvCache& c, at::Tensor s, ops::OpPolicy p)
       : model(m), cache(c), sc(std::move(s)), policy(std::move(p)) {}

@@ -34,6 +34,10 @@ EngineInputs random_engine_inputs(const model::DiffusionGemma& model, std::int64
                                   std::int64_t prompt_length, std::uint64_t seed,
                                   bool self_conditioning);
 
+/// Gives the blocks the caching allocator holds unused back to `device` before engines capture
+/// their CUDA graphs (compat::release_cached_device_memory; a no-op on a CPU).
+void release_cached_device_memory(const at::Device& device);
+
 class EnginePass {
  public:
   /// Prepares the pass of `canvas` over `cache` under `policy` (copied): one warm-up pass, and

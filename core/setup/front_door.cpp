@@ -9,6 +9,7 @@
 #include "core/base/input.h"
 #include "core/model/config.h"
 #include "core/model/diffusion_gemma.h"
+#include "core/setup/cpu_threads.h"
 #include "core/text/chat_template.h"
 #include "core/text/tokenizer_builder.h"
 
@@ -152,6 +153,10 @@ void check_vocabulary(const std::vector<std::int64_t>& ids, const model::Diffusi
 void load_into(Session& s, model::LoadOptions load) {
   const auto start = std::chrono::steady_clock::now();
   s.model = take(model::load_model(s.source, load));
+  if (s.model->device().is_cpu() && load.switches.thread_choice) {
+    // Before the runs, in the thread that will run them (OpenMP's threads are per thread).
+    s.threads_report = choose_cpu_threads(*s.model).report;
+  }
   s.load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   s.config_json = base::dump_json_lossy(model::to_json(s.model->config()), 2);
   load.progress = nullptr;

@@ -45,6 +45,9 @@ struct Session {
   Inputs inputs;            ///< those of open_session (empty after open_model)
   std::string config_json;  ///< the model's config.json as it ran
   double load_s = 0.0;      ///< seconds spent loading or building it
+  /// A CPU model's threads as measured at load (setup/cpu_threads.h): one line, "" on a GPU or
+  /// with BATCHLENS_THREAD_CHOICE=0.
+  std::string threads_report;
 
   /// Inputs for another prompt or overrides against this model: the source's generation config
   /// with `overrides`, this session's tokenizer, prompt ids checked against the vocabulary.

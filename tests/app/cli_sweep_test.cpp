@@ -25,7 +25,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::run_process;
 
-const char* const kClusterScript = BL_SOURCE_DIR "/tests/app/slurm_cluster.sh";
+constexpr const char* kClusterScript = BL_SOURCE_DIR "/tests/app/slurm_cluster.sh";
 
 class CliSweep : public ::testing::Test {
  protected:

@@ -944,9 +944,11 @@ TEST_F(ExplorerTest, EmbeddedSampleOpensWithGpuProvenance) {
 // the workaround identical).
 TEST_F(ExplorerTest, EmbeddedLockstepSampleOf26bTellsItsStory) {
   const auto samples = FileController::embeddedSamples();
-  // mid, 26B-A4B lockstep, the 26B-A4B sweep (issue #19), the CPU demo-trained one (#33)
-  ASSERT_EQ(samples.size(), 4);
+  // mid, 26B-A4B lockstep, the 26B-A4B sweep (issue #19), its mixed-batch sweep (#35), the CPU
+  // demo-trained one (#33)
+  ASSERT_EQ(samples.size(), 5);
   EXPECT_TRUE(samples[2].first.endsWith(QStringLiteral("sweep.h5")));
+  EXPECT_TRUE(samples[3].first.endsWith(QStringLiteral("mixed-sweep.h5")));
   QSignalSpy shown(window_.get(), &MainWindow::documentShown);
   // Another op list in the panel before the sample loads.
   ops::FamilySet lm_head;
@@ -989,9 +991,9 @@ TEST_F(ExplorerTest, EmbeddedLockstepSampleOf26bTellsItsStory) {
 // change words and the stop, the workaround none; it says it is emulated.
 TEST_F(ExplorerTest, EmbeddedDemoTrainedSampleChangesWordsAndTheWorkaroundNone) {
   const auto samples = FileController::embeddedSamples();
-  ASSERT_EQ(samples.size(), 4);
+  ASSERT_EQ(samples.size(), 5);
   QSignalSpy shown(window_.get(), &MainWindow::documentShown);
-  window_->openFile(samples[3].first);
+  window_->openFile(samples[4].first);
   ASSERT_TRUE(shown.wait(kWaitMs)) << window_->lastError().toStdString();
   const auto* r = window_->state()->result();
   ASSERT_NE(r, nullptr);

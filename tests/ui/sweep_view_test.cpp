@@ -161,6 +161,29 @@ TEST_F(SweepViewTest, TheH200SweepShowsItsCountsIntervalsStepsAndFamilies) {
 // that runs it as a full experiment with the item's prompt and seed.
 // Issue #35: a sweep over companions and rows: the Batch rows box picks the items of one value
 // of an axis (or one of each) for the plots and counts; the item table names each item's.
+// issue #35: the H100's sweep of the 26B-A4B architecture beside 3 companions (shared positions,
+// default and batch-invariant kernels): every text changed in both groups, the first divergence
+// in the rotated query of layer 0.
+TEST_F(SweepViewTest, TheMixedBatchSweepShowsEveryTextChangedInBothGroups) {
+  openSweep(QStringLiteral(":/samples/h100-26b-a4b-mixed-sweep.h5"));
+  SweepView* view = window_->sweep();
+  ASSERT_NE(view->document().sweep, nullptr);
+  const analysis::SweepRecords& records = *view->document().sweep;
+  EXPECT_EQ(records.items_done, 24);
+  EXPECT_TRUE(records.spec.mixed());
+  EXPECT_EQ(records.spec.base.composition.positions, generation::PositionMode::Shared);
+  ASSERT_TRUE(records.spec.base.workaround.has_value());
+  EXPECT_EQ(ops::policy_text(*records.spec.base.workaround), "batch_invariant");
+  EXPECT_TRUE(view->caption()->text().contains(QStringLiteral("NVIDIA H100")))
+      << view->caption()->text().toStdString();
+  ASSERT_EQ(records.rows.size(), 48U);
+  for (const analysis::SweepRow& r : records.rows) {
+    EXPECT_TRUE(r.text_changed) << r.item;
+    EXPECT_EQ(r.first_tap, "attn.q") << r.item;
+    EXPECT_EQ(r.first_layer, 0) << r.item;
+  }
+}
+
 TEST_F(SweepViewTest, TheBatchRowsPickTheItemsOfOneValueOfAnAxis) {
   analysis::SweepSpec spec;
   spec.base.model.preset = "tiny";

@@ -178,6 +178,7 @@ TEST(Sweep, CompanionsAndRowsAreAxes) {
   EXPECT_FALSE(from_run.base.composition.mixed());
   // Statistics per value of the axes, or all together; one value's rows.
   std::vector<SweepRow> rows;
+  rows.reserve(items.size());
   for (const SweepItem& item : items) {
     rows.push_back(row(item.index, 2, item.companions == 1, item.companions == 1 ? 5 : 0,
                        item.companions == 1 ? 2 : -1, item.companions == 1 ? "router_proj" : ""));
