@@ -10,6 +10,8 @@
 #include "app/cli/command.h"
 #include "app/cli/model_options.h"
 #include "app/cli/spec_options.h"
+#include "app/cli/sweep_options.h"
+#include "core/analysis/sweep_spec.h"
 #include "core/remote/ssh_run.h"
 
 #include <unistd.h>
@@ -25,6 +27,7 @@ struct RemoteOptions {
   std::vector<std::string> ssh_options;
   SpecOptions run;
   SpecOptions culprit;
+  SweepOptions sweep;
   std::string strategy = "row_wise";
   int cost_repeats = 5;
   bool free_trials = false;
@@ -98,6 +101,66 @@ void run_there(const RemoteOptions& o, const char* command, SpecOptions& spec,
             << result.value().remote_path << ", " << result.value().bytes << " bytes, SHA-256 "
             << result.value().sha256 << " checked)\n";
   exit_code = kExitOk;
+}
+
+// `remote TARGET sweep`: the sweep's options, read here; the whole sweep runs there.
+void add_remote_sweep(CLI::App* cmd, const std::shared_ptr<RemoteOptions>& o, int& exit_code) {
+  auto* sweep = cmd->add_subcommand(
+      "sweep",
+      "`batchlens-cli sweep` on the target, in a folder there named by the sweep's id (the same "
+      "command again resumes it there, skipping the items done); its sweep file comes back to "
+      "--out here");
+  add_sweep_spec_options(sweep, o->sweep, "Sweep file to write here (.h5)");
+  sweep->callback([o, &exit_code] {
+    remote::SshTarget t;
+    if (!target_of(*o, t, exit_code)) {
+      return;
+    }
+    SweepOptions& so = o->sweep;
+    const std::string local_out = so.spec.out;
+    if (local_out.empty()) {
+      std::cerr << "batchlens-cli remote sweep: give --out (the sweep file here)\n";
+      exit_code = kExitUsage;
+      return;
+    }
+    // Prompts and companions files are read here; the whole sweep travels as JSON.
+    const auto spec = sweep_of(so, exit_code);
+    if (!spec) {
+      return;
+    }
+    std::error_code ec;
+    const std::filesystem::path parent = std::filesystem::absolute(local_out, ec).parent_path();
+    std::filesystem::create_directories(parent, ec);
+    if (ec || ::access(parent.c_str(), W_OK) != 0) {
+      std::cerr << "batchlens-cli remote sweep: cannot write into " << parent.string() << "\n";
+      exit_code = kExitUsage;
+      return;
+    }
+    remote::RemoteJob job;
+    job.command = "sweep";
+    job.input_option = "--sweep-json";
+    job.input_json = analysis::to_json(*spec).dump();
+    job.out = "sweep-" + analysis::sweep_id(*spec);
+    base::Result<remote::RemoteOutcome> result = base::Error{};
+    {
+      const SigintCancel sigint;
+      experiment::RunControl control;
+      control.cancel = sigint.token();
+      control.progress = progress_reporter(so.spec.progress);
+      result = remote::run_remote_job(t, job, local_out, control);
+    }
+    if (so.spec.progress != "json") {
+      std::fprintf(stderr, "\n");
+    }
+    if (!result.ok()) {
+      exit_code = report_error(result.error());
+      return;
+    }
+    std::cout << result.value().summary << "wrote " << local_out << " (from " << t.describe() << ":"
+              << result.value().remote_path << ", " << result.value().bytes << " bytes, SHA-256 "
+              << result.value().sha256 << " checked)\n";
+    exit_code = kExitOk;
+  });
 }
 
 }  // namespace
@@ -186,6 +249,8 @@ void register_remote(CLI::App& app, int& exit_code) {
     }
     run_there(*o, "culprit", o->culprit, extra, exit_code);
   });
+
+  add_remote_sweep(cmd, o, exit_code);
 
   auto* fetch = cmd->add_subcommand(
       "fetch", "Bring a file a remote run left on the target (e.g. after a dropped connection)");

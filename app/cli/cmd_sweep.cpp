@@ -12,16 +12,21 @@
 #include "app/cli/command.h"
 #include "app/cli/model_options.h"
 #include "app/cli/spec_options.h"
+#include "app/cli/sweep_options.h"
 #include "core/analysis/sweep_merge.h"
 #include "core/analysis/sweep_records.h"
 #include "core/analysis/sweep_report.h"
 #include "core/analysis/sweep_slurm.h"
 #include "core/analysis/sweep_spec.h"
+#include "core/base/input.h"
+#include "core/base/sha256.h"
 #include "core/experiment/experiment.h"
 #include "core/experiment/runner.h"
 #include "core/io/experiment_file.h"
 #include "core/io/sweep_file.h"
 #include "core/setup/prompt.h"
+
+#include <unistd.h>
 
 namespace batchlens::cli {
 
@@ -29,26 +34,38 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct SweepOptions {
-  SpecOptions spec;
-  std::string prompts;
-  std::string seeds;
-  std::string companion_sets;  // issue #35's axes
-  std::string rows;
-  std::string shard;
-  bool keep = false;
-  bool resume = false;
-  // --slurm: write a job array instead of running.
-  std::string slurm;
-  int shards = 0;
-  int array_parallel = 0;
-  int gpus_per_task = 1;
-  std::vector<std::string> sbatch_options;
-};
+}  // namespace
 
-// The sweep `o` describes: from the spec options, or with --resume the one in --out's
-// sweep.json. Empty (exit code set, reason printed) when it must not start.
 std::optional<analysis::SweepSpec> sweep_of(SweepOptions& o, int& exit_code) {
+  if (!o.sweep_json.empty()) {
+    std::string text;
+    if (o.sweep_json == "-") {
+      std::ostringstream in;
+      in << std::cin.rdbuf();
+      text = in.str();
+    } else {
+      auto read = base::read_input_file(o.sweep_json, "sweep JSON");
+      if (!read.ok()) {
+        exit_code = report_error(read.error());
+        return std::nullopt;
+      }
+      text = std::move(read).value();
+    }
+    auto doc = base::parse_json(text, "sweep JSON");
+    auto sweep = doc.ok() ? analysis::sweep_spec_from_json(doc.value())
+                          : base::Result<analysis::SweepSpec>(doc.error());
+    if (sweep.ok()) {
+      if (auto v = analysis::validate(sweep.value()); !v.ok()) {
+        sweep = v.error();
+      }
+    }
+    if (!sweep.ok()) {
+      std::cerr << "batchlens-cli sweep: --sweep-json: " << sweep.error().message << "\n";
+      exit_code = kExitUsage;
+      return std::nullopt;
+    }
+    return std::move(sweep).value();
+  }
   if (o.resume) {
     auto spec = analysis::read_sweep_spec(o.spec.out);  // no record read here
     if (!spec.ok()) {
@@ -122,6 +139,8 @@ std::optional<analysis::SweepSpec> sweep_of(SweepOptions& o, int& exit_code) {
   return sweep;
 }
 
+namespace {
+
 // --slurm: the sweep folder prepared and the job array's scripts written; nothing runs here.
 int write_slurm(const SweepOptions& o, analysis::SweepSpec sweep) {
   std::error_code ec;
@@ -180,12 +199,14 @@ int run_sweep_here(const SweepOptions& o, const analysis::SweepSpec& sweep) {
     };
   }
   base::Result<analysis::SweepOutcome> outcome = base::Error{};
+  const std::string& progress = o.spec.progress;  // "bar", or "json" (remote TARGET sweep)
+  progress_event(progress, "start", {{"pid", static_cast<std::int64_t>(::getpid())}});
   {
     const SigintCancel sigint;
     experiment::RunControl control;
     control.cancel = sigint.token();
-    control.progress = draw_progress;
-    control.load_progress = draw_progress;
+    control.progress = progress_reporter(progress);
+    control.load_progress = progress_reporter(progress);
     outcome = base::guarded([&] {
       const auto items = analysis::sweep_items(sweep);
       const setup::Session session = base::take(
@@ -193,8 +214,13 @@ int run_sweep_here(const SweepOptions& o, const analysis::SweepSpec& sweep) {
       return base::take(analysis::run_sweep(session, sweep, run, control));
     });
   }
-  std::fprintf(stderr, "\n");
+  if (progress != "json") {
+    std::fprintf(stderr, "\n");
+  }
   if (!outcome.ok()) {
+    progress_event(
+        progress, "error",
+        {{"code", base::to_string(outcome.error().code)}, {"message", outcome.error().message}});
     return report_error(outcome.error());
   }
   std::cout << "sweep " << outcome.value().id << ": " << outcome.value().items_run
@@ -213,13 +239,41 @@ int run_sweep_here(const SweepOptions& o, const analysis::SweepSpec& sweep) {
   std::error_code ec;
   fs::create_directories(file.parent_path(), ec);
   if (auto w = io::write_sweep_file(file, part); !w.ok()) {
+    progress_event(progress, "error",
+                   {{"code", base::to_string(w.error().code)}, {"message", w.error().message}});
     return report_error(w.error());
   }
   std::cout << analysis::sweep_text(part) << "\nsweep file: " << file.string() << "\n";
+  if (progress == "json") {
+    auto digest = base::sha256_file(file);
+    progress_event(progress, "written",
+                   {{"path", fs::absolute(file, ec).string()},
+                    {"bytes", static_cast<std::uint64_t>(fs::file_size(file, ec))},
+                    {"sha256", digest.ok() ? digest.value() : std::string()}});
+  }
   return kExitOk;
 }
 
 }  // namespace
+
+void add_sweep_spec_options(CLI::App* cmd, SweepOptions& o, const char* out_help) {
+  add_spec_options(cmd, o.spec, /*workaround=*/true, out_help);
+  cmd->add_option("--prompts", o.prompts,
+                  "Prompt file: one prompt per line, or JSON Lines with \"prompt\" or "
+                  "\"prompt_ids\" and optional \"chat_template\" (default: --prompt alone)");
+  cmd->add_option("--seeds", o.seeds, "Sampling seeds, e.g. 0-23 or 0,5,9-11 [--gen-seed]");
+  cmd->add_option("--companion-sets", o.companion_sets,
+                  "An axis of the sweep: companions files, comma-separated, 'none' for identical "
+                  "rows (e.g. none,short.txt,long.jsonl); every item runs beside each set "
+                  "[--companions]");
+  cmd->add_option(
+      "--rows", o.rows,
+      "An axis of the sweep: the rows that hold the prompt under test, e.g. 0,3 [--row]");
+  cmd->add_option("--sweep-json", o.sweep_json,
+                  "The whole sweep as JSON (what `remote TARGET sweep` sends), from a file or "
+                  "'-' for stdin: the spec options, --prompts, --seeds and the axes are then not "
+                  "read");
+}
 
 void register_sweep(CLI::App& app, int& exit_code) {
   auto opts = std::make_shared<SweepOptions>();
@@ -232,20 +286,9 @@ void register_sweep(CLI::App& app, int& exit_code) {
       "own: the same command (or --resume) after a crash or Ctrl-C skips what is done. The rows "
       "end in DIR/sweep.h5 (a shard: DIR/shards/shard-I-of-N.h5; sweep-merge joins them). "
       "--slurm writes a Slurm job array instead of running. `summary` prints the statistics");
-  add_spec_options(cmd, opts->spec, /*workaround=*/true,
-                   "Sweep folder (sweep.json, one record per item, the sweep file; made when "
-                   "missing)");
-  cmd->add_option("--prompts", opts->prompts,
-                  "Prompt file: one prompt per line, or JSON Lines with \"prompt\" or "
-                  "\"prompt_ids\" and optional \"chat_template\" (default: --prompt alone)");
-  cmd->add_option("--seeds", opts->seeds, "Sampling seeds, e.g. 0-23 or 0,5,9-11 [--gen-seed]");
-  cmd->add_option("--companion-sets", opts->companion_sets,
-                  "An axis of the sweep: companions files, comma-separated, 'none' for identical "
-                  "rows (e.g. none,short.txt,long.jsonl); every item runs beside each set "
-                  "[--companions]");
-  cmd->add_option(
-      "--rows", opts->rows,
-      "An axis of the sweep: the rows that hold the prompt under test, e.g. 0,3 [--row]");
+  add_sweep_spec_options(cmd, *opts,
+                         "Sweep folder (sweep.json, one record per item, the sweep file; made "
+                         "when missing)");
   cmd->add_option("--shard", opts->shard,
                   "I/N: run only the items whose index modulo N is I (one Slurm array task)");
   cmd->add_flag("--keep-experiments", opts->keep,
@@ -271,11 +314,29 @@ void register_sweep(CLI::App& app, int& exit_code) {
       for (const CLI::Option* option : cmd->get_options()) {
         const std::string name = option->get_name();
         const bool allowed = name == "--out" || name == "--resume" || name == "--shard" ||
-                             name == "--keep-experiments" || name == "--help";
+                             name == "--keep-experiments" || name == "--progress" ||
+                             name == "--help";
         if (option->count() > 0 && !allowed) {
           std::cerr << "batchlens-cli sweep: --resume takes the spec from the folder's "
                        "sweep.json; "
                     << name << " cannot change it (give --out, --shard, --keep-experiments)\n";
+          exit_code = kExitUsage;
+          return;
+        }
+      }
+    }
+    if (!opts->sweep_json.empty()) {
+      // The whole sweep comes as JSON: an option that would change it is refused, not ignored.
+      for (const CLI::Option* option : cmd->get_options()) {
+        const std::string name = option->get_name();
+        const bool allowed = name == "--out" || name == "--sweep-json" || name == "--shard" ||
+                             name == "--keep-experiments" || name == "--progress" ||
+                             name == "--slurm" || name == "--shards" ||
+                             name == "--array-parallel" || name == "--gpus-per-task" ||
+                             name == "--sbatch-option" || name == "--help";
+        if (option->count() > 0 && !allowed) {
+          std::cerr << "batchlens-cli sweep: --sweep-json holds the whole sweep; " << name
+                    << " cannot change it\n";
           exit_code = kExitUsage;
           return;
         }

@@ -241,18 +241,35 @@ base::Result<RemoteOutcome> run_remote(const SshTarget& t, const std::string& co
                                        const std::vector<std::string>& extra_args,
                                        const fs::path& local_out,
                                        const experiment::RunControl& control) {
+  if (command != "run" && command != "culprit") {
+    return Error{ErrorCode::InvalidArgument,
+                 "remote runs 'run' or 'culprit' with a spec, not '" + command + "'"};
+  }
+  RemoteJob job;
+  job.command = command;
+  job.input_option = "--spec-json";
+  job.input_json = experiment::to_json(spec).dump();
+  job.extra_args = extra_args;
+  return run_remote_job(t, job, local_out, control);
+}
+
+base::Result<RemoteOutcome> run_remote_job(const SshTarget& t, const RemoteJob& job,
+                                           const fs::path& local_out,
+                                           const experiment::RunControl& control) {
   return base::guarded([&]() -> RemoteOutcome {
-    if (command != "run" && command != "culprit") {
+    const std::string& command = job.command;
+    if ((command != "run" && command != "culprit" && command != "sweep") ||
+        (job.input_option != "--spec-json" && job.input_option != "--sweep-json")) {
       base::raise(ErrorCode::InvalidArgument,
-                  "remote runs 'run' or 'culprit', not '" + command + "'");
+                  "remote runs 'run', 'culprit' or 'sweep', not '" + command + "'");
     }
-    const std::string name = remote_name(local_out);
+    const std::string name = job.out.empty() ? remote_name(local_out) : job.out;
     // Only tool-chosen or quoted text in the command: the spec (prompts and all) is on stdin.
     std::string remote_command = "mkdir -p -- " + shell_quote(t.workdir) + " && cd -- " +
                                  shell_quote(t.workdir) + " && exec " + shell_quote(t.cli) + " " +
-                                 command + " --spec-json - --progress json --out " +
+                                 command + " " + job.input_option + " - --progress json --out " +
                                  shell_quote(name);
-    for (const std::string& a : extra_args) {
+    for (const std::string& a : job.extra_args) {
       remote_command += " " + shell_quote(a);
     }
     RemoteOutcome out;
@@ -311,7 +328,7 @@ base::Result<RemoteOutcome> run_remote(const SshTarget& t, const std::string& co
     };
     base::ChildSpec child;
     child.argv = ssh_argv(t, remote_command);
-    child.stdin_data = experiment::to_json(spec).dump();
+    child.stdin_data = job.input_json;
     const base::ChildOutcome o =
         base::take(base::run_child(child, on_line, stop, on_stop, /*grace_s=*/30.0));
     out.summary = o.out;
@@ -324,8 +341,11 @@ base::Result<RemoteOutcome> run_remote(const SshTarget& t, const std::string& co
     if (o.exit_code != 0 || out.remote_path.empty()) {
       Error e = failure(t, o, "batchlens-cli " + command);
       if (o.exit_code == 255) {
-        e.message += " (a run cut off there leaves no file; one that finished stays in " +
-                     t.workdir + "/" + name + ")";
+        e.message += command == "sweep"
+                         ? " (the items the sweep finished stay in " + t.workdir + "/" + name +
+                               ": the same command resumes it there)"
+                         : " (a run cut off there leaves no file; one that finished stays in " +
+                               t.workdir + "/" + name + ")";
       }
       throw base::ErrorException(e);
     }

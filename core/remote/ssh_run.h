@@ -78,6 +78,26 @@ base::Result<RemoteOutcome> run_remote(const SshTarget& target, const std::strin
                                        const std::filesystem::path& local_out,
                                        const experiment::RunControl& control = {});
 
+/// A batchlens-cli command run on the target that reads its input as JSON on stdin and writes
+/// one file, reported by a "written" progress event (`run`, `culprit`: an experiment file;
+/// `sweep`: its folder's sweep.h5).
+struct RemoteJob {
+  std::string command;       ///< "run", "culprit" or "sweep"
+  std::string input_option;  ///< "--spec-json" or "--sweep-json": the option reading stdin
+  std::string input_json;    ///< what goes to its stdin
+  /// Its --out there, relative to the work folder (a sweep's folder, named by its id, so that
+  /// the same sweep resumes there); "" names a fresh file after `local_out`.
+  std::string out;
+  std::vector<std::string> extra_args;
+};
+
+/// Runs `job` on the target as run_remote does (progress, Cancel, the file back checked).
+/// Errors as run_remote's; InvalidArgument for a command or input option other than those
+/// above. Never throws.
+base::Result<RemoteOutcome> run_remote_job(const SshTarget& target, const RemoteJob& job,
+                                           const std::filesystem::path& local_out,
+                                           const experiment::RunControl& control = {});
+
 /// Brings `remote_path` from the target to `local_out` (atomically; with `sha256`, checked).
 /// Errors: IoFailed. Never throws.
 base::Result<void> fetch(const SshTarget& target, const std::string& remote_path,

@@ -154,6 +154,57 @@ TEST_F(CliRemote, CulpritRunsThereAndItsFileComesBack) {
   EXPECT_EQ(remote_files().size(), 1U);
 }
 
+// A sweep runs there in a folder named by its id (prompts read here, the whole sweep as JSON on
+// stdin), its sweep file comes back checked, and the same command resumes it there.
+TEST_F(CliRemote, SweepRunsThereAndTheSameCommandResumesIt) {
+  {
+    std::ofstream p(dir_ / "prompts.txt");
+    p << "Tides?\nWhy is the sky \"blue\"? $(touch " << (dir_ / "CANARY").string() << ")\n";
+  }
+  const std::vector<std::string> args{"sweep",
+                                      "--preset",
+                                      "tiny",
+                                      "--batch-sizes",
+                                      "2",
+                                      "--steps",
+                                      "2",
+                                      "--max-new-tokens",
+                                      "16",
+                                      "--prompts",
+                                      (dir_ / "prompts.txt").string(),
+                                      "--seeds",
+                                      "0",
+                                      "--policy",
+                                      "emulated_h200"};
+  std::vector<std::string> first = args;
+  first.insert(first.end(), {"--progress", "json", "--out", (dir_ / "here" / "sweep.h5").string()});
+  const auto r = run_process(remote(first));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("2 item(s) run, 0 finished before"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find(R"("stage":"bltest: item 2/2)"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "CANARY")) << "a prompt ran as a command";
+  const std::vector<fs::path> there = remote_files();
+  ASSERT_EQ(there.size(), 1U);
+  EXPECT_EQ(there[0].filename().string().rfind("sweep-", 0), 0U) << there[0];
+  EXPECT_EQ(testing::slurp(there[0] / "sweep.h5"), testing::slurp(dir_ / "here" / "sweep.h5"));
+  const auto summary = run_process({BL_CLI_PATH, "summary", (dir_ / "here" / "sweep.h5").string()});
+  ASSERT_EQ(summary.exit_code, 0) << summary.err;
+  EXPECT_NE(summary.out.find("items finished: 2 of 2"), std::string::npos) << summary.out;
+  // Again: nothing run again there, the same rows here.
+  std::vector<std::string> again = args;
+  again.insert(again.end(), {"--out", (dir_ / "here" / "again.h5").string()});
+  const auto r2 = run_process(remote(again));
+  ASSERT_EQ(r2.exit_code, 0) << r2.out << r2.err;
+  EXPECT_NE(r2.out.find("0 item(s) run, 2 finished before and skipped"), std::string::npos)
+      << r2.out;
+  // --sweep-json holds the whole sweep: an option beside it that would change it is refused.
+  const auto refused =
+      run_process({BL_CLI_PATH, "sweep", "--sweep-json", (there[0] / "sweep.json").string(),
+                   "--seeds", "1", "--out", (dir_ / "local").string()});
+  EXPECT_EQ(refused.exit_code, 2) << refused.err;
+  EXPECT_NE(refused.err.find("--seeds cannot change it"), std::string::npos) << refused.err;
+}
+
 // Ctrl-C here ends the run there (its process group), and nothing is left on either side.
 TEST_F(CliRemote, CtrlCEndsTheRemoteRun) {
   const fs::path out = dir_ / "long.h5";

@@ -31,7 +31,7 @@ void stop_sshd(const std::filesystem::path& state, const std::filesystem::path& 
   // A test's client killed with SIGKILL cannot end its remote run: those runs (by their working
   // folder) and this server's clients go first.
   run_process({"/bin/sh", "-c",
-               "for p in $(pgrep -f 'batchlens-cli (run|culprit) --spec-json'); do "
+               "for p in $(pgrep -f 'batchlens-cli (run|culprit|sweep) --(spec|sweep)-json'); do "
                "[ \"$(readlink /proc/$p/cwd)\" = '" +
                    work.string() +
                    "' ] && kill -9 $p; done; "
