@@ -73,6 +73,17 @@ Error error_from_current_exception() {
     if (what.find("out of memory") != std::string::npos) {
       return {ErrorCode::OutOfMemory, first_line(what)};
     }
+    // The CPU allocator's malloc failing (LibTorch's DefaultCPUAllocator, errno ENOMEM: a
+    // memory limit or an exhausted host) is a c10::Error too.
+    if (what.find("can't allocate memory") != std::string::npos) {
+      std::string detail;
+      const std::size_t tried = what.find("you tried to allocate");
+      if (tried != std::string::npos) {
+        detail = what.substr(tried);
+        detail = ": " + detail.substr(0, detail.find('.'));
+      }
+      return {ErrorCode::OutOfMemory, "out of host memory" + detail};
+    }
     return {ErrorCode::Internal, "LibTorch: " + first_line(what)};
   } catch (const H5::Exception& e) {
     return {ErrorCode::IoFailed, "HDF5: " + e.getDetailMsg()};

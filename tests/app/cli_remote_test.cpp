@@ -205,6 +205,67 @@ TEST_F(CliRemote, SweepRunsThereAndTheSameCommandResumesIt) {
   EXPECT_NE(refused.err.find("--seeds cannot change it"), std::string::npos) << refused.err;
 }
 
+// The server out of memory (its batchlens-cli under `ulimit -v`: the `mid` model cannot be
+// built) and its work folder full (a 64 KiB tmpfs): each a clear message naming the host,
+// nothing written here, nothing half-written there.
+TEST_F(CliRemote, OutOfMemoryAndAFullDiskThereAreClearErrors) {
+  const fs::path low = dir_ / "lowmem.sh";
+  {
+    std::ofstream w(low);
+    w << "#!/bin/sh\nulimit -v 1200000\nexec " << BL_CLI_PATH << " \"$@\"\n";
+  }
+  fs::permissions(low, fs::perms::owner_all);
+  const fs::path out = dir_ / "here" / "never.h5";
+  std::vector<std::string> argv{
+      BL_CLI_PATH, "remote",     "bltest",    "--ssh-option", "-F " + server() + "/ssh_config",
+      "--cli",     low.string(), "--workdir", work()};
+  for (const char* a :
+       {"run", "--preset", "mid", "--batch-sizes", "2", "--steps", "2", "--max-new-tokens", "16"}) {
+    argv.emplace_back(a);
+  }
+  argv.insert(argv.end(), {"--out", out.string()});
+  const auto oom = run_process(argv);
+  EXPECT_EQ(oom.exit_code, 1) << oom.err;
+  EXPECT_NE(oom.err.find("on bltest: out of host memory"), std::string::npos) << oom.err;
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_TRUE(remote_files().empty());
+
+  const fs::path full = dir_ / "full";
+  fs::create_directories(full);
+  if (run_process({"/bin/mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", full.string()})
+          .exit_code != 0) {
+    GTEST_SKIP() << "cannot mount a small tmpfs here (not root): the full-disk half is skipped";
+  }
+  const auto disk = run_process({BL_CLI_PATH,
+                                 "remote",
+                                 "bltest",
+                                 "--ssh-option",
+                                 "-F " + server() + "/ssh_config",
+                                 "--cli",
+                                 BL_CLI_PATH,
+                                 "--workdir",
+                                 full.string(),
+                                 "run",
+                                 "--preset",
+                                 "tiny",
+                                 "--batch-sizes",
+                                 "2",
+                                 "--steps",
+                                 "2",
+                                 "--max-new-tokens",
+                                 "16",
+                                 "--out",
+                                 out.string()});
+  std::error_code ec;
+  const bool empty_there = fs::is_empty(full, ec);
+  run_process({"/bin/umount", full.string()});
+  EXPECT_EQ(disk.exit_code, 1) << disk.err;
+  EXPECT_NE(disk.err.find("bltest"), std::string::npos) << disk.err;
+  EXPECT_NE(disk.err.find("not enough space"), std::string::npos) << disk.err;
+  EXPECT_FALSE(fs::exists(out));
+  EXPECT_TRUE(empty_there) << "a half-written file was left there";
+}
+
 // Ctrl-C here ends the run there (its process group), and nothing is left on either side.
 TEST_F(CliRemote, CtrlCEndsTheRemoteRun) {
   const fs::path out = dir_ / "long.h5";

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/base/error.h"
 
+#include <cstdint>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -44,6 +45,19 @@ TEST(Guarded, MapsExceptionsToCodes) {
             ErrorCode::InvalidArgument);
   EXPECT_EQ(guarded([] { throw std::runtime_error("boom"); }).error().code, ErrorCode::Internal);
   EXPECT_EQ(guarded([] { throw 7; }).error().code, ErrorCode::Internal);
+}
+
+// A host allocation LibTorch's CPU allocator could not make (a memory limit: `ulimit -v` on a
+// GPU server, issue #36) is out of memory, not an internal error; a real one, from a tensor
+// larger than the address space allows.
+TEST(Guarded, TheCpuAllocatorsFailureIsOutOfMemory) {
+  const auto r = guarded(
+      [] { (void)at::empty({std::int64_t{1} << 61}, at::TensorOptions().dtype(at::kByte)); });
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.error().code, ErrorCode::OutOfMemory) << r.error().message;
+  EXPECT_EQ(r.error().message.rfind("out of host memory: you tried to allocate ", 0), 0U)
+      << r.error().message;
+  EXPECT_EQ(r.error().message.find('\n'), std::string::npos) << r.error().message;
 }
 
 TEST(Guarded, MapsLibTorchErrorsWithoutBacktrace) {
