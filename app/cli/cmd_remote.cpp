@@ -12,6 +12,7 @@
 #include "app/cli/spec_options.h"
 #include "app/cli/sweep_options.h"
 #include "core/analysis/sweep_spec.h"
+#include "core/io/experiment_file.h"
 #include "core/remote/ssh_run.h"
 
 #include <unistd.h>
@@ -28,6 +29,15 @@ struct RemoteOptions {
   SpecOptions run;
   SpecOptions culprit;
   SweepOptions sweep;
+  // remote repro: the file here, repro's own options passed on as given.
+  std::string repro_file;
+  std::string repro_out;
+  std::string comparison;
+  std::string op;
+  int layer = -1;
+  int step = -1;
+  int canvas = 1;
+  std::string max_bytes;
   std::string strategy = "row_wise";
   int cost_repeats = 5;
   bool free_trials = false;
@@ -163,6 +173,64 @@ void add_remote_sweep(CLI::App* cmd, const std::shared_ptr<RemoteOptions>& o, in
   });
 }
 
+// `remote TARGET repro FILE --out DIR`: the file goes there, the repro is exported where its
+// GPU is, the folder comes back.
+void add_remote_repro(CLI::App* cmd, const std::shared_ptr<RemoteOptions>& o, int& exit_code) {
+  auto* repro = cmd->add_subcommand(
+      "repro",
+      "`batchlens-cli repro` on the target (the model loaded there, on the GPU the experiment "
+      "ran on): the experiment file goes there over the connection, the repro folder comes "
+      "back to --out here");
+  repro->add_option("file", o->repro_file, "Experiment file here (.h5)")->required();
+  repro->add_option("--out", o->repro_out, "Folder to write here (a previous repro is replaced)")
+      ->required();
+  repro->add_option("--comparison", o->comparison, "As `repro --comparison`");
+  repro->add_option("--op", o->op, "As `repro --op`");
+  repro->add_option("--layer", o->layer, "As `repro --layer`");
+  repro->add_option("--step", o->step, "As `repro --step`");
+  repro->add_option("--canvas", o->canvas, "As `repro --canvas`")->capture_default_str();
+  repro->add_option("--max-bytes", o->max_bytes, "As `repro --max-bytes`");
+  repro->callback([o, &exit_code] {
+    remote::SshTarget t;
+    if (!target_of(*o, t, exit_code)) {
+      return;
+    }
+    // The file is checked here first: a damaged one is refused before anything travels.
+    if (auto header = io::read_experiment(o->repro_file); !header.ok()) {
+      exit_code = report_error(header.error());
+      return;
+    }
+    std::vector<std::string> args;
+    const auto pass = [&args](const char* name, const std::string& value) {
+      if (!value.empty()) {
+        args.insert(args.end(), {name, value});
+      }
+    };
+    pass("--comparison", o->comparison);
+    pass("--op", o->op);
+    pass("--layer", o->layer >= 0 ? std::to_string(o->layer) : std::string());
+    pass("--step", o->step >= 0 ? std::to_string(o->step) : std::string());
+    pass("--canvas", std::to_string(o->canvas));
+    pass("--max-bytes", o->max_bytes);
+    base::Result<remote::RemoteOutcome> result = base::Error{};
+    {
+      const SigintCancel sigint;
+      experiment::RunControl control;
+      control.cancel = sigint.token();
+      control.progress = progress_reporter("bar");
+      result = remote::run_remote_repro(t, o->repro_file, args, o->repro_out, control);
+    }
+    std::fprintf(stderr, "\n");
+    if (!result.ok()) {
+      exit_code = report_error(result.error());
+      return;
+    }
+    std::cout << result.value().summary << "wrote " << o->repro_out << " (from " << t.describe()
+              << ":" << result.value().remote_path << ")\n";
+    exit_code = kExitOk;
+  });
+}
+
 }  // namespace
 
 void register_remote(CLI::App& app, int& exit_code) {
@@ -251,6 +319,7 @@ void register_remote(CLI::App& app, int& exit_code) {
   });
 
   add_remote_sweep(cmd, o, exit_code);
+  add_remote_repro(cmd, o, exit_code);
 
   auto* fetch = cmd->add_subcommand(
       "fetch", "Bring a file a remote run left on the target (e.g. after a dropped connection)");

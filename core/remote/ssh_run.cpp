@@ -5,6 +5,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -350,6 +352,127 @@ base::Result<RemoteOutcome> run_remote_job(const SshTarget& t, const RemoteJob& 
       throw base::ErrorException(e);
     }
     base::take(fetch(t, out.remote_path, out.sha256, local_out));
+    return out;
+  });
+}
+
+base::Result<RemoteOutcome> run_remote_repro(const SshTarget& t, const fs::path& local_file,
+                                             const std::vector<std::string>& repro_args,
+                                             const fs::path& local_dir,
+                                             const experiment::RunControl& control) {
+  return base::guarded([&]() -> RemoteOutcome {
+    const std::string digest = base::take(base::sha256_file(local_file));
+    const std::string name = "upload-" + digest.substr(0, 16) + ".h5";
+    const std::string folder = "repro-" + digest.substr(0, 16);
+    const std::string w = shell_quote(t.workdir);
+    // 1. The file, unless a file of its digest is there already (it came from there).
+    std::string bytes;
+    {
+      std::ifstream in(local_file, std::ios::binary);
+      bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      if (!in.good() && !in.eof()) {
+        base::raise(ErrorCode::IoFailed, "cannot read " + local_file.string());
+      }
+    }
+    const std::string upload = "mkdir -p -- " + w + " && cd -- " + w + " && if [ -f " + name +
+                               " ] && sha256sum " + name + " | grep -q '^" + digest +
+                               " '; then cat >/dev/null; else cat > ." + name + ".part && mv -f ." +
+                               name + ".part " + name + "; fi";
+    const base::ChildOutcome up = base::take(ssh(t, upload, bytes));
+    if (up.exit_code != 0) {
+      throw base::ErrorException(failure(t, up, "sending " + local_file.filename().string()));
+    }
+    if (control.cancel != nullptr && control.cancel->cancelled()) {
+      base::raise(ErrorCode::Cancelled, "remote repro on " + t.describe() + " cancelled");
+    }
+    // 2. The repro there, in its own process group (sshd's session), ended by Cancel.
+    std::string command =
+        "cd -- " + w + " && exec " + shell_quote(t.cli) + " repro " + name + " --out " + folder;
+    for (const std::string& a : repro_args) {
+      command += " " + shell_quote(a);
+    }
+    if (control.progress) {
+      base::Progress p;
+      p.stage = t.host + ": exporting the repro (the model is loaded there)";
+      control.progress(p);
+    }
+    std::atomic<bool> cancelled{false};
+    base::ChildSpec child;
+    // `exec` keeps the remote shell's pid: `echo $$` first names the process group to end.
+    child.argv = ssh_argv(t, "echo $$ >&2; " + command);
+    std::int64_t pid = -1;
+    const auto on_line = [&](const std::string& line) {
+      if (pid < 0 && !line.empty() && line.find_first_not_of("0123456789") == std::string::npos) {
+        pid = std::stoll(line);
+      }
+    };
+    const auto stop = [&] {
+      return control.cancel != nullptr && control.cancel->cancelled();
+    };
+    const auto on_stop = [&] {
+      cancelled = true;
+      if (pid > 0) {
+        (void)ssh(t, "kill -INT -- -" + std::to_string(pid) + " 2>/dev/null || kill -INT " +
+                         std::to_string(pid));
+      }
+    };
+    const base::ChildOutcome o =
+        base::take(base::run_child(child, on_line, stop, on_stop, /*grace_s=*/30.0));
+    if (cancelled || o.exit_code == 130) {
+      base::raise(ErrorCode::Cancelled, "remote repro on " + t.describe() + " cancelled");
+    }
+    if (o.exit_code != 0) {
+      Error e = failure(t, o, "batchlens-cli repro");
+      if (o.exit_code == 1 && o.err.find("out of") != std::string::npos) {
+        e.code = ErrorCode::OutOfMemory;
+      }
+      throw base::ErrorException(e);
+    }
+    // 3. The folder back: a tar stream into a folder beside local_dir, renamed into place.
+    std::error_code ec;
+    const fs::path target_dir = fs::absolute(local_dir, ec);
+    fs::create_directories(target_dir.parent_path(), ec);
+    const fs::path stage = target_dir.parent_path() / ("." + target_dir.filename().string() +
+                                                       ".part-" + std::to_string(::getpid()));
+    fs::remove_all(stage, ec);
+    fs::create_directories(stage, ec);
+    const fs::path tarball = stage / "repro.tar";
+    const base::ChildOutcome got =
+        base::take(ssh(t, "cd -- " + w + " && exec tar cf - -- " + folder, {}, tarball));
+    const auto clean = [&] {
+      fs::remove_all(stage, ec);
+    };
+    if (got.exit_code != 0) {
+      clean();
+      Error e = failure(t, got, "reading " + folder);
+      e.message += "; the folder stays there: " + t.workdir + "/" + folder;
+      throw base::ErrorException(e);
+    }
+    base::ChildSpec untar;
+    untar.argv = {"tar",
+                  "xf",
+                  tarball.string(),
+                  "-C",
+                  stage.string(),
+                  "--no-same-owner",
+                  "--no-same-permissions",
+                  "--",
+                  folder};
+    const base::ChildOutcome x = base::take(base::run_child(untar));
+    if (x.exit_code != 0 || !fs::is_directory(stage / folder)) {
+      clean();
+      base::raise(ErrorCode::IoFailed, "the repro folder from " + t.describe() +
+                                           " could not be unpacked: " + x.err.substr(0, 200));
+    }
+    fs::remove_all(target_dir, ec);
+    fs::rename(stage / folder, target_dir, ec);
+    clean();
+    if (ec) {
+      base::raise(ErrorCode::IoFailed, "cannot put " + target_dir.string() + " in place");
+    }
+    RemoteOutcome out;
+    out.remote_path = t.workdir + "/" + folder;
+    out.summary = o.out;
     return out;
   });
 }

@@ -98,6 +98,20 @@ base::Result<RemoteOutcome> run_remote_job(const SshTarget& target, const Remote
                                            const std::filesystem::path& local_out,
                                            const experiment::RunControl& control = {});
 
+/// A minimal repro exported on the target (issue #36): `local_file` (an experiment file) goes
+/// there over the connection (skipped when the work folder already holds a file of its SHA-256),
+/// `batchlens-cli repro` runs on it with `repro_args` (e.g. "--op", "q_proj"; --out is BatchLens's)
+/// where its GPU is, and the repro folder comes back as a tar stream into `local_dir` (built
+/// beside it and renamed into place; a previous folder there is replaced). Cancel ends the remote
+/// process group. Returns the remote folder and the target's stdout (what repro wrote).
+/// Errors: IoFailed (ssh, the upload, the folder back), Cancelled, the repro's own failure with
+/// "on HOST" in its message. Never throws.
+base::Result<RemoteOutcome> run_remote_repro(const SshTarget& target,
+                                             const std::filesystem::path& local_file,
+                                             const std::vector<std::string>& repro_args,
+                                             const std::filesystem::path& local_dir,
+                                             const experiment::RunControl& control = {});
+
 /// Brings `remote_path` from the target to `local_out` (atomically; with `sha256`, checked).
 /// Errors: IoFailed. Never throws.
 base::Result<void> fetch(const SshTarget& target, const std::string& remote_path,

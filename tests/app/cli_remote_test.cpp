@@ -266,6 +266,49 @@ TEST_F(CliRemote, OutOfMemoryAndAFullDiskThereAreClearErrors) {
   EXPECT_TRUE(empty_there) << "a half-written file was left there";
 }
 
+// A minimal repro exported there: the experiment file travels over the connection (once: a
+// second export finds it there), the folder comes back into a path with spaces; a damaged file
+// is refused here before anything travels.
+TEST_F(CliRemote, ReproIsExportedThereAndItsFolderComesBack) {
+  const fs::path file = dir_ / "exp.h5";
+  const auto made =
+      run_process({BL_CLI_PATH, "run", "--preset", "tiny", "--batch-sizes", "2", "--steps", "2",
+                   "--max-new-tokens", "16", "--policy", "emulated_h200", "--out", file.string()});
+  ASSERT_EQ(made.exit_code, 0) << made.err;
+  const fs::path out = dir_ / "here" / "my repro";
+  const auto r = run_process(remote({"repro", file.string(), "--out", out.string()}));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  for (const char* name : {"repro.py", "inputs.safetensors", "op.json", "README.md"}) {
+    EXPECT_TRUE(fs::is_regular_file(out / name)) << name;
+  }
+  EXPECT_NE(testing::slurp(out / "op.json").find("selfcond_matmul"), std::string::npos);
+  // Again, another op: the upload is found there (one file), the folder here replaced.
+  const auto again =
+      run_process(remote({"repro", file.string(), "--op", "lm_head", "--out", out.string()}));
+  ASSERT_EQ(again.exit_code, 0) << again.out << again.err;
+  EXPECT_NE(testing::slurp(out / "op.json").find("lm_head"), std::string::npos);
+  int uploads = 0;
+  for (const fs::path& p : remote_files()) {
+    uploads += p.filename().string().rfind("upload-", 0) == 0 ? 1 : 0;
+  }
+  EXPECT_EQ(uploads, 1);
+  for (const auto& e : fs::directory_iterator(dir_ / "here")) {
+    EXPECT_EQ(e.path().filename().string().find(".part-"), std::string::npos) << e.path();
+  }
+  // A damaged file: refused here, nothing sent.
+  const fs::path bad = dir_ / "bad.h5";
+  {
+    std::ofstream b(bad, std::ios::binary);
+    b << "not an experiment";
+  }
+  const std::size_t before = remote_files().size();
+  const auto refused =
+      run_process(remote({"repro", bad.string(), "--out", (dir_ / "never").string()}));
+  EXPECT_NE(refused.exit_code, 0);
+  EXPECT_FALSE(fs::exists(dir_ / "never"));
+  EXPECT_EQ(remote_files().size(), before);
+}
+
 // Ctrl-C here ends the run there (its process group), and nothing is left on either side.
 TEST_F(CliRemote, CtrlCEndsTheRemoteRun) {
   const fs::path out = dir_ / "long.h5";
