@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -69,6 +70,36 @@ bool target_of(const RemoteOptions& o, remote::SshTarget& t, int& exit_code) {
   return true;
 }
 
+// Runs `work(control)` under Ctrl-C cancellation with `progress` ("bar" or "json"), then says
+// what came back to `local` (or the error); sets the exit code.
+void remote_work(
+    const remote::SshTarget& t, const std::string& progress, const std::string& local,
+    const std::function<base::Result<remote::RemoteOutcome>(const experiment::RunControl&)>& work,
+    int& exit_code) {
+  base::Result<remote::RemoteOutcome> result = base::Error{};
+  {
+    const SigintCancel sigint;
+    experiment::RunControl control;
+    control.cancel = sigint.token();
+    control.progress = progress_reporter(progress);
+    result = work(control);
+  }
+  if (progress != "json") {
+    std::fprintf(stderr, "\n");
+  }
+  if (!result.ok()) {
+    exit_code = report_error(result.error());
+    return;
+  }
+  const remote::RemoteOutcome& r = result.value();
+  std::cout << r.summary << "wrote " << local << " (from " << t.describe() << ":" << r.remote_path;
+  if (!r.sha256.empty()) {
+    std::cout << ", " << r.bytes << " bytes, SHA-256 " << r.sha256 << " checked";
+  }
+  std::cout << ")\n";
+  exit_code = kExitOk;
+}
+
 // `command` (run, culprit) of `spec` on the target with `extra` arguments there; the file
 // comes back to spec.out. Sets exit_code.
 void run_there(const RemoteOptions& o, const char* command, SpecOptions& spec,
@@ -92,25 +123,12 @@ void run_there(const RemoteOptions& o, const char* command, SpecOptions& spec,
     exit_code = kExitUsage;
     return;
   }
-  base::Result<remote::RemoteOutcome> result = base::Error{};
-  {
-    const SigintCancel sigint;
-    experiment::RunControl control;
-    control.cancel = sigint.token();
-    control.progress = progress_reporter(spec.progress);
-    result = remote::run_remote(t, command, spec.spec, extra, spec.out, control);
-  }
-  if (spec.progress != "json") {
-    std::fprintf(stderr, "\n");
-  }
-  if (!result.ok()) {
-    exit_code = report_error(result.error());
-    return;
-  }
-  std::cout << result.value().summary << "wrote " << spec.out << " (from " << t.describe() << ":"
-            << result.value().remote_path << ", " << result.value().bytes << " bytes, SHA-256 "
-            << result.value().sha256 << " checked)\n";
-  exit_code = kExitOk;
+  remote_work(
+      t, spec.progress, spec.out,
+      [&](const experiment::RunControl& control) {
+        return remote::run_remote(t, command, spec.spec, extra, spec.out, control);
+      },
+      exit_code);
 }
 
 // `remote TARGET sweep`: the sweep's options, read here; the whole sweep runs there.
@@ -151,25 +169,12 @@ void add_remote_sweep(CLI::App* cmd, const std::shared_ptr<RemoteOptions>& o, in
     job.input_option = "--sweep-json";
     job.input_json = analysis::to_json(*spec).dump();
     job.out = "sweep-" + analysis::sweep_id(*spec);
-    base::Result<remote::RemoteOutcome> result = base::Error{};
-    {
-      const SigintCancel sigint;
-      experiment::RunControl control;
-      control.cancel = sigint.token();
-      control.progress = progress_reporter(so.spec.progress);
-      result = remote::run_remote_job(t, job, local_out, control);
-    }
-    if (so.spec.progress != "json") {
-      std::fprintf(stderr, "\n");
-    }
-    if (!result.ok()) {
-      exit_code = report_error(result.error());
-      return;
-    }
-    std::cout << result.value().summary << "wrote " << local_out << " (from " << t.describe() << ":"
-              << result.value().remote_path << ", " << result.value().bytes << " bytes, SHA-256 "
-              << result.value().sha256 << " checked)\n";
-    exit_code = kExitOk;
+    remote_work(
+        t, so.spec.progress, local_out,
+        [&](const experiment::RunControl& control) {
+          return remote::run_remote_job(t, job, local_out, control);
+        },
+        exit_code);
   });
 }
 
@@ -212,22 +217,12 @@ void add_remote_repro(CLI::App* cmd, const std::shared_ptr<RemoteOptions>& o, in
     pass("--step", o->step >= 0 ? std::to_string(o->step) : std::string());
     pass("--canvas", std::to_string(o->canvas));
     pass("--max-bytes", o->max_bytes);
-    base::Result<remote::RemoteOutcome> result = base::Error{};
-    {
-      const SigintCancel sigint;
-      experiment::RunControl control;
-      control.cancel = sigint.token();
-      control.progress = progress_reporter("bar");
-      result = remote::run_remote_repro(t, o->repro_file, args, o->repro_out, control);
-    }
-    std::fprintf(stderr, "\n");
-    if (!result.ok()) {
-      exit_code = report_error(result.error());
-      return;
-    }
-    std::cout << result.value().summary << "wrote " << o->repro_out << " (from " << t.describe()
-              << ":" << result.value().remote_path << ")\n";
-    exit_code = kExitOk;
+    remote_work(
+        t, "bar", o->repro_out,
+        [&](const experiment::RunControl& control) {
+          return remote::run_remote_repro(t, o->repro_file, args, o->repro_out, control);
+        },
+        exit_code);
   });
 }
 
