@@ -370,6 +370,29 @@ bool RunController::startRepro(std::shared_ptr<const experiment::ExperimentResul
   return true;
 }
 
+bool RunController::startRemoteRepro(const remote::SshTarget& target, const QString& file,
+                                     const std::vector<std::string>& args, const QString& dir) {
+  if (running_) {
+    return false;
+  }
+  remote_name_ = q(target.describe());
+  launchWork(
+      [target, file = file.toStdString(), args,
+       dir = dir.toStdString()](const experiment::RunControl& control) {
+        return remote::run_remote_repro(target, file, args, dir, control);
+      },
+      [this, dir](base::Result<remote::RemoteOutcome> outcome) {
+        if (outcome.ok()) {
+          Q_EMIT reproExported(q(outcome.value().summary), dir);
+        } else if (outcome.error().code == base::ErrorCode::Cancelled) {
+          Q_EMIT cancelled();
+        } else {
+          Q_EMIT reproFailed(q(outcome.error().message));
+        }
+      });
+  return true;
+}
+
 void RunController::cancel() {
   if (cancel_) {
     cancel_->cancel();

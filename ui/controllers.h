@@ -88,6 +88,12 @@ class RunController : public QObject {
   /// finder there instead.
   bool startRemote(const remote::SshTarget& target, const experiment::ExperimentSpec& spec,
                    const std::string& command = "run", const std::vector<std::string>& extra = {});
+  /// Exports the minimal repro of the experiment file `file` on an SSH target (remote::
+  /// run_remote_repro: the file goes there, the repro runs where its GPU is, the folder comes
+  /// back to `dir`); `reproExported`, `reproFailed` or `cancelled` follows. False (nothing
+  /// started) while a run is in progress.
+  bool startRemoteRepro(const remote::SshTarget& target, const QString& file,
+                        const std::vector<std::string>& args, const QString& dir);
   /// Where files of remote runs land: default the application's data folder + "/remote-runs".
   QString remoteRunsDir() const;
   void setRemoteRunsDir(const QString& dir) { remote_dir_ = dir; }

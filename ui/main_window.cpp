@@ -1011,6 +1011,34 @@ bool MainWindow::exportReproTo(const QString& dir) {
     }
     request.comparison = c->id;
   }
+  // Not reproducible here (another GPU, other kernels) but recorded on an SSH target's host:
+  // exported there, where its GPU is.
+  const int recorded_on =
+      workaroundBlocker(system_, *r).isEmpty()
+          ? -1
+          : targetRecordedOn(
+                run_panel_->remoteTargets(), r->provenance.host,
+                r->spec.load.device == "cpu" ? std::string() : r->provenance.device_name);
+  if (recorded_on >= 0) {
+    const QString file = state_->document().path;
+    if (file.isEmpty() || !QFileInfo(file).isFile() || state_->document().modified) {
+      showError(
+          tr("Save the experiment first"),
+          tr("The repro is exported on %1, where the experiment was recorded: save the "
+             "experiment to a file first, it travels there.")
+              .arg(run_panel_->remoteTargets()[static_cast<std::size_t>(recorded_on)].name()));
+      return false;
+    }
+    const RemoteTarget& target = run_panel_->remoteTargets()[static_cast<std::size_t>(recorded_on)];
+    std::vector<std::string> args;
+    if (!request.comparison.empty()) {
+      args = {"--comparison", request.comparison};
+    }
+    run_panel_->showMessage(tr("Exporting a minimal repro on %1, where the experiment was "
+                               "recorded: sending the file, loading %2 there…")
+                                .arg(target.name(), q(r->spec.model.describe())));
+    return runs_->startRemoteRepro(target.ssh, file, args, dir);
+  }
   request.out = dir.toStdString();
   request.source_file = state_->document().path.toStdString();
   run_panel_->showMessage(tr("Exporting a minimal repro: loading %1 and running its B=1 "

@@ -94,6 +94,19 @@ class RemoteGuiTest : public test_support::WindowTest {
     return probeTarget(t);
   }
 
+  // Opens an experiment of this host whose kernels this build would not reproduce (another
+  // ATen capability in its provenance): nothing can be added to it here. `other` is it.
+  void open_recorded_elsewhere(experiment::ExperimentResult& other) {
+    auto ran = experiment::run_experiment(tiny_spec(2, 16));
+    ASSERT_TRUE(ran.ok()) << ran.error().message;
+    other = std::move(ran).value();
+    other.provenance.cpu.aten_capability =
+        other.provenance.cpu.aten_capability == "AVX512" ? "AVX2" : "AVX512";
+    const std::string path = (dir_ / "recorded there.h5").string();
+    ASSERT_TRUE(io::write_experiment(path, other).ok());
+    open(path);
+  }
+
   // Files under `dir` (none when it does not exist).
   static int files_in(const fs::path& dir) {
     int n = 0;
@@ -261,17 +274,9 @@ TEST_F(RemoteGuiTest, CancelEndsTheRemoteRunAndLeavesNothingHere) {
 }
 
 TEST_F(RemoteGuiTest, TheWorkaroundToggleRunsAgainOnTheHostItWasRecordedOn) {
-  // An experiment of this host whose kernels this build would not reproduce (another ATen
-  // capability): here the toggle is refused; with a target on its host it runs there.
-  experiment::ExperimentSpec spec = tiny_spec(2, 16);
-  auto ran = experiment::run_experiment(spec);
-  ASSERT_TRUE(ran.ok()) << ran.error().message;
-  experiment::ExperimentResult other = std::move(ran).value();
-  other.provenance.cpu.aten_capability =
-      other.provenance.cpu.aten_capability == "AVX512" ? "AVX2" : "AVX512";
-  const std::string path = (dir_ / "recorded there.h5").string();
-  ASSERT_TRUE(io::write_experiment(path, other).ok());
-  open(path);
+  // Here the toggle is refused (other kernels); with a target on its host it runs there.
+  experiment::ExperimentResult other;
+  ASSERT_NO_FATAL_FAILURE(open_recorded_elsewhere(other));
   const RemoteTarget target = probed_target();
   ASSERT_TRUE(target.info.has_value()) << target.error.toStdString();
   ASSERT_EQ(target.info->hostname, other.provenance.host);
@@ -293,6 +298,24 @@ TEST_F(RemoteGuiTest, TheWorkaroundToggleRunsAgainOnTheHostItWasRecordedOn) {
   EXPECT_EQ(*shown->spec.workaround, ops::OpPolicy::issue_workaround());
   EXPECT_EQ(shown->prompt_ids, other.prompt_ids);
   EXPECT_TRUE(panel->workaroundCheck()->isChecked());
+}
+
+// File > Export minimal repro of an experiment this machine cannot reproduce, recorded on a
+// target's host: exported there, the folder back here.
+TEST_F(RemoteGuiTest, ReproOfAnExperimentRecordedOnATargetIsExportedThere) {
+  experiment::ExperimentResult other;
+  ASSERT_NO_FATAL_FAILURE(open_recorded_elsewhere(other));
+  const RemoteTarget target = probed_target();
+  ASSERT_TRUE(target.info.has_value()) << target.error.toStdString();
+  window_->runPanel()->setRemoteTargets({target});
+  const QString dir = QString::fromStdString((dir_ / "here" / "the repro").string());
+  QSignalSpy exported(window_.get(), &MainWindow::reproExported);
+  ASSERT_TRUE(window_->exportReproTo(dir)) << window_->lastError().toStdString();
+  EXPECT_EQ(window_->runController()->remoteName().toStdString(), "bltest");
+  ASSERT_TRUE(exported.wait(kWaitMs)) << window_->lastError().toStdString();
+  for (const char* f : {"repro.py", "inputs.safetensors", "op.json", "README.md"}) {
+    EXPECT_TRUE(QFileInfo::exists(QDir(dir).filePath(QString::fromLatin1(f)))) << f;
+  }
 }
 
 }  // namespace
