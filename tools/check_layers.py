@@ -45,7 +45,7 @@ CORE_MODULES = {
     "experiment": {"base", "generation", "model", "ops", "probe", "setup", "text"},
     "analysis": {"base", "experiment", "generation", "model", "ops", "probe", "setup", "text"},
     "io": {"analysis", "base", "experiment", "text"},
-    "remote": {"base", "experiment", "io"},
+    "remote": {"analysis", "base", "experiment", "io"},
 }
 CORE_INCLUDE = re.compile(r"^core/([a-z_]+)/")
 UNIT_INCLUDE = re.compile(r"^core/([a-z_]+)/([A-Za-z0-9_]+)\.(?:h|hpp|cuh)$")

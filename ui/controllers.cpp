@@ -19,6 +19,7 @@
 #include "core/experiment/runner.h"
 #include "core/io/experiment_file.h"
 #include "core/io/sweep_file.h"
+#include "core/io/sweep_run.h"
 #include "core/setup/front_door.h"
 #include "ui/qt_text.h"
 
@@ -230,6 +231,72 @@ QString RunController::remoteRunsDir() const {
       .filePath(QStringLiteral("remote-runs"));
 }
 
+QString RunController::sweepsDir() const {
+  if (!sweeps_dir_.isEmpty()) {
+    return sweeps_dir_;
+  }
+  return QDir(QStandardPaths::writableLocation(QStandardPaths::AppLocalDataLocation))
+      .filePath(QStringLiteral("sweeps"));
+}
+
+bool RunController::startSweep(const analysis::SweepSpec& sweep,
+                               const std::optional<remote::SshTarget>& target,
+                               const std::optional<remote::SlurmSubmit>& slurm) {
+  if (running_) {
+    return false;
+  }
+  spec_ = sweep.base;
+  workaround_run_ = false;
+  remote_name_ = target ? q(target->describe()) : QString();
+  if (auto valid = analysis::validate(sweep); !valid.ok()) {
+    Q_EMIT failed(q(valid.error().message));
+    return true;
+  }
+  const std::string id = analysis::sweep_id(sweep);
+  QString stem = QStringLiteral("%1-sweep-%2").arg(remote_name_, q(id.substr(0, 12)));
+  stem.replace(QRegularExpression(QStringLiteral("[^A-Za-z0-9._-]")), QStringLiteral("_"));
+  const QString local = target ? QDir(remoteRunsDir()).filePath(stem + QStringLiteral(".h5"))
+                               : QDir(sweepsDir()).filePath(q("sweep-" + id));
+  launchWork(
+      [sweep, target, slurm, local](const experiment::RunControl& control)
+          -> base::Result<std::pair<std::string, std::string>> {
+        const std::string where = local.toStdString();
+        if (!QDir().mkpath(target ? QFileInfo(local).absolutePath() : local)) {
+          return base::Error{base::ErrorCode::IoFailed, "cannot make the folder of " + where};
+        }
+        if (target) {
+          auto outcome =
+              remote::run_remote_job(*target, remote::sweep_job(sweep, slurm), where, control);
+          if (!outcome.ok()) {
+            return outcome.error();
+          }
+          return std::make_pair(where, outcome.value().summary);
+        }
+        analysis::SweepRunOptions run;
+        run.dir = where;
+        auto done = io::run_sweep_to_file(sweep, run, /*shard_file=*/false, control);
+        if (!done.ok()) {
+          return done.error();
+        }
+        const analysis::SweepOutcome& o = done.value().outcome;
+        return std::make_pair(done.value().file.string(),
+                              "sweep " + o.id + ": " + std::to_string(o.items_run) +
+                                  " item(s) run, " + std::to_string(o.items_skipped) +
+                                  " finished before and skipped");
+      },
+      [this](base::Result<std::pair<std::string, std::string>> outcome) {
+        if (outcome.ok()) {
+          Q_EMIT sweepFinished(q(outcome.value().first), q(outcome.value().second));
+        } else if (outcome.error().code == base::ErrorCode::Cancelled) {
+          cancel_note_ = q(outcome.error().message);
+          Q_EMIT cancelled();
+        } else {
+          Q_EMIT failed(q(outcome.error().message));
+        }
+      });
+  return true;
+}
+
 bool RunController::startCulprit(const experiment::ExperimentSpec& spec, ops::Strategy strategy) {
   experiment::ExperimentSpec s = spec;
   s.workaround.reset();  // the finder's fix becomes the workaround
@@ -303,6 +370,7 @@ bool RunController::startWorkaround(const ExperimentDocument& shown,
 template <class Work, class Done>
 void RunController::launchWork(Work work, Done done) {
   cancel_ = std::make_shared<base::CancelToken>();
+  cancel_note_.clear();
   running_ = true;
   Q_EMIT started();
   auto token = cancel_;

@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include <QObject>
@@ -13,6 +14,7 @@
 #include <QString>
 
 #include "core/analysis/repro.h"
+#include "core/analysis/sweep_spec.h"
 #include "core/base/cancel.h"
 #include "core/base/progress.h"
 #include "core/base/switches.h"
@@ -94,11 +96,26 @@ class RunController : public QObject {
   /// started) while a run is in progress.
   bool startRemoteRepro(const remote::SshTarget& target, const QString& file,
                         const std::vector<std::string>& args, const QString& dir);
+  /// Runs `sweep` (Run > Run sweep…): here, in the sweep's own folder under sweepsDir() (named by
+  /// its id, so the same sweep again skips the items finished before), or with `target` on that
+  /// SSH target (remote::sweep_job: its folder there, the file back checked into
+  /// remoteRunsDir()), with `slurm` submitted there as a job array and followed. Progress and
+  /// Cancel as for runs (Cancel of a Slurm sweep cancels its jobs); `sweepFinished` with the
+  /// sweep file, or `failed` / `cancelled`. False (nothing started) while a run is in progress.
+  bool startSweep(const analysis::SweepSpec& sweep, const std::optional<remote::SshTarget>& target,
+                  const std::optional<remote::SlurmSubmit>& slurm = std::nullopt);
+  /// Where sweeps run here keep their folders: default the application's data folder +
+  /// "/sweeps".
+  QString sweepsDir() const;
+  void setSweepsDir(const QString& dir) { sweeps_dir_ = dir; }
   /// Where files of remote runs land: default the application's data folder + "/remote-runs".
   QString remoteRunsDir() const;
   void setRemoteRunsDir(const QString& dir) { remote_dir_ = dir; }
   /// The SSH target of the current or last run ("gpu-server"), empty when it ran here.
   const QString& remoteName() const { return remote_name_; }
+  /// What the last cancel did beyond stopping the run ("scancel ended job array 12 ..." for a
+  /// sweep on Slurm); empty for most runs.
+  const QString& cancelNote() const { return cancel_note_; }
   /// Asks the running experiment to stop at its next step; `cancelled` follows. No-op when idle.
   void cancel();
   /// True when the current or last run is a workaround group (startWorkaround).
@@ -120,6 +137,9 @@ class RunController : public QObject {
   /// A repro folder was written: what it holds (analysis::repro_text) and where.
   void reproExported(const QString& summary, const QString& dir);
   void reproFailed(const QString& message);
+  /// A sweep (startSweep) finished: its sweep file here and what ran ("sweep 1a2b…: 4 item(s)
+  /// run, 0 finished before").
+  void sweepFinished(const QString& path, const QString& summary);
 
  private:
   /// Validates `spec` and launches work(spec) as a new experiment (start, startCulprit).
@@ -142,6 +162,8 @@ class RunController : public QObject {
   bool workaround_run_ = false;
   QString remote_name_;
   QString remote_dir_;
+  QString sweeps_dir_;
+  QString cancel_note_;
   base::Switches switches_;
   std::shared_ptr<base::CancelToken> cancel_;
   bool running_ = false;

@@ -43,6 +43,7 @@
 #include "ui/remote_targets.h"
 #include "ui/report_export.h"
 #include "ui/run_panel.h"
+#include "ui/sweep_dialog.h"
 #include "ui/sweep_view.h"
 #include "ui/views.h"
 #include "ui/workaround_flow.h"
@@ -314,6 +315,11 @@ void MainWindow::buildMenus() {
       tr("With the run panel's settings: find the op families that, at least, must be fixed "
          "(by the workaround's strategy: row-wise or batch-invariant) for every batch size to "
          "be bitwise B=1's, then measure the fix's cost"));
+  QAction* sweep = run->addAction(tr("Run s&weep…"), this, [this] { chooseSweep(); });
+  sweep->setObjectName(QStringLiteral("RunSweep"));
+  sweep->setToolTip(
+      tr("The run panel's experiment over a prompts file × seeds (here, on its SSH target, or "
+         "as a Slurm job array there): how often the batch size changes the text"));
   run->addAction(tr("&Cancel run"), runs_, &RunController::cancel);
   run->addAction(tr("&Use this experiment's settings"), this, [this] {
     if (state_->result() != nullptr) {
@@ -389,8 +395,21 @@ void MainWindow::connectControllers() {
   connect(runs_, &RunController::cancelled, this, [this] {
     run_panel_->setRunning(false);
     restoreWorkaroundToggle();
-    run_panel_->showMessage(tr("Cancelled. The experiment shown is unchanged."));
+    run_panel_->showMessage(
+        runs_->cancelNote().isEmpty()
+            ? tr("Cancelled. The experiment shown is unchanged.")
+            : tr("Cancelled (%1). The experiment shown is unchanged.").arg(runs_->cancelNote()));
   });
+  connect(runs_, &RunController::sweepFinished, this,
+          [this](const QString& path, const QString& summary) {
+            run_panel_->setRunning(false);
+            const double took =
+                run_clock_.isValid() ? static_cast<double>(run_clock_.elapsed()) / 1000.0 : -1.0;
+            run_panel_->showMessage(
+                tr("Sweep finished in %1: %2; its file %3")
+                    .arg(formatDuration(took), summary.section(QLatin1Char('\n'), 0, 0), path));
+            openFile(path);  // the Sweep tab shows it (sweepShown)
+          });
   connect(runs_, &RunController::failed, this, [this](const QString& message) {
     run_panel_->setRunning(false);
     restoreWorkaroundToggle();
@@ -589,6 +608,50 @@ void MainWindow::findCulprit() {
       tr("Finding the culprit (%1) on %2…")
           .arg(q(std::string(ops::strategy_name(strategy))), q(spec.value().model.describe())));
   runs_->startCulprit(spec.value(), strategy);
+}
+
+SweepDialog* MainWindow::chooseSweep() {
+  if (runs_->isRunning()) {
+    run_panel_->showMessage(tr("A run is in progress: cancel it first."));
+    return nullptr;
+  }
+  auto spec = run_panel_->spec();
+  if (!spec.ok()) {
+    run_panel_->showMessage(tr("Cannot run a sweep: %1").arg(q(spec.error().message)));
+    return nullptr;
+  }
+  const std::optional<remote::SshTarget> target = run_panel_->remoteTarget();
+  const QString where =
+      target ? tr("%1 on %2 over SSH").arg(run_panel_->device(), q(target->describe()))
+             : tr("%1 here").arg(run_panel_->device());
+  auto* dialog = new SweepDialog(spec.value(), where, target.has_value(), this);
+  dialog->setAttribute(Qt::WA_DeleteOnClose);
+  connect(dialog, &QDialog::accepted, this, [this, dialog] {
+    auto sweep = dialog->sweep();
+    if (!sweep.ok()) {
+      showError(tr("The sweep cannot run"), q(sweep.error().message));
+      return;
+    }
+    runSweep(sweep.value(), dialog->slurm());
+  });
+  dialog->open();
+  return dialog;
+}
+
+void MainWindow::runSweep(const analysis::SweepSpec& sweep,
+                          const std::optional<remote::SlurmSubmit>& slurm) {
+  if (runs_->isRunning()) {
+    run_panel_->showMessage(tr("A run is in progress: cancel it first."));
+    return;
+  }
+  const std::optional<remote::SshTarget> target = run_panel_->remoteTarget();
+  const int items = static_cast<int>(analysis::sweep_items(sweep).size());
+  run_panel_->showMessage(
+      target ? (slurm ? tr("Submitting %n sweep item(s) to Slurm on %1…", nullptr, items)
+                      : tr("Running %n sweep item(s) on %1 over SSH…", nullptr, items))
+                   .arg(q(target->describe()))
+             : tr("Running %n sweep item(s) here…", nullptr, items));
+  runs_->startSweep(sweep, target, target ? slurm : std::nullopt);
 }
 
 void MainWindow::startRun(const experiment::ExperimentSpec& spec) {

@@ -13,9 +13,11 @@
 #include <QMainWindow>
 #include <QStringList>
 
+#include "core/analysis/sweep_spec.h"
 #include "core/base/error.h"
 #include "core/base/system_info.h"
 #include "core/ops/policy.h"
+#include "core/remote/ssh_run.h"
 #include "ui/explorer_state.h"
 
 class QComboBox;
@@ -36,6 +38,7 @@ class SpreadView;
 class TextDiffView;
 class RoutingView;
 class KernelsView;
+class SweepDialog;
 class SweepView;
 
 /// The BatchLens main window. Lives on the GUI thread and only composes: the run panel (dock),
@@ -78,6 +81,14 @@ class MainWindow : public QMainWindow {
   void runFromPanel();
   /// Run > Find culprit: the finder on the run panel's spec with the op list's strategy.
   void findCulprit();
+  /// Run > Run sweep…: the sweep dialog (non-modal, "SweepDialog") for the Run panel's spec
+  /// where its device is; Run sweep there starts it (runSweep). Null, with the reason in the
+  /// panel, when the panel's spec is not valid or a run is in progress.
+  SweepDialog* chooseSweep();
+  /// Runs `sweep` where the Run panel's device is (here or its SSH target; with `slurm`,
+  /// submitted there); the sweep file opens in the Sweep tab when it is done.
+  void runSweep(const analysis::SweepSpec& sweep,
+                const std::optional<remote::SlurmSubmit>& slurm = std::nullopt);
 
   ExplorerState* state() const { return state_; }
   RunPanel* runPanel() const { return run_panel_; }

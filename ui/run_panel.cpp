@@ -1104,6 +1104,10 @@ void RunPanel::showProgress(const base::Progress& p) {
                             formatDuration(p.eta_s)));
 }
 
+QString RunPanel::message() const {
+  return status_->text();
+}
+
 void RunPanel::showMessage(const QString& text) {
   progress_->setRange(0, 1000);
   status_->setText(text);

@@ -103,6 +103,8 @@ class RunPanel : public QWidget {
   void setRunning(bool running);
   void showProgress(const base::Progress& progress);
   void showMessage(const QString& text);
+  /// The message shown under the progress bar (showMessage's text, or the progress stage).
+  QString message() const;
 
   void saveSettings(QSettings& settings) const;
   void restoreSettings(const QSettings& settings);

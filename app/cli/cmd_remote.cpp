@@ -4,6 +4,7 @@
 #include <functional>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -30,6 +31,7 @@ struct RemoteOptions {
   SpecOptions run;
   SpecOptions culprit;
   SweepOptions sweep;
+  bool slurm = false;  // remote sweep --slurm: a job array submitted there, followed from here
   // remote repro: the file here, repro's own options passed on as given.
   std::string repro_file;
   std::string repro_out;
@@ -139,6 +141,23 @@ void add_remote_sweep(CLI::App* cmd, const std::shared_ptr<RemoteOptions>& o, in
       "command again resumes it there, skipping the items done); its sweep file comes back to "
       "--out here");
   add_sweep_spec_options(sweep, o->sweep, "Sweep file to write here (.h5)");
+  sweep->add_flag("--slurm", o->slurm,
+                  "The target is a Slurm login node: the sweep is submitted there as a job array "
+                  "and a merge job (`sweep --slurm --wait` there) and followed until the merged "
+                  "file comes back; Ctrl-C cancels the jobs, a dropped connection leaves them "
+                  "running (the same command follows them again)");
+  sweep->add_option("--shards", o->sweep.shards, "With --slurm: array tasks [items, at most 100]");
+  sweep->add_option("--array-parallel", o->sweep.array_parallel,
+                    "With --slurm: at most K tasks at once");
+  sweep
+      ->add_option("--gpus-per-task", o->sweep.gpus_per_task,
+                   "With --slurm: --gres=gpu:N per task; 0 for CPU nodes")
+      ->capture_default_str();
+  sweep->add_option("--sbatch-option", o->sweep.sbatch_options,
+                    "With --slurm: an extra #SBATCH line, e.g. --partition=gpu (repeatable)");
+  sweep->add_option("--poll-s", o->sweep.poll_s, "With --slurm: seconds between squeue calls there")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
   sweep->callback([o, &exit_code] {
     remote::SshTarget t;
     if (!target_of(*o, t, exit_code)) {
@@ -164,11 +183,12 @@ void add_remote_sweep(CLI::App* cmd, const std::shared_ptr<RemoteOptions>& o, in
       exit_code = kExitUsage;
       return;
     }
-    remote::RemoteJob job;
-    job.command = "sweep";
-    job.input_option = "--sweep-json";
-    job.input_json = analysis::to_json(*spec).dump();
-    job.out = "sweep-" + analysis::sweep_id(*spec);
+    std::optional<remote::SlurmSubmit> slurm;
+    if (o->slurm) {
+      slurm = remote::SlurmSubmit{so.shards, so.array_parallel, so.gpus_per_task, so.sbatch_options,
+                                  so.poll_s};
+    }
+    const remote::RemoteJob job = remote::sweep_job(*spec, slurm);
     remote_work(
         t, so.spec.progress, local_out,
         [&](const experiment::RunControl& control) {

@@ -24,6 +24,7 @@
 #include "core/experiment/runner.h"
 #include "core/io/experiment_file.h"
 #include "core/io/sweep_file.h"
+#include "core/io/sweep_run.h"
 #include "core/setup/prompt.h"
 
 #include <unistd.h>
@@ -78,70 +79,127 @@ std::optional<analysis::SweepSpec> sweep_of(SweepOptions& o, int& exit_code) {
   if (!resolve_spec(o.spec, "sweep", exit_code, /*file_out=*/false)) {
     return std::nullopt;
   }
-  analysis::SweepSpec sweep;
-  sweep.base = o.spec.spec;
-  const auto& b = sweep.base;
-  if (!o.prompts.empty()) {
-    auto prompts = setup::read_prompts(o.prompts);
-    if (!prompts.ok()) {
-      exit_code = report_error(prompts.error());
-      return std::nullopt;
-    }
-    sweep.prompts = std::move(prompts).value();
-  } else {
-    sweep.prompts = {{b.prompt, b.chat_template, b.prompt_ids}};
-  }
-  sweep.seeds = {b.seed};
-  if (!o.seeds.empty()) {
-    auto seeds = analysis::parse_seeds(o.seeds);
-    if (!seeds.ok()) {
-      std::cerr << "batchlens-cli sweep: " << seeds.error().message << "\n";
+  analysis::SweepInput in;
+  in.base = o.spec.spec;
+  in.prompts_file = o.prompts;
+  in.seeds = o.seeds;
+  in.companion_sets = o.companion_sets;
+  in.rows = o.rows;
+  auto sweep = analysis::sweep_from_input(in);
+  if (!sweep.ok()) {
+    const std::string& m = sweep.error().message;
+    if (sweep.error().code == base::ErrorCode::InvalidArgument) {
+      // "seeds: ..." and "rows: ..." name their option.
+      const bool option = m.rfind("seeds:", 0) == 0 || m.rfind("rows:", 0) == 0;
+      std::cerr << "batchlens-cli sweep: " << (option ? "--" : "") << m << "\n";
       exit_code = kExitUsage;
-      return std::nullopt;
+    } else {
+      exit_code = report_error(sweep.error());
     }
-    sweep.seeds = std::move(seeds).value();
-  }
-  sweep.normalize_axes();  // --companions and --row: one value of each axis
-  if (!o.companion_sets.empty()) {
-    sweep.companion_sets.clear();
-    std::stringstream in(o.companion_sets);
-    std::string part;
-    while (std::getline(in, part, ',')) {
-      if (part == "none") {
-        sweep.companion_sets.emplace_back();
-        continue;
-      }
-      auto set = setup::read_prompts(part, "companions file");
-      if (!set.ok()) {
-        std::cerr << "batchlens-cli sweep: " << set.error().message << "\n";
-        exit_code = kExitUsage;
-        return std::nullopt;
-      }
-      sweep.companion_sets.push_back(std::move(set).value());
-    }
-  }
-  if (!o.rows.empty()) {
-    std::vector<std::int64_t> rows;
-    std::string bad;
-    if (!parse_int_list(o.rows, rows, bad) || rows.empty() ||
-        std::any_of(rows.begin(), rows.end(), [](std::int64_t r) { return r < 0; })) {
-      std::cerr << "batchlens-cli sweep: --rows: '" << (bad.empty() ? o.rows : bad)
-                << "' is not a list of rows (e.g. 0,3)\n";
-      exit_code = kExitUsage;
-      return std::nullopt;
-    }
-    sweep.rows = rows;
-  }
-  if (auto v = analysis::validate(sweep); !v.ok()) {
-    exit_code = report_error(v.error());
     return std::nullopt;
   }
-  return sweep;
+  return std::move(sweep).value();
 }
 
 namespace {
 
-// --slurm: the sweep folder prepared and the job array's scripts written; nothing runs here.
+// Reports `e` (and, for --progress json, as an "error" event); the exit code.
+int fail(const std::string& progress, const base::Error& e) {
+  progress_event(progress, "error", {{"code", base::to_string(e.code)}, {"message", e.message}});
+  return report_error(e);
+}
+
+// The "written" event of --progress json: where the file is, its size and SHA-256.
+void written_event(const std::string& progress, const fs::path& file) {
+  if (progress != "json") {
+    return;
+  }
+  std::error_code ec;
+  auto digest = base::sha256_file(file);
+  progress_event(progress, "written",
+                 {{"path", fs::absolute(file, ec).string()},
+                  {"bytes", static_cast<std::uint64_t>(fs::file_size(file, ec))},
+                  {"sha256", digest.ok() ? digest.value() : std::string()}});
+}
+
+// --submit / --wait: the scripts submitted (unless this sweep's jobs are still queued or ran to
+// the merged file: then they are followed, nothing is submitted twice), then with --wait
+// followed until the merged file is there.
+int submit_and_follow(const SweepOptions& o, const analysis::SlurmOptions& so, int items) {
+  const std::string& progress = o.spec.progress;
+  progress_event(progress, "start", {{"pid", static_cast<std::int64_t>(::getpid())}});
+  const fs::path merged = so.sweep_dir / "sweep.h5";
+  auto recorded = analysis::recorded_slurm_jobs(so.script_dir, so.sweep_id);
+  if (!recorded.ok()) {
+    return fail(progress, recorded.error());
+  }
+  std::optional<analysis::SlurmJobs> jobs = recorded.value();
+  if (jobs) {
+    auto status = analysis::slurm_status(*jobs);
+    if (!status.ok()) {
+      return fail(progress, status.error());
+    }
+    const analysis::SlurmStatus& s = status.value();
+    std::error_code ec;
+    const bool alive = s.array_busy() || s.merge_state == "PENDING" || s.merge_state == "RUNNING" ||
+                       s.merge_state == "COMPLETING";
+    const bool merged_done = s.merge_state == "COMPLETED" && fs::exists(merged, ec);
+    const bool never = s.merge_reason.find("NeverSatisfied") != std::string::npos;
+    if ((alive && !never) || merged_done) {
+      std::cout << "following job array " << jobs->array_job << " and merge job " << jobs->merge_job
+                << ", submitted before for this sweep\n";
+    } else {
+      if (never) {
+        (void)analysis::cancel_slurm(*jobs);  // a merge job that can never run
+      }
+      jobs.reset();
+    }
+  }
+  if (!jobs) {
+    auto submitted = analysis::submit_slurm(so);
+    if (!submitted.ok()) {
+      return fail(progress, submitted.error());
+    }
+    jobs = submitted.value();
+    std::cout << "submitted: job array " << jobs->array_job << " (" << so.shards
+              << " tasks), merge job " << jobs->merge_job << " (afterok)\n";
+  }
+  if (!o.wait) {
+    std::cout << "the merged sweep file will be " << merged.string()
+              << "; follow it with the same command and --wait\n";
+    return kExitOk;
+  }
+  base::Result<fs::path> done = base::Error{};
+  {
+    const SigintCancel sigint;
+    experiment::RunControl control;
+    control.cancel = sigint.token();
+    control.progress = progress_reporter(progress);
+    analysis::SlurmWait w;
+    w.sweep_dir = so.sweep_dir;
+    w.script_dir = so.script_dir;
+    w.items = items;
+    w.poll_s = o.poll_s;
+    done = analysis::wait_slurm(*jobs, w, control);
+  }
+  if (progress != "json") {
+    std::fprintf(stderr, "\n");
+  }
+  if (!done.ok()) {
+    return fail(progress, done.error());
+  }
+  auto records = io::read_sweep_file(done.value());
+  if (!records.ok()) {
+    return fail(progress, records.error());
+  }
+  std::cout << analysis::sweep_text(records.value()) << "\nsweep file: " << done.value().string()
+            << "\n";
+  written_event(progress, done.value());
+  return kExitOk;
+}
+
+// --slurm: the sweep folder prepared and the job array's scripts written; nothing runs here
+// (with --submit, sbatch; with --wait, followed to the merged file).
 int write_slurm(const SweepOptions& o, analysis::SweepSpec sweep) {
   std::error_code ec;
   // The tasks run from wherever submit.sh was started: a checkpoint folder is made absolute.
@@ -170,10 +228,13 @@ int write_slurm(const SweepOptions& o, analysis::SweepSpec sweep) {
   std::cout << "sweep " << so.sweep_id << ": " << items << " item(s) in " << so.shards
             << " shard(s); folder " << so.sweep_dir.string() << "\n"
             << "scripts in " << so.script_dir.string()
-            << ": sweep-array.sbatch (the job array), sweep-merge.sbatch (afterok), submit.sh\n"
-            << "submit with: " << (so.script_dir / "submit.sh").string() << "\n"
-            << "the merged sweep file will be " << (so.sweep_dir / "sweep.h5").string() << "\n";
-  return kExitOk;
+            << ": sweep-array.sbatch (the job array), sweep-merge.sbatch (afterok), submit.sh\n";
+  if (!o.submit && !o.wait) {
+    std::cout << "submit with: " << (so.script_dir / "submit.sh").string() << "\n"
+              << "the merged sweep file will be " << (so.sweep_dir / "sweep.h5").string() << "\n";
+    return kExitOk;
+  }
+  return submit_and_follow(o, so, items);
 }
 
 // Runs the sweep (or its --shard) here, then writes its sweep file: DIR/sweep.h5, or the shard's
@@ -198,7 +259,7 @@ int run_sweep_here(const SweepOptions& o, const analysis::SweepSpec& sweep) {
       return io::write_experiment(analysis::kept_experiment(dir, item.index), r);
     };
   }
-  base::Result<analysis::SweepOutcome> outcome = base::Error{};
+  base::Result<io::SweepFileRun> done = base::Error{};
   const std::string& progress = o.spec.progress;  // "bar", or "json" (remote TARGET sweep)
   progress_event(progress, "start", {{"pid", static_cast<std::int64_t>(::getpid())}});
   {
@@ -207,50 +268,21 @@ int run_sweep_here(const SweepOptions& o, const analysis::SweepSpec& sweep) {
     control.cancel = sigint.token();
     control.progress = progress_reporter(progress);
     control.load_progress = progress_reporter(progress);
-    outcome = base::guarded([&] {
-      const auto items = analysis::sweep_items(sweep);
-      const setup::Session session = base::take(
-          experiment::open_session_for(analysis::item_spec(sweep, items.front()), control));
-      return base::take(analysis::run_sweep(session, sweep, run, control));
-    });
+    // A task of a job array (--shard, even 0/1) writes its own shard file for the merge job.
+    done = io::run_sweep_to_file(sweep, run, /*shard_file=*/!o.shard.empty(), control);
   }
   if (progress != "json") {
     std::fprintf(stderr, "\n");
   }
-  if (!outcome.ok()) {
-    progress_event(
-        progress, "error",
-        {{"code", base::to_string(outcome.error().code)}, {"message", outcome.error().message}});
-    return report_error(outcome.error());
+  if (!done.ok()) {
+    return fail(progress, done.error());
   }
-  std::cout << "sweep " << outcome.value().id << ": " << outcome.value().items_run
-            << " item(s) run, " << outcome.value().items_skipped
-            << " finished before and skipped\n";
-  const auto all = analysis::read_sweep_dir(run.dir);
-  if (!all.ok()) {
-    return report_error(all.error());
-  }
-  const analysis::SweepRecords part =
-      analysis::shard_records(all.value(), run.shard, outcome.value().provenance);
-  // A task of a job array (--shard, even 0/1) writes its own shard file for the merge job.
-  const fs::path file = o.shard.empty()
-                            ? run.dir / "sweep.h5"
-                            : analysis::shard_file(run.dir, run.shard.index, run.shard.count);
-  std::error_code ec;
-  fs::create_directories(file.parent_path(), ec);
-  if (auto w = io::write_sweep_file(file, part); !w.ok()) {
-    progress_event(progress, "error",
-                   {{"code", base::to_string(w.error().code)}, {"message", w.error().message}});
-    return report_error(w.error());
-  }
-  std::cout << analysis::sweep_text(part) << "\nsweep file: " << file.string() << "\n";
-  if (progress == "json") {
-    auto digest = base::sha256_file(file);
-    progress_event(progress, "written",
-                   {{"path", fs::absolute(file, ec).string()},
-                    {"bytes", static_cast<std::uint64_t>(fs::file_size(file, ec))},
-                    {"sha256", digest.ok() ? digest.value() : std::string()}});
-  }
+  const io::SweepFileRun& r = done.value();
+  std::cout << "sweep " << r.outcome.id << ": " << r.outcome.items_run << " item(s) run, "
+            << r.outcome.items_skipped << " finished before and skipped\n"
+            << analysis::sweep_text(r.records) << "\nsweep file: " << r.file.string() << "\n";
+  const fs::path& file = r.file;
+  written_event(progress, file);
   return kExitOk;
 }
 
@@ -307,6 +339,16 @@ void register_sweep(CLI::App& app, int& exit_code) {
       ->capture_default_str();
   cmd->add_option("--sbatch-option", opts->sbatch_options,
                   "With --slurm: an extra #SBATCH line, e.g. --partition=gpu (repeatable)");
+  cmd->add_flag("--submit", opts->submit,
+                "With --slurm: submit the scripts here (a login node) and print the job ids; "
+                "jobs of this sweep still queued are followed instead of submitted twice");
+  cmd->add_flag("--wait", opts->wait,
+                "With --slurm: submit (as --submit), then follow the jobs until the merged file "
+                "is there: progress, the tasks' states, a failed task's log; Ctrl-C cancels the "
+                "jobs (scancel), a closed terminal leaves them running");
+  cmd->add_option("--poll-s", opts->poll_s, "With --wait: seconds between squeue calls")
+      ->check(CLI::Range(0.1, 3600.0))
+      ->capture_default_str();
   cmd->footer(kExitCodesHelp);
   cmd->callback([opts, cmd, &exit_code] {
     if (opts->resume) {
@@ -333,7 +375,8 @@ void register_sweep(CLI::App& app, int& exit_code) {
                              name == "--keep-experiments" || name == "--progress" ||
                              name == "--slurm" || name == "--shards" ||
                              name == "--array-parallel" || name == "--gpus-per-task" ||
-                             name == "--sbatch-option" || name == "--help";
+                             name == "--sbatch-option" || name == "--submit" || name == "--wait" ||
+                             name == "--poll-s" || name == "--help";
         if (option->count() > 0 && !allowed) {
           std::cerr << "batchlens-cli sweep: --sweep-json holds the whole sweep; " << name
                     << " cannot change it\n";
@@ -344,6 +387,11 @@ void register_sweep(CLI::App& app, int& exit_code) {
     }
     const auto sweep = sweep_of(*opts, exit_code);
     if (!sweep) {
+      return;
+    }
+    if (opts->slurm.empty() && (opts->submit || opts->wait)) {
+      std::cerr << "batchlens-cli sweep: --submit and --wait go with --slurm DIR\n";
+      exit_code = kExitUsage;
       return;
     }
     exit_code = opts->slurm.empty() ? run_sweep_here(*opts, *sweep) : write_slurm(*opts, *sweep);

@@ -33,6 +33,11 @@ struct SweepOptions {
   int array_parallel = 0;
   int gpus_per_task = 1;
   std::vector<std::string> sbatch_options;
+  /// --submit: sbatch the scripts (or follow the jobs submitted before for this sweep);
+  /// --wait: then follow them until the merged file is there (Ctrl-C: scancel).
+  bool submit = false;
+  bool wait = false;
+  double poll_s = 20.0;
 };
 
 /// The options of what a sweep runs: the experiment spec's (add_spec_options), --prompts,

@@ -1,12 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/analysis/sweep_slurm.h"
 
+#include <algorithm>
 #include <array>
+#include <chrono>
+#include <fstream>
 #include <sstream>
 #include <system_error>
+#include <thread>
 #include <utility>
 
+#include <nlohmann/json.hpp>
+
 #include "core/base/atomic_file.h"
+#include "core/base/input.h"
+#include "core/base/subprocess.h"
 #include "core/experiment/command_line.h"
 
 #include <sys/stat.h>
@@ -160,6 +168,348 @@ base::Result<void> write_slurm_scripts(const SlurmOptions& o) {
     }
   }
   return base::ok_result();
+}
+
+namespace {
+
+constexpr const char* kJobsFormat = "batchlens-slurm-jobs/1";
+
+bool is_job_id(const std::string& id) {
+  return !id.empty() && id.size() <= 20 && id.find_first_not_of("0123456789") == std::string::npos;
+}
+
+// sbatch --parsable prints "ID" or "ID;cluster".
+std::string parsable_id(const std::string& out) {
+  std::string id = out.substr(0, out.find_first_of(";\n"));
+  while (!id.empty() && (id.back() == '\r' || id.back() == ' ')) {
+    id.pop_back();
+  }
+  return id;
+}
+
+// The last non-empty line of `text`, at most 300 characters.
+std::string last_line(const std::string& text) {
+  std::string t = text;
+  while (!t.empty() && (t.back() == '\n' || t.back() == '\r' || t.back() == ' ')) {
+    t.pop_back();
+  }
+  const std::size_t nl = t.rfind('\n');
+  t = nl == std::string::npos ? t : t.substr(nl + 1);
+  return t.size() > 300 ? t.substr(0, 300) + "…" : t;
+}
+
+base::Result<base::ChildOutcome> slurm_tool(const std::vector<std::string>& argv) {
+  base::ChildSpec spec;
+  spec.argv = argv;
+  auto o = base::run_child(spec);
+  if (!o.ok()) {
+    return base::Error{ErrorCode::IoFailed,
+                       argv.front() +
+                           " is not on PATH on this host: Slurm's client tools are "
+                           "needed where the sweep is submitted (a login node)"};
+  }
+  return o;
+}
+
+// The task ids "0-3%2", "5", "1,4-6" stand for.
+std::vector<int> task_ids(const std::string& spec) {
+  std::vector<int> out;
+  std::stringstream in(spec.substr(0, spec.find('%')));
+  std::string part;
+  while (std::getline(in, part, ',')) {
+    const std::size_t dash = part.find('-');
+    char* end = nullptr;
+    const long lo = std::strtol(part.c_str(), &end, 10);
+    if (end == part.c_str() || lo < 0 || lo > kMaxShards) {
+      continue;
+    }
+    long hi = lo;
+    if (dash != std::string::npos) {
+      hi = std::strtol(part.c_str() + dash + 1, &end, 10);
+      hi = std::min<long>(std::max(hi, lo), kMaxShards);
+    }
+    for (long i = lo; i <= hi; ++i) {
+      out.push_back(static_cast<int>(i));
+    }
+  }
+  return out;
+}
+
+bool pending_state(const std::string& s) {
+  return s == "PENDING" || s == "CONFIGURING" || s == "REQUEUED" || s == "REQUEUE_HOLD" ||
+         s == "REQUEUE_FED" || s == "RESIZING" || s == "SUSPENDED" || s == "STOPPED";
+}
+
+bool running_state(const std::string& s) {
+  return s == "RUNNING" || s == "COMPLETING" || s == "STAGE_OUT" || s == "SIGNALING";
+}
+
+int items_done(const fs::path& sweep_dir) {
+  int n = 0;
+  std::error_code ec;
+  for (fs::directory_iterator it(sweep_dir / "items", ec), end; !ec && it != end;
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.rfind("item-", 0) == 0 && it->path().extension() == ".json") {
+      ++n;
+    }
+  }
+  return n;
+}
+
+}  // namespace
+
+base::Result<SlurmJobs> submit_slurm(const SlurmOptions& o) {
+  return base::guarded([&] {
+    const auto sbatch = [&](const std::vector<std::string>& args, const char* what) {
+      std::vector<std::string> argv{"sbatch", "--parsable"};
+      argv.insert(argv.end(), args.begin(), args.end());
+      const base::ChildOutcome r = base::take(slurm_tool(argv));
+      const std::string id = parsable_id(r.out);
+      if (r.exit_code != 0 || !is_job_id(id)) {
+        base::raise(ErrorCode::IoFailed, std::string("sbatch refused the ") + what + ": " +
+                                             last_line(r.err.empty() ? r.out : r.err));
+      }
+      return id;
+    };
+    SlurmJobs jobs;
+    jobs.sweep_id = o.sweep_id;
+    jobs.shards = o.shards;
+    jobs.array_job = sbatch({(o.script_dir / "sweep-array.sbatch").string()}, "job array");
+    try {
+      jobs.merge_job = sbatch({"--dependency=afterok:" + jobs.array_job,
+                               (o.script_dir / "sweep-merge.sbatch").string()},
+                              "merge job");
+    } catch (const base::ErrorException&) {
+      (void)slurm_tool({"scancel", jobs.array_job});  // no array left without its merge
+      throw;
+    }
+    const nlohmann::json doc{{"format", kJobsFormat},
+                             {"sweep", jobs.sweep_id},
+                             {"array_job", jobs.array_job},
+                             {"merge_job", jobs.merge_job},
+                             {"shards", jobs.shards}};
+    base::take(base::write_file_atomic(o.script_dir / "jobs.json", doc.dump(1) + "\n"));
+    return jobs;
+  });
+}
+
+base::Result<std::optional<SlurmJobs>> recorded_slurm_jobs(const fs::path& script_dir,
+                                                           const std::string& sweep_id) {
+  return base::guarded([&]() -> std::optional<SlurmJobs> {
+    const fs::path file = script_dir / "jobs.json";
+    std::error_code ec;
+    if (!fs::exists(file, ec)) {
+      return std::nullopt;
+    }
+    const std::string text = base::take(base::read_input_file(file, "Slurm jobs file"));
+    const nlohmann::json doc = base::take(base::parse_json(text, file.string()));
+    const auto text_of = [&doc](const char* key) {
+      return doc.is_object() && doc.contains(key) && doc.at(key).is_string()
+                 ? doc.at(key).get<std::string>()
+                 : std::string();
+    };
+    SlurmJobs jobs;
+    jobs.sweep_id = text_of("sweep");
+    jobs.array_job = text_of("array_job");
+    jobs.merge_job = text_of("merge_job");
+    if (text_of("format") != kJobsFormat || !is_job_id(jobs.array_job) ||
+        !is_job_id(jobs.merge_job) || !doc.contains("shards") ||
+        !doc.at("shards").is_number_integer()) {
+      base::corrupt(file.string() + " is not a BatchLens Slurm jobs file (" + kJobsFormat + ")");
+    }
+    jobs.shards = doc.at("shards").get<int>();
+    if (jobs.sweep_id != sweep_id) {
+      return std::nullopt;
+    }
+    return jobs;
+  });
+}
+
+SlurmStatus parse_squeue(const std::string& array_lines, const std::string& merge_lines) {
+  SlurmStatus s;
+  std::istringstream in(array_lines);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string tasks;
+    std::string state;
+    if (!(fields >> tasks >> state)) {
+      continue;
+    }
+    const std::vector<int> ids = task_ids(tasks);
+    if (ids.empty()) {
+      continue;
+    }
+    s.array_known = true;
+    const int n = static_cast<int>(ids.size());
+    if (pending_state(state)) {
+      s.pending += n;
+    } else if (running_state(state)) {
+      s.running += n;
+    } else if (state == "COMPLETED") {
+      s.completed += n;
+    } else {
+      for (const int id : ids) {
+        s.failed_tasks.push_back(id);
+        s.failed_states.push_back(state);
+      }
+    }
+  }
+  std::istringstream merge(merge_lines);
+  while (std::getline(merge, line)) {
+    std::istringstream fields(line);
+    std::string tasks;
+    std::string state;
+    if (fields >> tasks >> state) {
+      s.merge_state = state;
+      std::getline(fields >> std::ws, s.merge_reason);
+      break;
+    }
+  }
+  return s;
+}
+
+base::Result<SlurmStatus> slurm_status(const SlurmJobs& jobs) {
+  return base::guarded([&] {
+    const auto query = [](const std::string& id) {
+      const base::ChildOutcome r =
+          base::take(slurm_tool({"squeue", "-h", "-r", "-t", "all", "-j", id, "-o", "%K %T %r"}));
+      if (r.exit_code != 0) {
+        if (r.err.find("Invalid job id") != std::string::npos) {
+          return std::string();  // purged: Slurm no longer knows it
+        }
+        base::raise(ErrorCode::IoFailed, "squeue failed: " + last_line(r.err));
+      }
+      return r.out;
+    };
+    return parse_squeue(query(jobs.array_job), query(jobs.merge_job));
+  });
+}
+
+base::Result<void> cancel_slurm(const SlurmJobs& jobs) {
+  return base::guarded([&] {
+    const base::ChildOutcome r =
+        base::take(slurm_tool({"scancel", jobs.array_job, jobs.merge_job}));
+    if (r.exit_code != 0 && r.err.find("Invalid job id") == std::string::npos) {
+      base::raise(ErrorCode::IoFailed, "scancel " + jobs.array_job + " " + jobs.merge_job +
+                                           " failed: " + last_line(r.err));
+    }
+  });
+}
+
+base::Result<fs::path> wait_slurm(const SlurmJobs& jobs, const SlurmWait& w,
+                                  const experiment::RunControl& control) {
+  return base::guarded([&]() -> fs::path {
+    using Clock = std::chrono::steady_clock;
+    const auto start = Clock::now();
+    const int done_at_start = items_done(w.sweep_dir);
+    const fs::path merged = w.sweep_dir / "sweep.h5";
+    const std::string keep_note = "; the items finished stay in " + w.sweep_dir.string() +
+                                  " and the same command submits only the rest";
+    const auto cancelled = [&] {
+      return control.cancel != nullptr && control.cancel->cancelled();
+    };
+    const auto log_tail = [&](const std::string& name) {
+      std::ifstream in(w.script_dir / "logs" / name);
+      std::stringstream text;
+      text << in.rdbuf();
+      const std::string line = last_line(text.str());
+      return line.empty() ? std::string() : " (" + name + ": " + line + ")";
+    };
+    std::error_code ec;
+    double failing_since = -1.0;
+    for (;;) {
+      const double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
+      auto status = slurm_status(jobs);
+      if (!status.ok()) {
+        // The controller of a login node may restart: the jobs go on, so does the wait.
+        failing_since = failing_since < 0 ? elapsed : failing_since;
+        if (elapsed - failing_since > w.squeue_patience_s) {
+          base::Error e = status.error();
+          e.message += " for " + std::to_string(static_cast<int>(elapsed - failing_since)) +
+                       " s; jobs " + jobs.array_job + " and " + jobs.merge_job +
+                       " may still run: the same command follows them again";
+          throw base::ErrorException(e);
+        }
+      } else {
+        failing_since = -1.0;
+        const SlurmStatus& s = status.value();
+        if (s.merge_state == "COMPLETED" ||
+            (s.merge_state.empty() && !s.array_busy() && fs::exists(merged, ec))) {
+          if (!fs::exists(merged, ec)) {
+            base::raise(ErrorCode::IoFailed, "merge job " + jobs.merge_job +
+                                                 " ended without writing " + merged.string() +
+                                                 log_tail("merge.out") + keep_note);
+          }
+          return merged;
+        }
+        const bool never = s.merge_reason.find("NeverSatisfied") != std::string::npos;
+        if ((!s.failed_tasks.empty() || never) && !s.array_busy()) {
+          (void)cancel_slurm(jobs);  // the merge job's dependency can never be satisfied
+          if (s.failed_tasks.empty()) {
+            base::raise(ErrorCode::IoFailed,
+                        "array tasks of job " + jobs.array_job + " failed, so merge job " +
+                            jobs.merge_job + " cannot run (see " +
+                            (w.script_dir / "logs").string() + ")" + keep_note);
+          }
+          std::string which;
+          for (std::size_t i = 0; i < s.failed_tasks.size() && i < 8; ++i) {
+            which +=
+                (i > 0 ? ", " : "") + std::to_string(s.failed_tasks[i]) + " " + s.failed_states[i];
+          }
+          std::string message = std::to_string(s.failed_tasks.size());
+          message += " of " + std::to_string(jobs.shards) + " array tasks of job ";
+          message += jobs.array_job + " failed (" + which + ")";
+          message += log_tail("shard-" + std::to_string(s.failed_tasks.front()) + ".out");
+          message += keep_note;
+          base::raise(ErrorCode::IoFailed, message);
+        }
+        if (!s.merge_state.empty() && !pending_state(s.merge_state) &&
+            !running_state(s.merge_state)) {
+          base::raise(ErrorCode::IoFailed, "merge job " + jobs.merge_job + " ended " +
+                                               s.merge_state + log_tail("merge.out") + keep_note);
+        }
+        if (!s.array_known && s.merge_state.empty()) {
+          base::raise(ErrorCode::IoFailed, "Slurm no longer knows jobs " + jobs.array_job +
+                                               " and " + jobs.merge_job + " and " +
+                                               merged.string() + " was not written" + keep_note);
+        }
+        if (control.progress) {
+          const int done = items_done(w.sweep_dir);
+          base::Progress p;
+          p.done = done;
+          p.total = w.items;
+          p.elapsed_s = elapsed;
+          if (done > done_at_start && w.items > done) {
+            p.eta_s = elapsed * (w.items - done) / (done - done_at_start);
+          }
+          p.stage = s.array_busy() || !s.array_known
+                        ? "Slurm job " + jobs.array_job + ": " + std::to_string(s.running) +
+                              " running, " + std::to_string(s.pending) + " pending, " +
+                              std::to_string(s.completed) + " done of " +
+                              std::to_string(jobs.shards) + " tasks"
+                        : "Slurm merge job " + jobs.merge_job + " " +
+                              (s.merge_state.empty() ? std::string("ended") : s.merge_state);
+          control.progress(p);
+        }
+      }
+      // Cancel is looked at every 100 ms between squeue calls.
+      const auto next = Clock::now() + std::chrono::duration<double>(std::max(0.1, w.poll_s));
+      while (Clock::now() < next) {
+        if (cancelled()) {
+          auto c = cancel_slurm(jobs);
+          base::raise(ErrorCode::Cancelled,
+                      "cancelled: " +
+                          (c.ok() ? "scancel ended job array " + jobs.array_job +
+                                        " and merge job " + jobs.merge_job
+                                  : c.error().message) +
+                          keep_note);
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+    }
+  });
 }
 
 }  // namespace batchlens::analysis

@@ -272,4 +272,59 @@ base::Result<std::vector<std::uint64_t>> parse_seeds(const std::string& text) {
   });
 }
 
+base::Result<SweepSpec> sweep_from_input(const SweepInput& in) {
+  return base::guarded([&] {
+    SweepSpec sweep;
+    sweep.base = in.base;
+    const experiment::ExperimentSpec& b = sweep.base;
+    if (!in.prompts_file.empty()) {
+      sweep.prompts = base::take(setup::read_prompts(in.prompts_file));
+    } else {
+      sweep.prompts = {{b.prompt, b.chat_template, b.prompt_ids}};
+    }
+    sweep.seeds = {b.seed};
+    if (!in.seeds.empty()) {
+      sweep.seeds = base::take(parse_seeds(in.seeds));
+    }
+    sweep.normalize_axes();  // the spec's companions and row: one value of each axis
+    if (!in.companion_sets.empty()) {
+      sweep.companion_sets.clear();
+      std::stringstream parts(in.companion_sets);
+      std::string part;
+      while (std::getline(parts, part, ',')) {
+        if (part == "none") {
+          sweep.companion_sets.emplace_back();
+        } else {
+          sweep.companion_sets.push_back(base::take(setup::read_prompts(part, "companions file")));
+        }
+      }
+    }
+    if (!in.rows.empty()) {
+      std::vector<std::int64_t> rows;
+      std::stringstream parts(in.rows);
+      std::string part;
+      while (std::getline(parts, part, ',')) {
+        std::size_t used = 0;
+        long long row = -1;
+        try {
+          row = std::stoll(part, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        if (used == 0 || used != part.size() || row < 0) {
+          base::raise(ErrorCode::InvalidArgument,
+                      "rows: '" + part + "' is not a row (a list such as 0,3)");
+        }
+        rows.push_back(row);
+      }
+      if (rows.empty()) {
+        base::raise(ErrorCode::InvalidArgument, "rows: '" + in.rows + "' holds no row");
+      }
+      sweep.rows = rows;
+    }
+    base::take(validate(sweep));
+    return sweep;
+  });
+}
+
 }  // namespace batchlens::analysis

@@ -73,6 +73,22 @@ std::vector<SweepItem> sweep_items(const SweepSpec& spec);
 experiment::ExperimentSpec item_spec(const SweepSpec& spec, const SweepItem& item);
 bool in_shard(const SweepItem& item, const Shard& shard);
 
+/// A sweep as a person gives it (the CLI's sweep options, the GUI's Run sweep dialog).
+struct SweepInput {
+  experiment::ExperimentSpec base;  ///< every item's spec (its prompt, seed, companions, row:
+                                    ///< the defaults of the axes below)
+  std::string prompts_file;         ///< one prompt per line or JSON Lines; "": base's prompt alone
+  std::string seeds;                ///< "0-23", "0,5,9-11"; "": base's seed
+  /// Companions files, comma-separated, "none" for identical rows; "": base's companions.
+  std::string companion_sets;
+  std::string rows;  ///< "0,3"; "": base's row
+};
+
+/// The sweep `in` describes, its files read and checked. InvalidArgument naming the field
+/// (a seed list, a row list, the whole sweep as validate()); the prompt files' own errors
+/// (FileNotFound, FileCorrupted, ...) with the file named. Never throws.
+base::Result<SweepSpec> sweep_from_input(const SweepInput& in);
+
 /// "0-23", "0,5,9-11": seeds, ascending, each once. InvalidArgument on anything else or more
 /// than 100000 seeds. Never throws.
 base::Result<std::vector<std::uint64_t>> parse_seeds(const std::string& text);

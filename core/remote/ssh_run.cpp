@@ -255,6 +255,36 @@ base::Result<RemoteOutcome> run_remote(const SshTarget& t, const std::string& co
   return run_remote_job(t, job, local_out, control);
 }
 
+RemoteJob sweep_job(const analysis::SweepSpec& sweep, const std::optional<SlurmSubmit>& slurm) {
+  RemoteJob job;
+  job.command = "sweep";
+  job.input_option = "--sweep-json";
+  job.input_json = analysis::to_json(sweep).dump();
+  job.out = "sweep-" + analysis::sweep_id(sweep);
+  if (slurm) {
+    // `--wait` submits, or follows the jobs an earlier command submitted, and ends with the
+    // merged file's "written" event.
+    job.extra_args = {"--slurm",
+                      job.out + "/slurm",
+                      "--wait",
+                      "--poll-s",
+                      std::to_string(slurm->poll_s),
+                      "--gpus-per-task",
+                      std::to_string(slurm->gpus_per_task)};
+    if (slurm->shards > 0) {
+      job.extra_args.insert(job.extra_args.end(), {"--shards", std::to_string(slurm->shards)});
+    }
+    if (slurm->array_parallel > 0) {
+      job.extra_args.insert(job.extra_args.end(),
+                            {"--array-parallel", std::to_string(slurm->array_parallel)});
+    }
+    for (const std::string& opt : slurm->sbatch_options) {
+      job.extra_args.insert(job.extra_args.end(), {"--sbatch-option", opt});
+    }
+  }
+  return job;
+}
+
 base::Result<RemoteOutcome> run_remote_job(const SshTarget& t, const RemoteJob& job,
                                            const fs::path& local_out,
                                            const experiment::RunControl& control) {
@@ -335,6 +365,9 @@ base::Result<RemoteOutcome> run_remote_job(const SshTarget& t, const RemoteJob& 
         base::take(base::run_child(child, on_line, stop, on_stop, /*grace_s=*/30.0));
     out.summary = o.out;
     if (cancelled || o.exit_code == 130) {
+      if (have_error && remote_error.code == ErrorCode::Cancelled) {
+        throw base::ErrorException(remote_error);  // what the cancel did there (scancel, ...)
+      }
       base::raise(ErrorCode::Cancelled, "remote run on " + t.describe() + " cancelled");
     }
     if (have_error) {
@@ -343,7 +376,11 @@ base::Result<RemoteOutcome> run_remote_job(const SshTarget& t, const RemoteJob& 
     if (o.exit_code != 0 || out.remote_path.empty()) {
       Error e = failure(t, o, "batchlens-cli " + command);
       if (o.exit_code == 255) {
-        e.message += command == "sweep"
+        const bool slurm = std::find(job.extra_args.begin(), job.extra_args.end(), "--slurm") !=
+                           job.extra_args.end();
+        e.message += slurm ? " (the Slurm jobs go on there, into " + t.workdir + "/" + name +
+                                 ": the same command follows them again and brings the file back)"
+                     : command == "sweep"
                          ? " (the items the sweep finished stay in " + t.workdir + "/" + name +
                                ": the same command resumes it there)"
                          : " (a run cut off there leaves no file; one that finished stays in " +

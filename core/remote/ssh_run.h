@@ -9,11 +9,13 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "core/analysis/sweep_spec.h"
 #include "core/base/error.h"
 #include "core/experiment/experiment.h"
 #include "core/experiment/runner.h"
@@ -90,6 +92,22 @@ struct RemoteJob {
   std::string out;
   std::vector<std::string> extra_args;
 };
+
+/// How a sweep is submitted on a Slurm login node (`batchlens-cli sweep --slurm --wait` there).
+struct SlurmSubmit {
+  int shards = 0;                           ///< array tasks; 0: one per item, at most 100
+  int array_parallel = 0;                   ///< at most this many at once; 0: Slurm's choice
+  int gpus_per_task = 1;                    ///< 0 for CPU nodes
+  std::vector<std::string> sbatch_options;  ///< extra #SBATCH lines, e.g. "--partition=gpu"
+  double poll_s = 20.0;                     ///< seconds between squeue calls there
+};
+
+/// The job that runs `sweep` on a target, in a folder there named by the sweep's id (the same
+/// sweep resumes there). With `slurm`, the target is a login node: the sweep is submitted there
+/// as a job array and a merge job and followed until the merged file (submitted once: the same
+/// job again follows the jobs already there).
+RemoteJob sweep_job(const analysis::SweepSpec& sweep,
+                    const std::optional<SlurmSubmit>& slurm = std::nullopt);
 
 /// Runs `job` on the target as run_remote does (progress, Cancel, the file back checked).
 /// Errors as run_remote's; InvalidArgument for a command or input option other than those

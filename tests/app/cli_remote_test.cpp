@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/support/process.h"
+#include "tests/support/slurm.h"
 #include "tests/support/sshd.h"
 
 #include <unistd.h>
@@ -30,12 +31,14 @@ using testing::run_process;
 
 class CliRemote : public ::testing::Test {
  protected:
-  void SetUp() override {
+  void SetUp() override { start_server(); }
+  // The test's folder and its sshd (with `session_env` set in its sessions).
+  void start_server(const std::string& session_env = {}) {
     dir_ = fs::temp_directory_path() / ("bl_remote_" + std::to_string(::getpid()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     bool skip = false;
-    const std::string why = testing::start_sshd(server(), skip);
+    const std::string why = testing::start_sshd(server(), skip, session_env);
     if (skip) {
       GTEST_SKIP() << why;
     }
@@ -372,6 +375,173 @@ TEST_F(CliRemote, AnotherHostKeyIsRefused) {
   EXPECT_NE(r.err.find("host key of bltest is unknown or has changed"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(out));
   EXPECT_TRUE(remote_files().empty());
+}
+
+// A GPU cluster's login node: this test's sshd in front of a real single-node Slurm cluster
+// (tests/app/slurm_cluster.sh; its SLURM_CONF set in the server's sessions).
+class CliRemoteSlurm : public CliRemote {
+ protected:
+  void SetUp() override {
+    cluster_ = std::make_unique<testing::SlurmCluster>(
+        fs::temp_directory_path() / ("bl_remote_slurm_" + std::to_string(::getpid())));
+    if (const std::string why = cluster_->unavailable(); !why.empty()) {
+      GTEST_SKIP() << why;
+    }
+    ASSERT_EQ(cluster_->start(), "");
+    ::setenv("SLURM_CONF", cluster_->conf().c_str(), 1);  // this test's own squeue
+    start_server("SLURM_CONF=" + cluster_->conf().string());
+  }
+  void TearDown() override {
+    CliRemote::TearDown();
+    ::unsetenv("SLURM_CONF");
+  }
+
+  // `remote bltest sweep --slurm` of the tiny sweep over prompts.txt and `seeds`, in 2 tasks.
+  std::vector<std::string> slurm_sweep(const std::string& seeds, const fs::path& out,
+                                       const std::string& steps = "3") const {
+    return remote({"sweep",
+                   "--slurm",
+                   "--shards",
+                   "2",
+                   "--gpus-per-task",
+                   "0",
+                   "--poll-s",
+                   "0.5",
+                   "--preset",
+                   "tiny",
+                   "--batch-sizes",
+                   "2",
+                   "--steps",
+                   steps,
+                   "--max-new-tokens",
+                   "16",
+                   "--prompts",
+                   (dir_ / "prompts.txt").string(),
+                   "--seeds",
+                   seeds,
+                   "--policy",
+                   "emulated_h200",
+                   "--progress",
+                   "json",
+                   "--out",
+                   out.string()});
+  }
+
+  // The job ids the sweep folder `there` recorded (slurm/jobs.json): "ARRAY MERGE".
+  static std::string jobs_of(const fs::path& there) {
+    const auto j = nlohmann::json::parse(testing::slurp(there / "slurm" / "jobs.json"));
+    return j.at("array_job").get<std::string>() + " " + j.at("merge_job").get<std::string>();
+  }
+
+  // The remote sweep folders (sweep-<id>).
+  std::vector<fs::path> sweep_folders() const {
+    std::vector<fs::path> out;
+    for (const fs::path& p : remote_files()) {
+      if (p.filename().string().rfind("sweep-", 0) == 0) {
+        out.push_back(p);
+      }
+    }
+    return out;
+  }
+
+  std::unique_ptr<testing::SlurmCluster> cluster_;
+};
+
+// Submitted there as a job array and a merge job, followed from here (the tasks' states in the
+// progress), the merged file back checked; the same command again follows the same jobs rather
+// than submitting twice; prompts travel as data.
+TEST_F(CliRemoteSlurm, SweepIsSubmittedOnTheLoginNodeFollowedAndComesBack) {
+  {
+    std::ofstream p(dir_ / "prompts.txt");
+    p << "Tides?\nWhy is the sky \"blue\"? $(touch " << (dir_ / "CANARY").string() << ")\n";
+  }
+  const fs::path out = dir_ / "here" / "sweep.h5";
+  const auto r = run_process(slurm_sweep("0-1", out));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_FALSE(fs::exists(dir_ / "CANARY")) << "a prompt ran as a command";
+  EXPECT_NE(r.out.find("submitted: job array"), std::string::npos) << r.out;
+  EXPECT_NE(r.err.find(R"("stage":"bltest: Slurm job )"), std::string::npos) << r.err;
+  EXPECT_NE(r.out.find("SHA-256"), std::string::npos) << r.out;
+  const std::vector<fs::path> there = sweep_folders();
+  ASSERT_EQ(there.size(), 1U);
+  EXPECT_EQ(testing::slurp(there[0] / "sweep.h5"), testing::slurp(out));
+  const auto summary = run_process({BL_CLI_PATH, "summary", out.string()});
+  ASSERT_EQ(summary.exit_code, 0) << summary.err;
+  EXPECT_NE(summary.out.find("items finished: 4 of 4"), std::string::npos) << summary.out;
+  EXPECT_NE(summary.out.find("shards: 1 of 2"), std::string::npos) << summary.out;
+  const std::string jobs = jobs_of(there[0]);
+  // Again: the jobs of the first command are followed (their merged file), none submitted.
+  const fs::path again = dir_ / "here" / "again.h5";
+  const auto r2 = run_process(slurm_sweep("0-1", again));
+  ASSERT_EQ(r2.exit_code, 0) << r2.out << r2.err;
+  EXPECT_NE(r2.out.find("following job array " + jobs.substr(0, jobs.find(' '))), std::string::npos)
+      << r2.out;
+  EXPECT_EQ(r2.out.find("submitted:"), std::string::npos) << r2.out;
+  EXPECT_EQ(jobs_of(there[0]), jobs);
+  EXPECT_EQ(testing::slurp(again), testing::slurp(out));
+}
+
+// Ctrl-C here cancels the jobs there (scancel); a dropped connection leaves them running and
+// the same command follows them to the file.
+TEST_F(CliRemoteSlurm, CtrlCCancelsTheJobsAndADroppedConnectionLeavesThemRunning) {
+  std::ofstream(dir_ / "prompts.txt") << "Tides?\nExplain the moon.\n";
+  // Long enough items (48 steps) that both happen while tasks run.
+  const fs::path cancelled = dir_ / "cancelled.h5";
+  fs::create_directories(dir_ / "logs-cancel");
+  {
+    testing::Child child(slurm_sweep("0-5", cancelled, "48"), {}, dir_ / "logs-cancel");
+    ASSERT_TRUE(child.wait_for_err(" running, ")) << child.err();
+    child.signal(SIGINT);
+    EXPECT_EQ(child.wait(std::chrono::seconds(120)), 130) << child.err();
+    EXPECT_NE(child.err().find("scancel ended job array"), std::string::npos) << child.err();
+  }
+  EXPECT_FALSE(fs::exists(cancelled));
+  std::vector<fs::path> there = sweep_folders();
+  ASSERT_EQ(there.size(), 1U);
+  const std::string jobs = jobs_of(there[0]);
+  const std::string array = jobs.substr(0, jobs.find(' '));
+  const auto alive = [](const std::string& job) {
+    return run_process({"/usr/bin/squeue", "-h", "-r", "-t",
+                        "PENDING,CONFIGURING,RUNNING,COMPLETING", "-j", job, "-o", "%T"})
+        .out;
+  };
+  // scancel has ended them (COMPLETING ends within seconds).
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!alive(array).empty() && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  }
+  EXPECT_EQ(alive(array), "") << "the job array still runs after Ctrl-C";
+
+  // Another sweep, its connection dropped while the tasks run: a clear error, the jobs go on.
+  const fs::path dropped = dir_ / "dropped.h5";
+  fs::create_directories(dir_ / "logs-drop");
+  {
+    testing::Child child(slurm_sweep("6-9", dropped, "48"), {}, dir_ / "logs-drop");
+    ASSERT_TRUE(child.wait_for_err(" running, ")) << child.err();
+    const std::string pid = testing::slurp(server() + "/sshd.pid");
+    run_process({"/bin/sh", "-c",
+                 "for m in $(pgrep -P " + pid.substr(0, pid.find('\n')) +
+                     R"(); do pkill -KILL -P "$m"; kill -KILL "$m"; done)"});
+    EXPECT_EQ(child.wait(std::chrono::seconds(120)), 1) << child.err();
+    EXPECT_NE(child.err().find("the Slurm jobs go on there"), std::string::npos) << child.err();
+  }
+  EXPECT_FALSE(fs::exists(dropped));
+  there = sweep_folders();
+  ASSERT_EQ(there.size(), 2U);
+  const fs::path second = jobs_of(there[0]) == jobs ? there[1] : there[0];
+  const std::string second_jobs = jobs_of(second);
+  EXPECT_NE(alive(second_jobs.substr(0, second_jobs.find(' '))), "")
+      << "the dropped connection ended the jobs: "
+      << run_process({"/usr/bin/squeue", "-r", "-t", "all", "-o", "%i %T %r"}).out;
+  // The same command follows them to the merged file.
+  const auto r = run_process(slurm_sweep("6-9", dropped, "48"));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("following job array " + second_jobs.substr(0, second_jobs.find(' '))),
+            std::string::npos)
+      << r.out;
+  EXPECT_EQ(jobs_of(second), second_jobs);
+  ASSERT_TRUE(fs::exists(dropped));
+  EXPECT_EQ(testing::slurp(second / "sweep.h5"), testing::slurp(dropped));
 }
 
 }  // namespace

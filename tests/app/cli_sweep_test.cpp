@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "tests/support/process.h"
+#include "tests/support/slurm.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -24,8 +25,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using testing::run_process;
-
-constexpr const char* kClusterScript = BL_SOURCE_DIR "/tests/app/slurm_cluster.sh";
 
 class CliSweep : public ::testing::Test {
  protected:
@@ -38,12 +37,6 @@ class CliSweep : public ::testing::Test {
     std::ofstream(dir_ / "prompts.txt") << "Write about Lisbon.\nExplain tides.\n";
   }
   void TearDown() override {
-    if (cluster_) {
-      cluster("stop");
-      if (!as_root_.empty()) {  // the daemons' files belong to root
-        run_process({"/usr/bin/sudo", "-n", "/bin/rm", "-rf", (dir_ / "cluster").string()});
-      }
-    }
     std::error_code ec;
     fs::remove_all(dir_, ec);
   }
@@ -70,28 +63,7 @@ class CliSweep : public ::testing::Test {
             out.string()};
   }
 
-  // How the cluster's daemons are started as root: directly when this test is root, through
-  // passwordless sudo otherwise (jobs then run as this user). False when neither can.
-  bool can_be_root() {
-    if (::geteuid() == 0) {
-      return true;
-    }
-    if (run_process({"/usr/bin/sudo", "-n", "/bin/true"}).exit_code == 0) {
-      as_root_ = {"/usr/bin/sudo", "-n"};
-      return true;
-    }
-    return false;
-  }
-
-  testing::ProcessResult cluster(const char* command) const {
-    std::vector<std::string> argv = as_root_;
-    argv.insert(argv.end(), {"/bin/bash", kClusterScript, command, (dir_ / "cluster").string()});
-    return run_process(argv);
-  }
-
   fs::path dir_;
-  bool cluster_ = false;
-  std::vector<std::string> as_root_;  ///< the sudo prefix, empty when this test is root
 };
 
 // What two computations of a sweep agree on: its statistics and rows without wall times, where
@@ -186,16 +158,9 @@ TEST_F(CliSweep, PromptsFromAFifoAreRefusedWithoutBlocking) {
 }
 
 TEST_F(CliSweep, SlurmJobArrayOnARealClusterEqualsOneProcess) {
-  if (!can_be_root()) {
-    // CI installs slurm-wlm and munge with scripts/install-deps.sh, which needs root or
-    // passwordless sudo on a fresh machine; this test then runs there.
-    GTEST_SKIP() << "slurmd starts jobs as their user and must run as root; this test is not "
-                    "root and has no passwordless sudo";
-  }
-  if (run_process({"/bin/sh", "-c", "command -v slurmctld && command -v munged"}).exit_code != 0) {
-    // CI installs slurm-wlm and munge (scripts/install-deps.sh, which fails the run otherwise);
-    // a GPU server may not have them.
-    GTEST_SKIP() << "slurm-wlm or munge is not installed";
+  testing::SlurmCluster cluster(dir_ / "cluster");
+  if (const std::string why = cluster.unavailable(); !why.empty()) {
+    GTEST_SKIP() << why;
   }
   // The same sweep in one process.
   const fs::path one = dir_ / "one";
@@ -219,10 +184,8 @@ TEST_F(CliSweep, SlurmJobArrayOnARealClusterEqualsOneProcess) {
   EXPECT_NE(array.str().find("--shard \"${SLURM_ARRAY_TASK_ID}/4\""), std::string::npos);
   EXPECT_FALSE(fs::exists(split / "items" / "item-000000.json")) << "--slurm runs nothing";
 
-  cluster_ = true;  // stopped at the end even when it did not start whole
-  const auto started = cluster("start");
-  ASSERT_EQ(started.exit_code, 0) << started.out << started.err;
-  const std::string conf = (dir_ / "cluster" / "slurm.conf").string();
+  ASSERT_EQ(cluster.start(), "");
+  const std::string conf = cluster.conf().string();
   ::setenv("SLURM_CONF", conf.c_str(), 1);
   const auto submitted = run_process({(dir_ / "slurm" / "submit.sh").string()});
   ASSERT_EQ(submitted.exit_code, 0) << submitted.out << submitted.err;
@@ -284,6 +247,52 @@ TEST_F(CliSweep, SlurmJobArrayOnARealClusterEqualsOneProcess) {
   EXPECT_EQ(partial.exit_code, 1);
   EXPECT_NE(partial.err.find("3 of 4 items have no rows"), std::string::npos) << partial.err;
   EXPECT_FALSE(fs::exists(dir_ / "partial.h5"));
+}
+
+// issue #36: --slurm --wait on a login node follows the jobs; a task that fails is a clear error
+// naming the task and its log's last line, the merge job is cancelled, and the same command
+// after the fix submits again and finishes (the items done are not run twice).
+TEST_F(CliSweep, SlurmWaitReportsAFailedTaskAndTheSameCommandFinishes) {
+  testing::SlurmCluster cluster(dir_ / "cluster");
+  if (const std::string why = cluster.unavailable(); !why.empty()) {
+    GTEST_SKIP() << why;
+  }
+  ASSERT_EQ(cluster.start(), "");
+  ::setenv("SLURM_CONF", cluster.conf().c_str(), 1);
+  const fs::path sweep = dir_ / "sweep";
+  auto argv = tiny_sweep(sweep);
+  argv.insert(argv.end(),
+              {"--slurm", (dir_ / "slurm").string(), "--shards", "2", "--array-parallel", "1",
+               "--gpus-per-task", "0", "--wait", "--poll-s", "0.3", "--progress", "json"});
+  fs::create_directories(dir_ / "logs");
+  {
+    testing::Child child(argv, {}, dir_ / "logs");
+    ASSERT_TRUE(child.wait_for_err("Slurm job ")) << child.err();
+    // A damaged record (of item 1, which shard 1 runs after shard 0) makes the folder unreadable
+    // when the tasks write their shard files: they fail once their items are done.
+    std::ofstream(sweep / "items" / "item-000001.json") << "{ not json";
+    EXPECT_EQ(child.wait(std::chrono::seconds(240)), 1) << child.err();
+    EXPECT_NE(child.err().find("of 2 array tasks of job"), std::string::npos) << child.err();
+    EXPECT_NE(child.err().find(" FAILED"), std::string::npos) << child.err();
+    EXPECT_NE(child.err().find("item-000001.json is not valid JSON"), std::string::npos)
+        << child.err();
+    EXPECT_NE(child.err().find("the same command submits only the rest"), std::string::npos);
+  }
+  EXPECT_FALSE(fs::exists(sweep / "sweep.h5"));
+  const std::string first_jobs = testing::slurp(dir_ / "slurm" / "jobs.json");
+  // Fixed, the same command submits again (the first merge job was cancelled) and finishes.
+  fs::remove(sweep / "items" / "item-000001.json");
+  const auto again = run_process(argv);
+  ASSERT_EQ(again.exit_code, 0) << again.out << again.err;
+  EXPECT_NE(again.out.find("submitted: job array"), std::string::npos) << again.out;
+  EXPECT_NE(testing::slurp(dir_ / "slurm" / "jobs.json"), first_jobs);
+  EXPECT_NE(again.err.find("\"event\":\"written\""), std::string::npos) << again.err;
+  const auto summary = run_process({BL_CLI_PATH, "summary", (sweep / "sweep.h5").string()});
+  EXPECT_NE(summary.out.find("items finished: 4 of 4"), std::string::npos) << summary.out;
+  // The shard that ran before kept its items: shard 0's log says it skipped them.
+  EXPECT_NE(testing::slurp(dir_ / "slurm" / "logs" / "shard-0.out").find("finished before"),
+            std::string::npos);
+  ::unsetenv("SLURM_CONF");
 }
 
 }  // namespace

@@ -59,6 +59,10 @@ PrintMotd no
 LogLevel VERBOSE
 AcceptEnv NONE
 CONF
+# BL_SSHD_SETENV=NAME=VALUE: set in every session (the Slurm test: SLURM_CONF of its cluster).
+if [ -n "${BL_SSHD_SETENV:-}" ]; then
+  printf 'SetEnv %s\n' "$BL_SSHD_SETENV" >> "$state/sshd_config"
+fi
 echo "[127.0.0.1]:$port $(cut -d' ' -f1-2 "$state/host_key.pub")" > "$state/known_hosts"
 cat > "$state/ssh_config" <<CONF
 Host bltest

@@ -13,7 +13,8 @@ constexpr const char* kServerScript = BL_SOURCE_DIR "/tests/app/sshd_server.sh";
 
 }  // namespace
 
-std::string start_sshd(const std::filesystem::path& state, bool& skip) {
+std::string start_sshd(const std::filesystem::path& state, bool& skip,
+                       const std::string& session_env) {
   skip = false;
   if (!std::filesystem::exists("/usr/sbin/sshd")) {
     if (std::getenv("CI") != nullptr) {
@@ -23,7 +24,8 @@ std::string start_sshd(const std::filesystem::path& state, bool& skip) {
     skip = true;
     return "openssh-server (/usr/sbin/sshd) is not installed";
   }
-  const ProcessResult started = run_process({"/bin/bash", kServerScript, "start", state.string()});
+  const ProcessResult started = run_process({"/usr/bin/env", "BL_SSHD_SETENV=" + session_env,
+                                             "/bin/bash", kServerScript, "start", state.string()});
   return started.exit_code == 0 ? std::string() : started.out + started.err;
 }
 

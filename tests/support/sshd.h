@@ -11,7 +11,9 @@ namespace batchlens::testing {
 
 /// Why the test sshd could not start under `state`: "" when it runs. `skip` is set when this
 /// machine has no sshd and CI is not asking for it (then the test skips with the reason).
-std::string start_sshd(const std::filesystem::path& state, bool& skip);
+/// `session_env` ("NAME=VALUE", optional) is set in every session the server starts.
+std::string start_sshd(const std::filesystem::path& state, bool& skip,
+                       const std::string& session_env = {});
 
 /// Ends what a test left running against the server under `state` (its ssh clients, the runs
 /// whose working folder is `work`), then stops the server.

@@ -6,17 +6,22 @@
 // host runs there instead of offering a command.
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <memory>
 #include <string>
 
 #include <QCheckBox>
 #include <QComboBox>
 #include <QDir>
+#include <QDoubleSpinBox>
 #include <QFileInfo>
+#include <QGroupBox>
 #include <QLabel>
 #include <QLineEdit>
 #include <QPushButton>
 #include <QSettings>
 #include <QSignalSpy>
+#include <QSpinBox>
 #include <QTableWidget>
 #include <QTemporaryDir>
 #include <gtest/gtest.h>
@@ -25,11 +30,14 @@
 #include "core/experiment/runner.h"
 #include "core/io/experiment_file.h"
 #include "tests/support/process.h"
+#include "tests/support/slurm.h"
 #include "tests/support/sshd.h"
 #include "tests/support/ui_window.h"
 #include "ui/controllers.h"
 #include "ui/remote_targets.h"
 #include "ui/run_panel.h"
+#include "ui/sweep_dialog.h"
+#include "ui/sweep_view.h"
 
 #include <unistd.h>
 
@@ -56,12 +64,14 @@ class RemoteGuiTest : public test_support::WindowTest {
  protected:
   RemoteGuiTest() : WindowTest("remote_test", QSize(1400, 900)) {}
 
-  void SetUp() override {
+  void SetUp() override { start(); }
+  // The test's folder, its sshd (`session_env` set in its sessions) and the window.
+  void start(const std::string& session_env = {}) {
     dir_ = fs::temp_directory_path() / ("bl_remote_gui_" + std::to_string(::getpid()));
     fs::remove_all(dir_);
     fs::create_directories(dir_);
     bool skip = false;
-    const std::string why = testing::start_sshd(server(), skip);
+    const std::string why = testing::start_sshd(server(), skip, session_env);
     if (skip) {
       GTEST_SKIP() << why;
     }
@@ -105,6 +115,20 @@ class RemoteGuiTest : public test_support::WindowTest {
     const std::string path = (dir_ / "recorded there.h5").string();
     ASSERT_TRUE(io::write_experiment(path, other).ok());
     open(path);
+  }
+
+  // The Run panel with `spec` on this test's target's cpu (probed); null (a failure recorded)
+  // when the target does not answer.
+  RunPanel* panel_on_target(const experiment::ExperimentSpec& spec) {
+    const RemoteTarget target = probed_target();
+    if (!target.info.has_value()) {
+      ADD_FAILURE() << target.error.toStdString();
+      return nullptr;
+    }
+    RunPanel* panel = window_->runPanel();
+    panel->setRemoteTargets({target});
+    panel->setSpec(spec);
+    return panel->selectRemoteDevice(0, QStringLiteral("cpu")) ? panel : nullptr;
   }
 
   // Files under `dir` (none when it does not exist).
@@ -219,12 +243,8 @@ TEST_F(RemoteGuiTest, ARunOnATargetComesBackAsAFileAndOpens) {
 
 // The Run panel on a target's device: Run and Run > Find culprit go there, the files come back.
 TEST_F(RemoteGuiTest, RunAndFindCulpritFromThePanelGoToTheTarget) {
-  const RemoteTarget target = probed_target();
-  ASSERT_TRUE(target.info.has_value()) << target.error.toStdString();
-  RunPanel* panel = window_->runPanel();
-  panel->setRemoteTargets({target});
-  panel->setSpec(tiny_spec(2, 16));
-  ASSERT_TRUE(panel->selectRemoteDevice(0, QStringLiteral("cpu")));
+  RunPanel* panel = panel_on_target(tiny_spec(2, 16));
+  ASSERT_NE(panel, nullptr);
   QComboBox* strategy = panel->workaroundStrategyBox();
   strategy->setCurrentIndex(strategy->findData(static_cast<int>(ops::Strategy::BatchInvariant)));
   QSignalSpy shown(window_.get(), &MainWindow::documentShown);
@@ -316,6 +336,109 @@ TEST_F(RemoteGuiTest, ReproOfAnExperimentRecordedOnATargetIsExportedThere) {
   for (const char* f : {"repro.py", "inputs.safetensors", "op.json", "README.md"}) {
     EXPECT_TRUE(QFileInfo::exists(QDir(dir).filePath(QString::fromLatin1(f)))) << f;
   }
+}
+
+// Run > Run sweep… on a target's device (issue #36): the sweep runs there, its file comes back
+// checked and opens in the Sweep tab; prompts travel as data.
+TEST_F(RemoteGuiTest, ASweepFromTheDialogRunsOnTheTargetAndOpens) {
+  RunPanel* panel = panel_on_target(tiny_spec(2, 16));
+  ASSERT_NE(panel, nullptr);
+  const fs::path prompts = dir_ / "prompts.txt";
+  std::ofstream(prompts) << "Tides?\nWhy \"blue\"? $(touch " << (dir_ / "CANARY").string() << ")\n";
+  SweepDialog* dialog = window_->chooseSweep();
+  ASSERT_NE(dialog, nullptr);
+  EXPECT_TRUE(dialog->slurmBox()->isEnabled());
+  dialog->promptsEdit()->setText(QString::fromStdString(prompts.string()));
+  dialog->seedsEdit()->setText(QStringLiteral("0"));
+  dialog->refresh();
+  ASSERT_TRUE(dialog->runButton()->isEnabled()) << dialog->summaryLabel()->text().toStdString();
+  QSignalSpy shown(window_.get(), &MainWindow::sweepShown);
+  dialog->runButton()->click();
+  EXPECT_EQ(window_->runController()->remoteName().toStdString(), "bltest");
+  ASSERT_TRUE(shown.wait(kWaitMs)) << window_->lastError().toStdString();
+  const SweepDocument& doc = window_->sweep()->document();
+  ASSERT_NE(doc.sweep, nullptr);
+  EXPECT_EQ(doc.sweep->items_done, 2);
+  EXPECT_TRUE(doc.path.startsWith(QString::fromStdString((dir_ / "here").string())))
+      << doc.path.toStdString();
+  EXPECT_FALSE(fs::exists(dir_ / "CANARY")) << "a prompt ran as a command";
+}
+
+// A Slurm login node (this test's sshd in front of a real single-node cluster): the sweep dialog
+// submits the job array there, the progress names the tasks, the merged file opens here; Cancel
+// of another sweep cancels its jobs (scancel), said in the Run panel.
+class RemoteSlurmGuiTest : public RemoteGuiTest {
+ protected:
+  void SetUp() override {
+    cluster_ = std::make_unique<testing::SlurmCluster>(
+        fs::temp_directory_path() / ("bl_remote_gui_slurm_" + std::to_string(::getpid())));
+    if (const std::string why = cluster_->unavailable(); !why.empty()) {
+      GTEST_SKIP() << why;
+    }
+    ASSERT_EQ(cluster_->start(), "");
+    start("SLURM_CONF=" + cluster_->conf().string());
+  }
+  void TearDown() override {
+    RemoteGuiTest::TearDown();
+    cluster_.reset();
+  }
+
+  // The sweep dialog on the target's cpu, its Slurm box checked (2 tasks, no GPU, fast polls).
+  SweepDialog* slurm_dialog(const std::string& seeds) {
+    SweepDialog* dialog = window_->chooseSweep();
+    if (dialog == nullptr) {
+      return nullptr;
+    }
+    dialog->promptsEdit()->setText(QString::fromStdString((dir_ / "prompts.txt").string()));
+    dialog->seedsEdit()->setText(QString::fromStdString(seeds));
+    dialog->slurmBox()->setChecked(true);
+    dialog->shardsSpin()->setValue(2);
+    dialog->gpusSpin()->setValue(0);
+    dialog->findChild<QDoubleSpinBox*>()->setValue(0.5);
+    dialog->refresh();
+    return dialog;
+  }
+
+  std::unique_ptr<testing::SlurmCluster> cluster_;
+};
+
+TEST_F(RemoteSlurmGuiTest, ASweepIsSubmittedThereFollowedAndCancelled) {
+  RunPanel* panel = panel_on_target(tiny_spec(2, 16));
+  ASSERT_NE(panel, nullptr);
+  std::ofstream(dir_ / "prompts.txt") << "Tides?\nExplain the moon.\n";
+  SweepDialog* dialog = slurm_dialog("0-1");
+  ASSERT_NE(dialog, nullptr);
+  ASSERT_TRUE(dialog->slurm().has_value());
+  EXPECT_EQ(dialog->slurm()->shards, 2);
+  QSignalSpy shown(window_.get(), &MainWindow::sweepShown);
+  QSignalSpy progress(window_->runController(), &RunController::progressChanged);
+  dialog->runButton()->click();
+  ASSERT_TRUE(shown.wait(kWaitMs)) << window_->lastError().toStdString();
+  bool named_tasks = false;
+  for (const QList<QVariant>& p : progress) {
+    named_tasks =
+        named_tasks || p.at(0).value<base::Progress>().stage.find("bltest: Slurm job") == 0;
+  }
+  EXPECT_TRUE(named_tasks) << "the progress names the Slurm tasks";
+  const SweepDocument& doc = window_->sweep()->document();
+  ASSERT_NE(doc.sweep, nullptr);
+  EXPECT_EQ(doc.sweep->items_done, 4);
+
+  // Another sweep (48 steps an item), cancelled while its tasks are queued or running.
+  panel->setSpec(tiny_spec(48, 16));
+  ASSERT_TRUE(panel->selectRemoteDevice(0, QStringLiteral("cpu")));
+  dialog = slurm_dialog("0-5");
+  ASSERT_NE(dialog, nullptr);
+  QSignalSpy cancelled(window_->runController(), &RunController::cancelled);
+  progress.clear();
+  dialog->runButton()->click();
+  ASSERT_TRUE(progress.wait(kWaitMs));
+  window_->runController()->cancel();
+  ASSERT_TRUE(cancelled.wait(kWaitMs)) << window_->lastError().toStdString();
+  EXPECT_TRUE(window_->runController()->cancelNote().contains(QStringLiteral("scancel ended")))
+      << window_->runController()->cancelNote().toStdString();
+  EXPECT_TRUE(panel->message().contains(QStringLiteral("scancel ended")))
+      << panel->message().toStdString();
 }
 
 }  // namespace

@@ -8,8 +8,11 @@
 #include <QComboBox>
 #include <QCoreApplication>
 #include <QDir>
+#include <QFile>
 #include <QFileInfo>
+#include <QGroupBox>
 #include <QLabel>
+#include <QLineEdit>
 #include <QMessageBox>
 #include <QPushButton>
 #include <QSignalSpy>
@@ -28,6 +31,8 @@
 #include "ui/controllers.h"
 #include "ui/main_window.h"
 #include "ui/qcp.h"
+#include "ui/run_panel.h"
+#include "ui/sweep_dialog.h"
 #include "ui/views.h"
 
 #include <unistd.h>
@@ -276,6 +281,78 @@ TEST_F(SweepViewTest, ItemsOpenTheirKeptExperimentOrRunAgain) {
     EXPECT_TRUE(r->kernels.has_value());
   }
   std::filesystem::remove_all(dir);
+}
+
+// Run > Run sweep… (issue #36): the dialog checks its fields as they are typed, runs the Run
+// panel's experiment over a prompts file × seeds here with progress, and the sweep opens in the
+// Sweep tab; the same sweep again skips every item; Slurm is offered only for an SSH target.
+TEST_F(SweepViewTest, ASweepFromTheDialogRunsHereAndOpensInTheSweepTab) {
+  const QString dir = QDir::temp().filePath(
+      QStringLiteral("bl_gui_sweep_%1").arg(QCoreApplication::applicationPid()));
+  QDir(dir).removeRecursively();
+  ASSERT_TRUE(QDir().mkpath(dir));
+  window_->runController()->setSweepsDir(dir + QStringLiteral("/sweeps"));
+  const QString prompts = dir + QStringLiteral("/prompts.txt");
+  {
+    QFile f(prompts);
+    ASSERT_TRUE(f.open(QIODevice::WriteOnly));
+    f.write("Tides?\nWhy is the sky blue?\n");
+  }
+  experiment::ExperimentSpec spec;
+  spec.model.preset = "tiny";
+  spec.batch_sizes = {2};
+  spec.repeats = 0;
+  spec.overrides.max_denoising_steps = 2;
+  spec.overrides.max_new_tokens = 16;
+  spec.policy = ops::OpPolicy::emulation_profile("emulated_h200");
+  window_->runPanel()->setSpec(spec);
+
+  SweepDialog* dialog = window_->chooseSweep();
+  ASSERT_NE(dialog, nullptr);
+  EXPECT_FALSE(dialog->slurmBox()->isEnabled()) << "Slurm is for SSH targets";
+  dialog->seedsEdit()->setText(QStringLiteral("1-x"));
+  dialog->refresh();
+  EXPECT_FALSE(dialog->runButton()->isEnabled());
+  EXPECT_TRUE(dialog->summaryLabel()->text().contains(QStringLiteral("seeds: 'x' is not a number")))
+      << dialog->summaryLabel()->text().toStdString();
+  dialog->promptsEdit()->setText(dir + QStringLiteral("/missing.txt"));
+  dialog->seedsEdit()->setText(QStringLiteral("0-1"));
+  dialog->refresh();
+  EXPECT_FALSE(dialog->runButton()->isEnabled());
+  EXPECT_TRUE(dialog->summaryLabel()->text().contains(QStringLiteral("missing.txt")))
+      << dialog->summaryLabel()->text().toStdString();
+  dialog->promptsEdit()->setText(prompts);
+  dialog->refresh();
+  ASSERT_TRUE(dialog->runButton()->isEnabled()) << dialog->summaryLabel()->text().toStdString();
+  EXPECT_TRUE(dialog->summaryLabel()->text().startsWith(QStringLiteral("4 item(s): 2 prompt(s)")))
+      << dialog->summaryLabel()->text().toStdString();
+
+  QSignalSpy shown(window_.get(), &MainWindow::sweepShown);
+  QSignalSpy progress(window_->runController(), &RunController::progressChanged);
+  dialog->runButton()->click();
+  EXPECT_TRUE(window_->runController()->isRunning());
+  ASSERT_TRUE(shown.wait(kWaitMs)) << window_->lastError().toStdString();
+  EXPECT_GT(progress.size(), 0);
+  EXPECT_EQ(window_->tabs()->currentWidget(), window_->sweep());
+  const SweepDocument& doc = window_->sweep()->document();
+  ASSERT_NE(doc.sweep, nullptr);
+  EXPECT_EQ(doc.sweep->items_done, 4);
+  EXPECT_TRUE(doc.path.startsWith(dir + QStringLiteral("/sweeps/sweep-")))
+      << doc.path.toStdString();
+  EXPECT_TRUE(window_->runPanel()->message().contains(QStringLiteral("4 item(s) run")))
+      << window_->runPanel()->message().toStdString();
+
+  // The same sweep again: its folder's items are kept, nothing runs twice.
+  dialog = window_->chooseSweep();
+  ASSERT_NE(dialog, nullptr);
+  dialog->promptsEdit()->setText(prompts);
+  dialog->seedsEdit()->setText(QStringLiteral("0-1"));
+  dialog->refresh();
+  dialog->runButton()->click();
+  ASSERT_TRUE(shown.wait(kWaitMs)) << window_->lastError().toStdString();
+  EXPECT_TRUE(window_->runPanel()->message().contains(QStringLiteral("0 item(s) run, 4")))
+      << window_->runPanel()->message().toStdString();
+  QDir(dir).removeRecursively();
 }
 
 }  // namespace

@@ -578,5 +578,51 @@ TEST(Sweep, SlurmScriptsExecuteNothingThatPathsAndOptionsHold) {
   fs::remove_all(root);
 }
 
+// What squeue says of a submitted sweep (issue #36): task ranges counted, states sorted into
+// pending, running, done and failed; the merge job's state and reason; a jobs file of another
+// sweep is none, a damaged one is refused.
+TEST(Sweep, SlurmStatusIsReadFromSqueue) {
+  const SlurmStatus s = parse_squeue(
+      "4-7%2 PENDING JobArrayTaskLimit\n2 RUNNING None\n3 COMPLETING None\n0 COMPLETED None\n"
+      "1 FAILED NonZeroExitCode\n8,10-11 CANCELLED None\nnot squeue\n",
+      "N/A PENDING Dependency\n");
+  EXPECT_TRUE(s.array_known);
+  EXPECT_EQ(s.pending, 4);
+  EXPECT_EQ(s.running, 2);
+  EXPECT_EQ(s.completed, 1);
+  EXPECT_EQ(s.failed_tasks, (std::vector<int>{1, 8, 10, 11}));
+  EXPECT_EQ(s.failed_states.front(), "FAILED");
+  EXPECT_EQ(s.failed_states.back(), "CANCELLED");
+  EXPECT_TRUE(s.array_busy());
+  EXPECT_EQ(s.merge_state, "PENDING");
+  EXPECT_EQ(s.merge_reason, "Dependency");
+  // Purged jobs (squeue no longer lists them) are unknown, not done.
+  const SlurmStatus gone = parse_squeue("", "");
+  EXPECT_FALSE(gone.array_known);
+  EXPECT_FALSE(gone.array_busy());
+  EXPECT_EQ(gone.merge_state, "");
+  // An absurd range is capped, not expanded into billions of tasks.
+  EXPECT_LE(parse_squeue("0-99999999999 PENDING None\n", "").pending, 100001);
+
+  const fs::path dir = fs::temp_directory_path() / ("bl_slurm_jobs_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  EXPECT_FALSE(recorded_slurm_jobs(dir, "abc").value().has_value()) << "no jobs file";
+  std::ofstream(dir / "jobs.json")
+      << R"({"format":"batchlens-slurm-jobs/1","sweep":"abc","array_job":"12","merge_job":"13",)"
+      << R"("shards":4})";
+  const auto jobs = recorded_slurm_jobs(dir, "abc");
+  ASSERT_TRUE(jobs.ok() && jobs.value().has_value());
+  EXPECT_EQ(jobs.value()->array_job, "12");
+  EXPECT_EQ(jobs.value()->merge_job, "13");
+  EXPECT_EQ(jobs.value()->shards, 4);
+  EXPECT_FALSE(recorded_slurm_jobs(dir, "other").value().has_value()) << "another sweep's";
+  std::ofstream(dir / "jobs.json") << R"({"format":"batchlens-slurm-jobs/1","sweep":"abc",)"
+                                   << R"("array_job":"12; rm -rf /","merge_job":"13","shards":4})";
+  const auto bad = recorded_slurm_jobs(dir, "abc");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.error().code, base::ErrorCode::FileCorrupted);
+  fs::remove_all(dir);
+}
+
 }  // namespace
 }  // namespace batchlens::experiment
