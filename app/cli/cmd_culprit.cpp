@@ -18,6 +18,7 @@ void register_culprit(CLI::App& app, int& exit_code) {
     int cost_repeats = 5;
     bool free_trials = false;
     bool no_narrow = false;
+    bool plain_search = false;
   };
   auto opts = std::make_shared<Options>();
   auto* cmd = app.add_subcommand(
@@ -36,6 +37,9 @@ void register_culprit(CLI::App& app, int& exit_code) {
   cmd->add_flag("--free-trials", opts->free_trials,
                 "Search and minimise in free mode too (slower; lockstep by default)");
   cmd->add_flag("--no-narrow", opts->no_narrow, "Keep each family's fix on every layer");
+  cmd->add_flag("--plain-search", opts->plain_search,
+                "Minimise one family at a time and narrow layer ranges by plain binary search "
+                "(the same answer in more trials; to compare)");
   cmd->callback([opts, &exit_code] {
     analysis::CulpritOptions co;
     if (opts->strategy == "row_wise") {
@@ -50,6 +54,7 @@ void register_culprit(CLI::App& app, int& exit_code) {
     co.cost_repeats = std::max(0, opts->cost_repeats);
     co.lockstep_trials = !opts->free_trials;
     co.narrow_layers = !opts->no_narrow;
+    co.fewer_trials = !opts->plain_search;
     if (!resolve_spec(opts->spec, "culprit", exit_code)) {
       return;
     }

@@ -116,9 +116,11 @@ class Finder {
         report_.wall_s = seconds_since(start);
         return report_;
       }
+      added_.emplace_back();
       for (int f = 0; f < ops::kOpFamilyCount; ++f) {
         if (add.test(static_cast<std::size_t>(f))) {
           rules.push_back(FixRule{static_cast<OpFamily>(f), 0, -1});
+          added_.back().push_back(static_cast<OpFamily>(f));
         }
       }
       in_set |= add;
@@ -165,34 +167,64 @@ class Finder {
   // each per-layer family's layer range: the latest first layer, then the earliest last layer,
   // that keep it identical (binary search; a range that fixes it contains the layers that matter).
   void minimise(std::vector<FixRule>& rules, bool lockstep, int layers) {
-    for (std::size_t i = 0; i < rules.size();) {
-      std::vector<FixRule> without = rules;
-      without.erase(without.begin() + static_cast<std::ptrdiff_t>(i));
-      if (!without.empty() && trial("minimise", without, lockstep).identical) {
-        rules = without;
-      } else {
-        ++i;
+    const auto keeps_identical = [&](const std::vector<OpFamily>& kept) {
+      std::vector<FixRule> subset;
+      for (const FixRule& r : rules) {
+        if (std::find(kept.begin(), kept.end(), r.family) != kept.end()) {
+          subset.push_back(r);
+        }
+      }
+      return trial("minimise", subset, lockstep).identical;
+    };
+    const std::vector<OpFamily> kept = options_.fewer_trials
+                                           ? minimal_families(added_, keeps_identical)
+                                           : minimal_families_one_by_one(added_, keeps_identical);
+    std::vector<FixRule> left;
+    for (const FixRule& r : rules) {
+      if (std::find(kept.begin(), kept.end(), r.family) != kept.end()) {
+        left.push_back(r);
       }
     }
+    rules = left;
     if (options_.narrow_layers && layers > 1) {
+      const bool informed = options_.fewer_trials;
       for (FixRule& r : rules) {
         if (!ops::family_is_per_layer(r.family)) {
           continue;
         }
         int lo = 0;
-        int hi = layers - 1;  // the answer for first_layer lies in [lo, hi]
+        int hi = layers - 1;     // the answer for first_layer lies in [lo, hi]
+        layer_taps_ = informed;  // light trials also watch each layer's output: where it differs
         while (lo < hi) {
           const int mid = (lo + hi + 1) / 2;
           r.first_layer = mid;
-          if (trial("narrow", rules, lockstep).identical) {
+          const TrialOutcome o = trial("narrow", rules, lockstep);
+          if (o.identical) {
             lo = mid;
           } else {
             hi = mid - 1;
+            // Diverged at layer l < mid in the first step: up to that point every first layer
+            // above l computes what this trial did (layers <= l unfixed, the inputs those of the
+            // start), so each of them diverges there too.
+            if (informed && o.first.found() && o.first.canvas == 0 && o.first.step == 1 &&
+                o.first.layer >= 0 && o.first.layer < mid) {
+              hi = std::max(lo, std::min(hi, o.first.layer));
+            }
           }
         }
+        layer_taps_ = false;
         r.first_layer = lo;
         int a = lo;
         int b = layers - 1;  // the answer for last_layer lies in [a, b]
+        if (informed && lo == 0 && a < b) {
+          // A fix needed from layer 0 is most often needed to the last: ask that first.
+          r.last_layer = b - 1;
+          if (trial("narrow", rules, lockstep).identical) {
+            b = b - 1;
+          } else {
+            a = b;
+          }
+        }
         while (a < b) {
           const int mid = (a + b) / 2;
           r.last_layer = mid;
@@ -207,17 +239,18 @@ class Finder {
     }
   }
 
-  // Trials minimise() can take for `rules`: one drop per rule, and a binary search of each end
-  // of each per-layer rule's range.
+  // Trials minimise() can take for `rules`: one drop per rule (in groups: at most 2n - 1), and a
+  // binary search of each end of each per-layer rule's range.
   int minimise_bound(const std::vector<FixRule>& rules) const {
     int search = 0;
     while ((1 << search) < layers_) {
       ++search;
     }
-    int n = 0;
+    int n = options_.fewer_trials ? static_cast<int>(rules.size()) - 1 : 0;
     for (const FixRule& r : rules) {
+      // The first layer's search, the last layer's (and its first question).
       n += 1 + (options_.narrow_layers && layers_ > 1 && ops::family_is_per_layer(r.family)
-                    ? 2 * search
+                    ? 2 * search + (options_.fewer_trials ? 1 : 0)
                     : 0);
     }
     return n;
@@ -258,6 +291,9 @@ class Finder {
     s.taps.clear();
     if (light_) {
       s.taps.emplace_back(probe::tap_name(probe::Tap::Logits));
+      if (layer_taps_) {
+        s.taps.emplace_back(probe::tap_name(probe::Tap::LayerOut));
+      }
     }
     s.repeats = 0;
     s.mode = lockstep ? RunMode::Lockstep : RunMode::Free;
@@ -329,13 +365,84 @@ class Finder {
   const CulpritOptions& options_;
   const RunControl& control_;
   CulpritReport report_;
-  bool light_ = false;  // trials watch the logits only
+  // Families the greedy search added per trial, in order (minimise tries large groups whole).
+  std::vector<std::vector<OpFamily>> added_;
+  bool light_ = false;       // trials watch the logits only
+  bool layer_taps_ = false;  // ... and each layer's output (narrowing: where they diverge)
   int layers_ = 1;
   int bound_ = 1;  // the most trials the search can still take (search_progress)
   Clock::time_point search_start_ = Clock::now();
 };
 
 }  // namespace
+
+std::vector<OpFamily> minimal_families_one_by_one(const std::vector<std::vector<OpFamily>>& added,
+                                                  const KeepsIdentical& keeps_identical) {
+  std::vector<OpFamily> kept;
+  for (const auto& group : added) {
+    kept.insert(kept.end(), group.begin(), group.end());
+  }
+  for (std::size_t i = 0; i < kept.size();) {
+    std::vector<OpFamily> without = kept;
+    without.erase(without.begin() + static_cast<std::ptrdiff_t>(i));
+    if (!without.empty() && keeps_identical(without)) {
+      kept = without;
+    } else {
+      ++i;
+    }
+  }
+  return kept;
+}
+
+namespace {
+
+// Drops `group` from `kept` at once when the rest still keeps it identical, else each half in
+// turn; a single family as the one-by-one loop does (never the last one).
+void drop_group(std::vector<OpFamily>& kept, const std::vector<OpFamily>& group,
+                const KeepsIdentical& keeps_identical) {
+  if (group.empty()) {
+    return;
+  }
+  std::vector<OpFamily> without;
+  for (const OpFamily f : kept) {
+    if (std::find(group.begin(), group.end(), f) == group.end()) {
+      without.push_back(f);
+    }
+  }
+  if (!without.empty() && keeps_identical(without)) {
+    kept = without;
+    return;
+  }
+  if (group.size() == 1) {
+    return;  // needed
+  }
+  const auto half = group.begin() + static_cast<std::ptrdiff_t>(group.size() / 2);
+  drop_group(kept, std::vector<OpFamily>(group.begin(), half), keeps_identical);
+  drop_group(kept, std::vector<OpFamily>(half, group.end()), keeps_identical);
+}
+
+}  // namespace
+
+std::vector<OpFamily> minimal_families(const std::vector<std::vector<OpFamily>>& added,
+                                       const KeepsIdentical& keeps_identical) {
+  std::vector<OpFamily> kept;
+  for (const auto& group : added) {
+    kept.insert(kept.end(), group.begin(), group.end());
+  }
+  // A group the greedy search added whole (every family left: many, most not needed) is tried
+  // at once, halved when it diverges; the families behind one tap (a few) one by one, as a
+  // group that diverges costs more trials than it saves.
+  for (const auto& group : added) {
+    if (group.size() >= kDropGroupFrom) {
+      drop_group(kept, group, keeps_identical);
+    } else {
+      for (const OpFamily f : group) {
+        drop_group(kept, {f}, keeps_identical);
+      }
+    }
+  }
+  return kept;
+}
 
 std::string TrialOutcome::where() const {
   if (!first.found()) {

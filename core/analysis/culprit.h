@@ -6,6 +6,8 @@
 // Torch-free header.
 #pragma once
 
+#include <cstddef>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -37,8 +39,36 @@ struct CulpritOptions {
   ops::Strategy strategy = ops::Strategy::RowWise;  ///< RowWise or BatchInvariant
   bool lockstep_trials = true;  ///< search and minimise in lockstep (fast); confirm is free
   bool narrow_layers = true;
+  /// Fewer trials for the same answer (issue #37). Minimising drops families in groups (one
+  /// identical trial, a whole run, drops many; a group that diverges, a trial that stops at its
+  /// first difference, is halved). Narrowing uses where each trial diverged: a trial that
+  /// diverges at layer l in the first step, below the layers it fixed, rules out every first
+  /// layer above l at once (exact: nothing at or before that point depends on the fix of later
+  /// layers); a fix needed from layer 0 is asked first whether it is needed in the last layer.
+  /// Under the search's own assumption (a fix still holds with more fixed) the set and ranges
+  /// are those of the one-by-one search. False: that search.
+  bool fewer_trials = true;
   int cost_repeats = 5;  ///< decoder passes timed per batch size and policy; 0: no costs
 };
+
+/// Whether fixing only `kept` (each with its range) leaves every batch size identical: a trial.
+using KeepsIdentical = std::function<bool(const std::vector<ops::OpFamily>& kept)>;
+
+/// The families, of those the greedy search added (`added`: per search trial, in order), that a
+/// 1-minimal fix keeps: each dropped in turn and left out while `keeps_identical` holds, never
+/// the last. The finder's minimising step without groups.
+std::vector<ops::OpFamily> minimal_families_one_by_one(
+    const std::vector<std::vector<ops::OpFamily>>& added, const KeepsIdentical& keeps_identical);
+
+/// Groups of at least this many families (every family left, added at once) are tried whole.
+inline constexpr std::size_t kDropGroupFrom = 4;
+
+/// The same with large groups tried whole and halved when they diverge (issue #37: a trial that
+/// stays identical is a whole run, one that diverges stops early). When `keeps_identical` is
+/// monotone (a superset of a set that holds holds), the same families as one by one, with no
+/// more calls that return true. Never throws unless `keeps_identical` does.
+std::vector<ops::OpFamily> minimal_families(const std::vector<std::vector<ops::OpFamily>>& added,
+                                            const KeepsIdentical& keeps_identical);
 
 /// Runs the finder for `spec` on `session` (its model, device and precision). The spec's
 /// policy (e.g. an emulation profile) stays under every trial; its workaround is ignored.

@@ -1,7 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/analysis/culprit.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <filesystem>
+#include <random>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -102,6 +105,153 @@ TEST(Culprit, FindsExactlyTheFamiliesTheEmulationSplits) {
                                  "B=2 are bitwise identical to B=1; cost "),
             std::string::npos)
       << r.headline({2});
+}
+
+// issue #37: narrowing from where trials diverge gives the plain binary search's answer in fewer
+// trials, on a model deeper than the demo's 6 layers would need: a fix needed in every layer is
+// settled in two trials a family, and a range that starts above layer 0 still narrows exactly.
+TEST(Culprit, NarrowingFromTheDivergenceGivesThePlainAnswerInFewerTrials) {
+  // The report's H100 profile splits the router projection (per layer) in every layer.
+  for (const char* policy : {"emulated_h100_report"}) {
+    CulpritOptions plain;
+    plain.strategy = ops::Strategy::RowWise;
+    plain.cost_repeats = 0;
+    plain.fewer_trials = false;
+    CulpritOptions informed = plain;
+    informed.fewer_trials = true;
+    const auto a = find_culprit(culprit_session(), culprit_spec(policy), plain);
+    const auto b = find_culprit(culprit_session(), culprit_spec(policy), informed);
+    ASSERT_TRUE(a.ok() && b.ok());
+    ASSERT_TRUE(a.value().found && b.value().found) << policy;
+    EXPECT_EQ(ops::to_json(a.value().fix).dump(), ops::to_json(b.value().fix).dump()) << policy;
+    EXPECT_TRUE(b.value().confirmed) << policy;
+    const auto narrow = [](const CulpritReport& r) {
+      int n = 0;
+      for (const CulpritTrial& t : r.trials) {
+        n += t.stage.rfind("narrow", 0) == 0 ? 1 : 0;
+      }
+      return n;
+    };
+    EXPECT_LT(narrow(b.value()), narrow(a.value())) << policy;
+    EXPECT_LT(b.value().trials.size(), a.value().trials.size()) << policy;
+    std::printf("%s: %zu trials (%d narrowing) plain, %zu (%d) informed\n", policy,
+                a.value().trials.size(), narrow(a.value()), b.value().trials.size(),
+                narrow(b.value()));
+  }
+}
+
+// The grouped drop keeps the one-by-one loop's families for every monotone trial (seeded random
+// "needed" sets, and needs of either of two sets), with no more identical trials, and far fewer
+// when the large group is mostly not needed (the 26B-A4B batched-prefill case: 13 families
+// added at once, 3 needed).
+TEST(Culprit, GroupedDropsKeepTheOneByOneFamiliesWithFewerIdenticalTrials) {
+  std::mt19937 rng(7);
+  const auto family = [](int i) {
+    return static_cast<ops::OpFamily>(i % ops::kOpFamilyCount);
+  };
+  int saved = 0;
+  for (int round = 0; round < 300; ++round) {
+    // The greedy search's groups: a few small ones, then maybe every family left.
+    std::vector<std::vector<ops::OpFamily>> added;
+    int next = 0;
+    const int small = static_cast<int>(rng() % 4);
+    for (int g = 0; g < small && next < ops::kOpFamilyCount; ++g) {
+      const int n = 1 + static_cast<int>(rng() % 3);
+      added.emplace_back();
+      for (int k = 0; k < n && next < ops::kOpFamilyCount; ++k) {
+        added.back().push_back(family(next++));
+      }
+    }
+    if (rng() % 2 == 0 || added.empty()) {
+      added.emplace_back();
+      while (next < ops::kOpFamilyCount) {
+        added.back().push_back(family(next++));
+      }
+    }
+    // Monotone: identical when the kept families hold all of A, or all of B.
+    std::vector<ops::OpFamily> need_a;
+    std::vector<ops::OpFamily> need_b;
+    for (int f = 0; f < next; ++f) {
+      if (rng() % 4 == 0) {
+        need_a.push_back(family(f));
+      }
+      if (rng() % 3 == 0) {
+        need_b.push_back(family(f));
+      }
+    }
+    const bool either = rng() % 3 == 0;
+    int identical_one = 0;
+    int identical_grouped = 0;
+    const auto oracle = [&](int& count) {
+      return [&](const std::vector<ops::OpFamily>& kept) {
+        const auto holds = [&](const std::vector<ops::OpFamily>& need) {
+          return std::all_of(need.begin(), need.end(), [&](ops::OpFamily f) {
+            return std::find(kept.begin(), kept.end(), f) != kept.end();
+          });
+        };
+        const bool ok = holds(need_a) || (either && holds(need_b));
+        count += ok ? 1 : 0;
+        return ok;
+      };
+    };
+    const auto one = minimal_families_one_by_one(added, oracle(identical_one));
+    const auto grouped = minimal_families(added, oracle(identical_grouped));
+    ASSERT_EQ(one, grouped) << "round " << round;
+    EXPECT_LE(identical_grouped, identical_one) << "round " << round;
+    saved += identical_one - identical_grouped;
+  }
+  EXPECT_GT(saved, 100);
+  // 13 families added at once, 3 of them needed: 10 identical trials one by one, far fewer here.
+  std::vector<std::vector<ops::OpFamily>> all(1);
+  for (int f = 0; f < 13; ++f) {
+    all[0].push_back(family(f));
+  }
+  const std::vector<ops::OpFamily> need{family(1), family(2), family(11)};
+  int one = 0;
+  int grouped = 0;
+  const auto count = [&need](int& n) {
+    return [&need, &n](const std::vector<ops::OpFamily>& kept) {
+      const bool ok = std::all_of(need.begin(), need.end(), [&](ops::OpFamily f) {
+        return std::find(kept.begin(), kept.end(), f) != kept.end();
+      });
+      n += ok ? 1 : 0;
+      return ok;
+    };
+  };
+  EXPECT_EQ(minimal_families_one_by_one(all, count(one)), need);
+  EXPECT_EQ(minimal_families(all, count(grouped)), need);
+  EXPECT_EQ(one, 10);
+  EXPECT_LE(grouped, 5);
+}
+
+// A range that starts above layer 0 (the fix of layer 0 made part of the spec's own policy): the
+// informed search narrows it to the same first and last layer as the plain one.
+TEST(Culprit, NarrowingARangeAboveLayerZeroIsExact) {
+  ExperimentSpec spec = culprit_spec("emulated_h100_report");
+  CulpritOptions plain;
+  plain.cost_repeats = 0;
+  plain.fewer_trials = false;
+  CulpritOptions informed = plain;
+  informed.fewer_trials = true;
+  // Router projection fixed row-wise in layers 0..1 by the spec itself: what is left to fix of
+  // it starts at layer 2.
+  ops::OpPolicy p = spec.policy;
+  p.rules.push_back(
+      ops::PolicyRule{ops::family_set({ops::OpFamily::RouterProj}), 0, 1, ops::Strategy::RowWise});
+  spec.policy = p;
+  const auto a = find_culprit(culprit_session(), spec, plain);
+  const auto b = find_culprit(culprit_session(), spec, informed);
+  ASSERT_TRUE(a.ok() && b.ok());
+  ASSERT_TRUE(a.value().found && b.value().found);
+  EXPECT_EQ(ops::to_json(a.value().fix).dump(), ops::to_json(b.value().fix).dump());
+  bool router_from_2 = false;
+  for (const ops::PolicyRule& rule : b.value().fix.rules) {
+    router_from_2 =
+        router_from_2 || (rule.families.test(static_cast<std::size_t>(ops::OpFamily::RouterProj)) &&
+                          rule.first_layer == 2);
+  }
+  EXPECT_TRUE(router_from_2) << ops::to_json(b.value().fix).dump();
+  EXPECT_LE(b.value().trials.size(), a.value().trials.size() + 1);
 }
 
 // issue #34: one progress for the whole search: trials done of a bound that never grows,
