@@ -248,6 +248,7 @@ bool RunController::startSweep(const analysis::SweepSpec& sweep,
   spec_ = sweep.base;
   workaround_run_ = false;
   remote_name_ = target ? q(target->describe()) : QString();
+  sweep_run_ = true;
   if (auto valid = analysis::validate(sweep); !valid.ok()) {
     Q_EMIT failed(q(valid.error().message));
     return true;
@@ -294,6 +295,7 @@ bool RunController::startSweep(const analysis::SweepSpec& sweep,
           Q_EMIT failed(q(outcome.error().message));
         }
       });
+  sweep_run_ = true;  // launchWork starts every run as not a sweep
   return true;
 }
 
@@ -371,6 +373,7 @@ template <class Work, class Done>
 void RunController::launchWork(Work work, Done done) {
   cancel_ = std::make_shared<base::CancelToken>();
   cancel_note_.clear();
+  sweep_run_ = false;
   running_ = true;
   Q_EMIT started();
   auto token = cancel_;

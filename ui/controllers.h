@@ -118,6 +118,8 @@ class RunController : public QObject {
   const QString& cancelNote() const { return cancel_note_; }
   /// Asks the running experiment to stop at its next step; `cancelled` follows. No-op when idle.
   void cancel();
+  /// True when the current or last run is a sweep (startSweep).
+  bool sweepRun() const { return sweep_run_; }
   /// True when the current or last run is a workaround group (startWorkaround).
   bool workaroundRun() const { return workaround_run_; }
   /// The spec of the current or last run (for startWorkaround: the shown spec with the
@@ -164,6 +166,7 @@ class RunController : public QObject {
   QString remote_dir_;
   QString sweeps_dir_;
   QString cancel_note_;
+  bool sweep_run_ = false;
   base::Switches switches_;
   std::shared_ptr<base::CancelToken> cancel_;
   bool running_ = false;

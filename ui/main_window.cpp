@@ -414,7 +414,9 @@ void MainWindow::connectControllers() {
     run_panel_->setRunning(false);
     restoreWorkaroundToggle();
     run_panel_->showMessage(tr("Failed: %1").arg(message));
-    showError(tr("The experiment could not run"), message);
+    showError(
+        runs_->sweepRun() ? tr("The sweep could not run") : tr("The experiment could not run"),
+        message);
   });
   connect(files_, &FileController::opened, this, [this](const ExperimentDocument& doc) {
     setLoading(-1);

@@ -143,7 +143,12 @@ int submit_and_follow(const SweepOptions& o, const analysis::SlurmOptions& so, i
     std::error_code ec;
     const bool alive = s.array_busy() || s.merge_state == "PENDING" || s.merge_state == "RUNNING" ||
                        s.merge_state == "COMPLETING";
-    const bool merged_done = s.merge_state == "COMPLETED" && fs::exists(merged, ec);
+    // Merged: the merge job completed, or Slurm has forgotten both jobs (purged after its
+    // MinJobAge) and the merged file is there (written whole, by the merge job or a run of the
+    // whole sweep).
+    const bool merged_done =
+        (s.merge_state == "COMPLETED" || (s.merge_state.empty() && !s.array_known)) &&
+        fs::exists(merged, ec);
     const bool never = s.merge_reason.find("NeverSatisfied") != std::string::npos;
     if ((alive && !never) || merged_done) {
       std::cout << "following job array " << jobs->array_job << " and merge job " << jobs->merge_job

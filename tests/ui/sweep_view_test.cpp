@@ -16,6 +16,7 @@
 #include <QMessageBox>
 #include <QPushButton>
 #include <QSignalSpy>
+#include <QStatusBar>
 #include <QTabWidget>
 #include <QTableWidget>
 #include <QTest>
@@ -352,6 +353,22 @@ TEST_F(SweepViewTest, ASweepFromTheDialogRunsHereAndOpensInTheSweepTab) {
   ASSERT_TRUE(shown.wait(kWaitMs)) << window_->lastError().toStdString();
   EXPECT_TRUE(window_->runPanel()->message().contains(QStringLiteral("0 item(s) run, 4")))
       << window_->runPanel()->message().toStdString();
+
+  // A sweep whose model cannot load fails in words that name the sweep.
+  analysis::SweepInput in;
+  in.base = spec;
+  in.base.model.preset.clear();
+  in.base.model.checkpoint_dir = (dir + QStringLiteral("/no-such-checkpoint")).toStdString();
+  in.prompts_file = prompts.toStdString();
+  const auto bad = analysis::sweep_from_input(in);
+  ASSERT_TRUE(bad.ok()) << bad.error().message;
+  QSignalSpy errors(window_.get(), &MainWindow::errorShown);
+  window_->runSweep(bad.value());
+  ASSERT_TRUE(errors.wait(kWaitMs));
+  EXPECT_TRUE(window_->statusBar()->currentMessage().contains(QStringLiteral("sweep")))
+      << window_->statusBar()->currentMessage().toStdString();
+  EXPECT_TRUE(window_->lastError().contains(QStringLiteral("no-such-checkpoint")))
+      << window_->lastError().toStdString();
   QDir(dir).removeRecursively();
 }
 
