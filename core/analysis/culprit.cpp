@@ -167,25 +167,21 @@ class Finder {
   // each per-layer family's layer range: the latest first layer, then the earliest last layer,
   // that keep it identical (binary search; a range that fixes it contains the layers that matter).
   void minimise(std::vector<FixRule>& rules, bool lockstep, int layers) {
-    const auto keeps_identical = [&](const std::vector<OpFamily>& kept) {
+    // The rules of the families in `kept`, in their order.
+    const auto rules_of = [&rules](const std::vector<OpFamily>& kept) {
       std::vector<FixRule> subset;
       for (const FixRule& r : rules) {
         if (std::find(kept.begin(), kept.end(), r.family) != kept.end()) {
           subset.push_back(r);
         }
       }
-      return trial("minimise", subset, lockstep).identical;
+      return subset;
     };
-    const std::vector<OpFamily> kept = options_.fewer_trials
-                                           ? minimal_families(added_, keeps_identical)
-                                           : minimal_families_one_by_one(added_, keeps_identical);
-    std::vector<FixRule> left;
-    for (const FixRule& r : rules) {
-      if (std::find(kept.begin(), kept.end(), r.family) != kept.end()) {
-        left.push_back(r);
-      }
-    }
-    rules = left;
+    const auto keeps_identical = [&](const std::vector<OpFamily>& kept) {
+      return trial("minimise", rules_of(kept), lockstep).identical;
+    };
+    rules = rules_of(options_.fewer_trials ? minimal_families(added_, keeps_identical)
+                                           : minimal_families_one_by_one(added_, keeps_identical));
     if (options_.narrow_layers && layers > 1) {
       const bool informed = options_.fewer_trials;
       for (FixRule& r : rules) {
@@ -376,12 +372,22 @@ class Finder {
 
 }  // namespace
 
+namespace {
+
+// Every family of the groups, in order.
+std::vector<OpFamily> flattened(const std::vector<std::vector<OpFamily>>& added) {
+  std::vector<OpFamily> all;
+  for (const auto& group : added) {
+    all.insert(all.end(), group.begin(), group.end());
+  }
+  return all;
+}
+
+}  // namespace
+
 std::vector<OpFamily> minimal_families_one_by_one(const std::vector<std::vector<OpFamily>>& added,
                                                   const KeepsIdentical& keeps_identical) {
-  std::vector<OpFamily> kept;
-  for (const auto& group : added) {
-    kept.insert(kept.end(), group.begin(), group.end());
-  }
+  std::vector<OpFamily> kept = flattened(added);
   for (std::size_t i = 0; i < kept.size();) {
     std::vector<OpFamily> without = kept;
     without.erase(without.begin() + static_cast<std::ptrdiff_t>(i));
@@ -425,10 +431,7 @@ void drop_group(std::vector<OpFamily>& kept, const std::vector<OpFamily>& group,
 
 std::vector<OpFamily> minimal_families(const std::vector<std::vector<OpFamily>>& added,
                                        const KeepsIdentical& keeps_identical) {
-  std::vector<OpFamily> kept;
-  for (const auto& group : added) {
-    kept.insert(kept.end(), group.begin(), group.end());
-  }
+  std::vector<OpFamily> kept = flattened(added);
   // A group the greedy search added whole (every family left: many, most not needed) is tried
   // at once, halved when it diverges; the families behind one tap (a few) one by one, as a
   // group that diverges costs more trials than it saves.
