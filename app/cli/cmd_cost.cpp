@@ -18,6 +18,73 @@ namespace batchlens::cli {
 
 namespace {
 
+// --profile: per batch size, each policy's device time per op family and, outside the op layer,
+// per kind of kernel; the sum against the graph replay's median (the rest: the GPU between
+// kernels).
+void print_profiles(const setup::PolicyCosts& c) {
+  if (!c.profile_note.empty()) {
+    std::cout << "  " << c.profile_note << "\n";
+  }
+  for (std::size_t i = 0; i < c.batch_sizes.size(); ++i) {
+    if (c.cells[0][i].profile.groups.empty()) {
+      continue;
+    }
+    std::cout << "\nprofile B=" << c.batch_sizes[i]
+              << ": device time of one eager pass's kernels, ms (launches)\n";
+    std::vector<std::string> names;
+    for (std::size_t p = 0; p < c.labels.size(); ++p) {
+      for (const setup::KernelGroup& g : c.cells[p][i].profile.groups) {
+        if (std::find(names.begin(), names.end(), g.name) == names.end()) {
+          names.push_back(g.name);
+        }
+      }
+    }
+    std::printf("%-40s", "family / kind");
+    for (const std::string& l : c.labels) {
+      std::printf("  %22s", l.substr(0, 22).c_str());
+    }
+    std::printf("\n");
+    const auto row = [&](const std::string& label, const auto& value) {
+      std::printf("%-40s", label.c_str());
+      for (std::size_t p = 0; p < c.labels.size(); ++p) {
+        std::printf("  %22s", value(c.cells[p][i]).c_str());
+      }
+      std::printf("\n");
+    };
+    for (const std::string& name : names) {
+      const bool op_layer =
+          std::any_of(c.cells[0][i].profile.groups.begin(), c.cells[0][i].profile.groups.end(),
+                      [&](const setup::KernelGroup& g) { return g.name == name && g.op_layer; });
+      row((op_layer ? "op " : "") + name, [&](const setup::PolicyCostCell& cell) {
+        for (const setup::KernelGroup& g : cell.profile.groups) {
+          if (g.name == name) {
+            char text[64];
+            std::snprintf(text, sizeof(text), "%.3f (%d)", g.total_us / 1000.0, g.kernels);
+            return std::string(text);
+          }
+        }
+        return std::string("-");
+      });
+    }
+    const auto ms = [](double v) {
+      char text[32];
+      std::snprintf(text, sizeof(text), "%.3f", v);
+      return std::string(text);
+    };
+    row("sum of kernels",
+        [&](const setup::PolicyCostCell& cell) { return ms(cell.profile.kernel_ms); });
+    row("graph replay (median above)",
+        [&](const setup::PolicyCostCell& cell) { return ms(cell.median_ms); });
+    row("between kernels (replay - sum)", [&](const setup::PolicyCostCell& cell) {
+      return ms(cell.median_ms - cell.profile.kernel_ms);
+    });
+    std::cout << "  the longest kernels outside the op layer (" << c.labels[0] << "):\n";
+    for (const auto& [name, us] : c.cells[0][i].profile.top_outside) {
+      std::printf("    %8.3f ms  %s\n", us / 1000.0, name.substr(0, 110).c_str());
+    }
+  }
+}
+
 void print_costs(const setup::PolicyCosts& c, const std::string& device) {
   std::cout << "cost: decoder forward (self-conditioning on, identical rows) as the engine runs "
                "it on "
@@ -76,6 +143,25 @@ void print_costs(const setup::PolicyCosts& c, const std::string& device) {
   if (!c.invariance_report.empty()) {
     std::cout << c.invariance_report << "\n";
   }
+  print_profiles(c);
+}
+
+nlohmann::json profile_json(const setup::PassProfile& p) {
+  if (p.groups.empty()) {
+    return nullptr;
+  }
+  nlohmann::json groups = nlohmann::json::array();
+  for (const setup::KernelGroup& g : p.groups) {
+    groups.push_back({{"name", g.name},
+                      {"op_layer", g.op_layer},
+                      {"kernels", g.kernels},
+                      {"ms", g.total_us / 1000.0}});
+  }
+  nlohmann::json top = nlohmann::json::array();
+  for (const auto& [name, us] : p.top_outside) {
+    top.push_back({{"kernel", name}, {"ms", us / 1000.0}});
+  }
+  return {{"kernel_ms", p.kernel_ms}, {"groups", groups}, {"top_outside", top}};
 }
 
 nlohmann::json costs_json(const setup::PolicyCosts& c) {
@@ -92,7 +178,8 @@ nlohmann::json costs_json(const setup::PolicyCosts& c) {
            {"noisy", c.noisy(p, i)},
            {"overhead",
             c.cells[0][i].median_ms > 0.0 ? cell.median_ms / c.cells[0][i].median_ms - 1.0 : 0.0},
-           {"mode", cell.mode}});
+           {"mode", cell.mode},
+           {"profile", profile_json(cell.profile)}});
     }
     rows.push_back({{"label", c.labels[p]}, {"policy", c.policies[p]}, {"cells", cells}});
   }
@@ -103,7 +190,8 @@ nlohmann::json costs_json(const setup::PolicyCosts& c) {
           {"busy", c.busy()},
           {"policies", rows},
           {"invariance_report", c.invariance_report},
-          {"fused_report", c.fused_report}};
+          {"fused_report", c.fused_report},
+          {"profile_note", c.profile_note}};
 }
 
 }  // namespace
@@ -135,6 +223,9 @@ void register_cost(CLI::App& app, int& exit_code) {
   cmd->add_option("--prompt-len", opts->request.prompt_length, "Random prompt length")
       ->capture_default_str();
   cmd->add_flag("--json", opts->json, "Print the table as JSON instead");
+  cmd->add_flag("--profile", opts->request.profile,
+                "Also profile one eager pass per cell (CUDA): device time per op family and, "
+                "outside the op layer, per kind of kernel, against the graph replay");
   cmd->callback([opts, &exit_code] {
     auto& mo = opts->model;
     if (mo.source.preset.empty() && mo.checkpoint.empty()) {

@@ -32,6 +32,9 @@ std::string Switches::describe() const {
   if (!thread_choice) {
     add("BATCHLENS_THREAD_CHOICE=0");
   }
+  if (!bi_plan_timed) {
+    add("BATCHLENS_BI_PLAN=fixed");
+  }
   return out;
 }
 
@@ -41,6 +44,7 @@ Switches Switches::from_environment() {
   const char* off = std::getenv("BATCHLENS_FUSED_OFF");
   const char* graphs = std::getenv("BATCHLENS_CUDA_GRAPHS");
   const char* threads = std::getenv("BATCHLENS_THREAD_CHOICE");
+  const char* bi_plan = std::getenv("BATCHLENS_BI_PLAN");
   // NOLINTEND(concurrency-mt-unsafe)
   Switches s;
   s.fused = !(fused != nullptr && std::string_view(fused) == "0");
@@ -54,6 +58,7 @@ Switches Switches::from_environment() {
   }
   s.cuda_graphs = !(graphs != nullptr && std::string_view(graphs) == "0");
   s.thread_choice = !(threads != nullptr && std::string_view(threads) == "0");
+  s.bi_plan_timed = !(bi_plan != nullptr && std::string_view(bi_plan) == "fixed");
   return s;
 }
 

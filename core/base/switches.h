@@ -19,6 +19,11 @@ struct Switches {
   /// BATCHLENS_THREAD_CHOICE=0: a CPU model keeps LibTorch's threads (no measurement at load,
   /// setup/cpu_threads.h)
   bool thread_choice = true;
+  /// BATCHLENS_BI_PLAN=fixed: the batch-invariant CUDA GEMM takes cuBLASLt's first single-pass
+  /// proposal at 1024 rows and the K split of K alone (the plan before 2026-12-06) instead of
+  /// timing the candidates at several row counts (kernels/invariant_gemm_cuda.cpp). Either plan
+  /// is batch invariant; they differ in speed and, in batch-invariant mode, in the bits.
+  bool bi_plan_timed = true;
 
   /// Whether the fused kernel `name` may run (it is then still checked bitwise on the device).
   bool fused_kernel(std::string_view name) const;
@@ -26,8 +31,8 @@ struct Switches {
   /// "BATCHLENS_FUSED_OFF=diff,norm; BATCHLENS_CUDA_GRAPHS=0".
   std::string describe() const;
 
-  /// BATCHLENS_FUSED, BATCHLENS_FUSED_OFF (comma-separated), BATCHLENS_CUDA_GRAPHS and
-  /// BATCHLENS_THREAD_CHOICE, read now.
+  /// BATCHLENS_FUSED, BATCHLENS_FUSED_OFF (comma-separated), BATCHLENS_CUDA_GRAPHS,
+  /// BATCHLENS_THREAD_CHOICE and BATCHLENS_BI_PLAN, read now.
   /// Call it where the program starts or takes its options, never deep inside a run.
   static Switches from_environment();
 };

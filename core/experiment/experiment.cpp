@@ -178,6 +178,9 @@ class SpecWriter {
       out_[key] = {{"fused", value.fused},
                    {"fused_off", value.fused_off},
                    {"cuda_graphs", value.cuda_graphs}};
+      if (!value.bi_plan_timed) {  // the batch-invariant GEMM's plan changes its bits
+        out_[key]["bi_plan"] = "fixed";
+      }
     }
   }
   // Only for a mixed batch or another row: identical-row files stay as they were.
@@ -254,6 +257,8 @@ class SpecReader {
       value.fused = w.at("fused").get<bool>();
       value.fused_off = w.at("fused_off").get<std::vector<std::string>>();
       value.cuda_graphs = w.at("cuda_graphs").get<bool>();
+      value.bi_plan_timed =
+          !(w.contains("bi_plan") && w.at("bi_plan").get<std::string>() == "fixed");
     }
   }
   void field(const char* key, Composition& value) {

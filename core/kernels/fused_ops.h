@@ -91,6 +91,10 @@ at::Tensor softcap(const at::Tensor& logits, double cap);
 at::Tensor invariant_linear(const at::Tensor& x, const at::Tensor& w);
 /// The chunk count of invariant_linear for a reduction of length k.
 int invariant_splits(std::int64_t k);
+/// How invariant_linear picks a shape's pinned algorithm, for the shapes not planned yet: timed
+/// at several row counts (true, the default) or cuBLASLt's first proposal at 1024 rows
+/// (base::Switches::bi_plan_timed, BATCHLENS_BI_PLAN=fixed). Either is batch invariant.
+void set_invariant_plan_timed(bool timed);
 /// The algorithms invariant_linear has pinned so far, one line per shape ("" before the first).
 std::string invariant_linear_report();
 

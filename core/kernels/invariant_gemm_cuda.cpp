@@ -5,17 +5,26 @@
 // size. Here nothing that touches the order depends on M:
 //   - K is cut into invariant_splits(K) chunks, a count and boundaries that depend on K only;
 //   - every chunk's product is one pinned cuBLASLt algorithm per shape (N, chunk, layout, dtype),
-//     chosen once at a fixed row count with split-K and out-of-place reductions excluded, so each
-//     output element is one in-order chain over its chunk whatever M is;
+//     with split-K and out-of-place reductions excluded, so each output element is one in-order
+//     chain over its chunk whatever M is. The algorithm is chosen once per shape by timing
+//     cuBLASLt's single-pass proposals at several row counts (B = 1 to 32 on the 256-position
+//     canvas) and keeping the one whose worst ratio to the fastest is smallest: no later call's M
+//     takes part in the choice;
 //   - the chunks' fp32 partials are added in chunk order and rounded once (sum_splits).
 // DiffusionGemma::batch_invariance measures it at load at the model's shapes for B = 1..64 and
 // refuses the strategy where row 0 differs.
+#include <algorithm>
+#include <array>
 #include <cstdint>
+#include <cstring>
+#include <iomanip>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -138,10 +147,10 @@ cublasLtHandle_t handle_for(int device) {
   return it->second;
 }
 
-// The first algorithm cuBLASLt's heuristic proposes at kPlanRows rows that reduces each output
-// in one pass (split-K 1, no reduction scheme) and needs no workspace.
-Plan choose(cublasLtHandle_t h, const Shape& s) {
-  const Call call(s, kPlanRows);
+// The candidates of a shape: cuBLASLt's heuristic proposals at `rows` rows that reduce each
+// output in one pass (split-K 1, no reduction scheme) and need no workspace, in its order.
+std::vector<cublasLtMatmulAlgo_t> proposals(cublasLtHandle_t h, const Shape& s, std::int64_t rows) {
+  const Call call(s, rows);
   cublasLtMatmulPreference_t pref = nullptr;
   lt_check(cublasLtMatmulPreferenceCreate(&pref), "preference");
   const std::uint64_t workspace = 0;
@@ -149,43 +158,203 @@ Plan choose(cublasLtHandle_t h, const Shape& s) {
                                                 &workspace, sizeof(workspace)),
            "workspace preference");
   constexpr int kWanted = 16;
-  cublasLtMatmulHeuristicResult_t results[kWanted] = {};
+  std::array<cublasLtMatmulHeuristicResult_t, kWanted> results{};
   int found = 0;
   const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(
-      h, call.op, call.a, call.b, call.d, call.d, pref, kWanted, results, &found);
+      h, call.op, call.a, call.b, call.d, call.d, pref, kWanted, results.data(), &found);
   cublasLtMatmulPreferenceDestroy(pref);
   lt_check(status, "cublasLtMatmulAlgoGetHeuristic");
+  std::vector<cublasLtMatmulAlgo_t> out;
   for (int i = 0; i < found; ++i) {
-    if (results[i].state != CUBLAS_STATUS_SUCCESS || results[i].workspaceSize != 0) {
+    const auto& r = results[static_cast<std::size_t>(i)];
+    if (r.state != CUBLAS_STATUS_SUCCESS || r.workspaceSize != 0) {
       continue;
     }
-    const cublasLtMatmulAlgo_t& algo = results[i].algo;
-    const auto split = algo_attr<std::uint32_t>(algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
-    const auto scheme = algo_attr<std::uint32_t>(algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME);
-    if (split > 1 || scheme != CUBLASLT_REDUCTION_SCHEME_NONE) {
-      continue;
+    const auto split = algo_attr<std::uint32_t>(r.algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM);
+    const auto scheme = algo_attr<std::uint32_t>(r.algo, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME);
+    if (split <= 1 && scheme == CUBLASLT_REDUCTION_SCHEME_NONE) {
+      out.push_back(r.algo);
     }
-    Plan plan;
-    plan.algo = algo;
-    std::ostringstream text;
-    text << "N=" << s.n << " K=" << s.k << " (" << s.splits << " x " << s.chunk << ", "
-         << (s.w_rows_contiguous ? "W rows" : "W columns") << ", " << (s.bf16 ? "bf16" : "fp32")
-         << "): cuBLASLt algo " << algo_attr<std::int32_t>(algo, CUBLASLT_ALGO_CONFIG_ID)
-         << " tile " << algo_attr<std::uint32_t>(algo, CUBLASLT_ALGO_CONFIG_TILE_ID) << " stages "
-         << algo_attr<std::uint32_t>(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID) << " swizzle "
-         << algo_attr<std::uint32_t>(algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING) << " custom "
-         << algo_attr<std::uint32_t>(algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION);
-    plan.text = text.str();
-    return plan;
   }
-  TORCH_CHECK(false, "batch-invariant GEMM: cuBLASLt proposes no single-pass algorithm for N=", s.n,
-              " K=", s.k, " (", found, " candidates, all split-K or needing a workspace)");
+  return out;
 }
 
-const Plan& plan_for(cublasLtHandle_t h, const Shape& s) {
+std::string describe(const Shape& s, const cublasLtMatmulAlgo_t& algo) {
+  std::ostringstream text;
+  text << "N=" << s.n << " K=" << s.k << " (" << s.splits << " x " << s.chunk << ", "
+       << (s.w_rows_contiguous ? "W rows" : "W columns") << ", " << (s.bf16 ? "bf16" : "fp32")
+       << "): cuBLASLt algo " << algo_attr<std::int32_t>(algo, CUBLASLT_ALGO_CONFIG_ID) << " tile "
+       << algo_attr<std::uint32_t>(algo, CUBLASLT_ALGO_CONFIG_TILE_ID) << " stages "
+       << algo_attr<std::uint32_t>(algo, CUBLASLT_ALGO_CONFIG_STAGES_ID) << " swizzle "
+       << algo_attr<std::uint32_t>(algo, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING) << " custom "
+       << algo_attr<std::uint32_t>(algo, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION);
+  return text.str();
+}
+
+// BATCHLENS_BI_PLAN=fixed (base::Switches::bi_plan_timed, set at load): the plan before
+// 2026-12-06, cuBLASLt's first proposal at kPlanRows rows.
+bool g_timed = true;
+
+// The plan before timing: the first proposal at kPlanRows rows.
+Plan first_proposal(cublasLtHandle_t h, const Shape& s, const char* why) {
+  const auto found = proposals(h, s, kPlanRows);
+  TORCH_CHECK(!found.empty(),
+              "batch-invariant GEMM: cuBLASLt proposes no single-pass algorithm for N=", s.n,
+              " K=", s.k, " (all split-K or needing a workspace)");
+  return {found.front(), describe(s, found.front()) + ", first proposal at " +
+                             std::to_string(kPlanRows) + " rows" + why};
+}
+
+// The row counts the candidates are timed at: B = 1, 4, 16 and 32 on the 26B-A4B canvas of 256
+// positions, less those whose input would pass 1 GiB (the self-conditioning matmul's K).
+std::vector<std::int64_t> timed_rows(const Shape& s) {
+  constexpr std::int64_t kMaxInputBytes = std::int64_t{1} << 30;
+  const std::int64_t elem = s.bf16 ? 2 : 4;
+  std::vector<std::int64_t> rows;
+  for (const std::int64_t m : {256, 1024, 4096, 8192}) {
+    if (m * s.k * elem <= kMaxInputBytes && m * s.n * 4 * s.splits <= 4 * kMaxInputBytes) {
+      rows.push_back(m);
+    }
+  }
+  if (rows.empty()) {
+    rows.push_back(std::max<std::int64_t>(1, kMaxInputBytes / (s.k * elem)));
+  }
+  return rows;
+}
+
+// Milliseconds of one product of `algo` at `m` rows (the split sum included), the median of three
+// after a warm-up; negative when cuBLASLt refuses the algorithm at that shape.
+double time_product(cublasLtHandle_t h, const Shape& s, const cublasLtMatmulAlgo_t& algo,
+                    const at::Tensor& w, const at::Tensor& x, const at::Tensor& parts,
+                    const at::Tensor& out, std::int64_t m, cudaStream_t stream) {
+  const Call call(s, m);
+  cublasLtMatmulHeuristicResult_t check{};
+  if (cublasLtMatmulAlgoCheck(h, call.op, call.a, call.b, call.d, call.d, &algo, &check) !=
+          CUBLAS_STATUS_SUCCESS ||
+      check.workspaceSize != 0) {
+    return -1.0;
+  }
+  const float alpha = 1.0F;
+  const float beta = 0.0F;
+  const auto once = [&] {
+    lt_check(cublasLtMatmul(h, call.op, &alpha, w.data_ptr(), call.a, x.data_ptr(), call.b, &beta,
+                            parts.data_ptr(), call.d, parts.data_ptr(), call.d, &algo, nullptr, 0,
+                            stream),
+             "cublasLtMatmul (timing)");
+    if (s.splits > 1) {
+      const int code =
+          cuda::sum_splits(s.bf16 ? cuda::Elem::BF16 : cuda::Elem::F32, parts.data_ptr<float>(),
+                           s.splits, m * s.n, out.data_ptr(), stream);
+      TORCH_CHECK(code == 0, "batch-invariant GEMM: sum_splits: CUDA error ",
+                  cudaGetErrorString(static_cast<cudaError_t>(code)));
+    }
+  };
+  cudaEvent_t start = nullptr;
+  cudaEvent_t stop = nullptr;
+  TORCH_CHECK(cudaEventCreate(&start) == cudaSuccess && cudaEventCreate(&stop) == cudaSuccess,
+              "batch-invariant GEMM: cudaEventCreate failed");
+  once();
+  std::array<float, 3> ms{};
+  for (float& t : ms) {
+    cudaEventRecord(start, stream);
+    once();
+    cudaEventRecord(stop, stream);
+    cudaEventSynchronize(stop);
+    cudaEventElapsedTime(&t, start, stop);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  std::sort(ms.begin(), ms.end());
+  return ms[1];
+}
+
+// The plan of a shape, chosen by measurement: every candidate that cuBLASLt proposes at any of
+// the timed row counts is timed at each of them, and the one whose worst ratio to the fastest
+// candidate at the same row count is smallest is kept (then the smallest total time). Nothing
+// of the choice depends on the M of any later call: one algorithm serves every M, as before.
+// Under CUDA graph capture (no timing possible) the first proposal is kept.
+Plan choose(cublasLtHandle_t h, const Shape& s, const at::Tensor& w, cudaStream_t stream) {
+  if (!g_timed) {
+    return first_proposal(h, s, " (BATCHLENS_BI_PLAN=fixed)");
+  }
+  cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &capturing) != cudaSuccess ||
+      capturing != cudaStreamCaptureStatusNone) {
+    return first_proposal(h, s, " (chosen under CUDA graph capture: not timed)");
+  }
+  const std::vector<std::int64_t> rows = timed_rows(s);
+  std::vector<cublasLtMatmulAlgo_t> candidates;
+  for (const std::int64_t m : rows) {
+    for (const cublasLtMatmulAlgo_t& a : proposals(h, s, m)) {
+      const bool seen = std::any_of(candidates.begin(), candidates.end(), [&](const auto& c) {
+        return std::memcmp(c.data, a.data, sizeof(a.data)) == 0;
+      });
+      if (!seen) {
+        candidates.push_back(a);
+      }
+    }
+  }
+  TORCH_CHECK(!candidates.empty(),
+              "batch-invariant GEMM: cuBLASLt proposes no single-pass algorithm for N=", s.n,
+              " K=", s.k, " (all split-K or needing a workspace)");
+  const std::int64_t m_max = rows.back();
+  const auto opts =
+      at::TensorOptions().device(w.device()).dtype(s.bf16 ? at::kBFloat16 : at::kFloat);
+  const at::Tensor x = at::randn({m_max, s.k}, opts);  // [M_max, K] scratch input
+  const at::Tensor out = at::empty({m_max, s.n}, opts);
+  const at::Tensor parts =
+      s.splits > 1 ? at::empty({s.splits, m_max, s.n}, opts.dtype(at::kFloat)) : out;
+  // times[c][r]: candidate c at rows[r] (negative: refused there).
+  std::vector<std::vector<double>> times(candidates.size());
+  std::vector<double> best(rows.size(), std::numeric_limits<double>::infinity());
+  for (std::size_t c = 0; c < candidates.size(); ++c) {
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      const double t = time_product(h, s, candidates[c], w, x, parts, out, rows[r], stream);
+      times[c].push_back(t);
+      if (t > 0.0) {
+        best[r] = std::min(best[r], t);
+      }
+    }
+  }
+  std::size_t pick = candidates.size();
+  double pick_worst = std::numeric_limits<double>::infinity();
+  double pick_total = 0.0;
+  for (std::size_t c = 0; c < candidates.size(); ++c) {
+    double worst = 0.0;
+    double total = 0.0;
+    bool usable = true;
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      usable = usable && times[c][r] > 0.0;
+      worst = std::max(worst, times[c][r] / best[r]);
+      total += times[c][r];
+    }
+    if (usable && (worst < pick_worst || (worst == pick_worst && total < pick_total))) {
+      pick = c;
+      pick_worst = worst;
+      pick_total = total;
+    }
+  }
+  TORCH_CHECK(pick < candidates.size(),
+              "batch-invariant GEMM: no single-pass algorithm for N=", s.n, " K=", s.k,
+              " runs at every timed row count");
+  std::ostringstream text;
+  text << describe(s, candidates[pick]) << ", timed: " << candidates.size()
+       << " candidate(s) at M=";
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    text << (r == 0 ? "" : "/") << rows[r];
+  }
+  text << ", " << std::fixed << std::setprecision(3);
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    text << (r == 0 ? "" : "/") << times[pick][r];
+  }
+  text << " ms, worst x" << std::setprecision(2) << pick_worst << " of the fastest";
+  return {candidates[pick], text.str()};
+}
+
+const Plan& plan_for(cublasLtHandle_t h, const Shape& s, const at::Tensor& w, cudaStream_t stream) {
   auto it = g_plans.find(s);
   if (it == g_plans.end()) {
-    it = g_plans.emplace(s, choose(h, s)).first;
+    it = g_plans.emplace(s, choose(h, s, w, stream)).first;
     g_report += (g_report.empty() ? "" : "\n") + it->second.text;
   }
   return it->second;
@@ -245,7 +414,7 @@ at::Tensor invariant_linear(const at::Tensor& x, const at::Tensor& w) {
   {
     const std::lock_guard<std::mutex> lock(g_mutex);
     cublasLtHandle_t h = handle_for(s.device);
-    const Plan& plan = plan_for(h, s);
+    const Plan& plan = plan_for(h, s, wc, stream);
     const Call call(s, m);
     lt_check(cublasLtMatmul(h, call.op, &alpha, wc.data_ptr(), call.a, x2.data_ptr(), call.b, &beta,
                             parts.data_ptr(), call.d, parts.data_ptr(), call.d, &plan.algo, nullptr,
@@ -260,6 +429,11 @@ at::Tensor invariant_linear(const at::Tensor& x, const at::Tensor& w) {
                 cudaGetErrorString(static_cast<cudaError_t>(code)));
   }
   return out.view(shape);
+}
+
+void set_invariant_plan_timed(bool timed) {
+  const std::lock_guard<std::mutex> lock(g_mutex);
+  g_timed = timed;
 }
 
 std::string invariant_linear_report() {

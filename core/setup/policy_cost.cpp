@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/setup/policy_cost.h"
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <fstream>
 #include <memory>
@@ -9,6 +11,8 @@
 #include <ATen/ATen.h>
 
 #include "core/model/diffusion_gemma.h"
+#include "core/ops/op_observer.h"
+#include "core/ops/op_profile.h"
 #include "core/setup/engine_pass.h"
 
 namespace batchlens::setup {
@@ -44,7 +48,104 @@ PolicyCostCell cell_of(std::vector<double> times, std::string mode) {
   return c;
 }
 
+// Asks the op layer to mark every call for the profiler; hears nothing else.
+class MarkEveryOp final : public ops::OpObserver {
+ public:
+  void on_op(const ops::OpCall& /*call*/) override {}
+  bool marks() const override { return true; }
+};
+
+// One eager decoder pass under the profiler, its kernels grouped (after a warm-up pass, so that
+// library handles and heuristics are made outside the trace).
+PassProfile profile_pass(const DiffusionGemma& model, const EngineInputs& in,
+                         const model::KvCache& cache, const ops::OpPolicy& policy) {
+  MarkEveryOp marker;
+  model::ForwardContext ctx{&policy, nullptr, false};
+  (void)model.decode(in.canvas, cache, in.sc, ctx);
+  ctx.observer = &marker;
+  const std::vector<ops::KernelSeen> seen =
+      ops::profile_marked_kernels([&] { (void)model.decode(in.canvas, cache, in.sc, ctx); });
+  PassProfile out;
+  std::vector<KernelGroup> families;
+  std::vector<KernelGroup> outside;
+  std::vector<std::pair<std::string, double>> by_name;
+  const auto add = [](std::vector<KernelGroup>& groups, const std::string& name, bool op_layer,
+                      double us) {
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const KernelGroup& g) { return g.name == name; });
+    if (it == groups.end()) {
+      groups.push_back(KernelGroup{name, op_layer, 0, 0.0});
+      it = groups.end() - 1;
+    }
+    ++it->kernels;
+    it->total_us += us;
+  };
+  for (const ops::KernelSeen& k : seen) {
+    out.kernel_ms += k.duration_us / 1000.0;
+    // "bl/<family>/<layer>"
+    const std::size_t slash = k.scope.rfind('/');
+    if (k.scope.rfind("bl/", 0) == 0 && slash > 3) {
+      add(families, k.scope.substr(3, slash - 3), true, k.duration_us);
+      continue;
+    }
+    add(outside, kernel_kind(k.name), false, k.duration_us);
+    const std::string shortened = k.name.substr(0, k.name.find_first_of("(<"));
+    auto it = std::find_if(by_name.begin(), by_name.end(),
+                           [&](const auto& e) { return e.first == shortened; });
+    if (it == by_name.end()) {
+      by_name.emplace_back(shortened, 0.0);
+      it = by_name.end() - 1;
+    }
+    it->second += k.duration_us;
+  }
+  // Families in enum order, the other kinds by time.
+  for (const ops::OpFamily f : ops::all_families()) {
+    for (const KernelGroup& g : families) {
+      if (g.name == ops::family_name(f)) {
+        out.groups.push_back(g);
+      }
+    }
+  }
+  std::sort(outside.begin(), outside.end(),
+            [](const KernelGroup& a, const KernelGroup& b) { return a.total_us > b.total_us; });
+  out.groups.insert(out.groups.end(), outside.begin(), outside.end());
+  std::sort(by_name.begin(), by_name.end(),
+            [](const auto& a, const auto& b) { return a.second > b.second; });
+  constexpr std::size_t kTopOutside = 8;
+  by_name.resize(std::min(by_name.size(), kTopOutside));
+  out.top_outside = std::move(by_name);
+  return out;
+}
+
 }  // namespace
+
+std::string kernel_kind(const std::string& kernel_name) {
+  // Lower case, then the first rule whose word the name contains.
+  std::string name = kernel_name;
+  std::transform(name.begin(), name.end(), name.begin(),
+                 [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
+  static const std::vector<std::pair<std::vector<const char*>, const char*>> kRules = {
+      {{"norm_kernel", "square_kernel", "inverse_kernel", "rms", "norm"}, "RMSNorm (+RoPE)"},
+      {{"combine_kernel"}, "expert combine"},
+      {{"route_kernel", "sort", "topk", "radix", "scan", "histogram", "histc", "cumsum", "index",
+        "gather", "scatter"},
+       "routing (sort, top-k, gather, scatter)"},
+      {{"gelu"}, "GELU x up"},
+      {{"softcap", "tanh"}, "soft-cap"},
+      {{"softmax"}, "softmax"},
+      {{"memcpy", "memset", "copy"}, "copies"},
+      {{"reduce"}, "reductions (ATen)"},
+      {{"elementwise", "vectorized", "unrolled"}, "elementwise (ATen)"},
+  };
+  for (const auto& [words, kind] : kRules) {
+    for (const char* w : words) {
+      if (name.find(w) != std::string::npos) {
+        return kind;
+      }
+    }
+  }
+  return "other";
+}
 
 base::Result<PolicyCosts> measure_policy_costs(const DiffusionGemma& model,
                                                const PolicyCostRequest& request) {
@@ -74,6 +175,15 @@ base::Result<PolicyCosts> measure_policy_costs(const DiffusionGemma& model,
     }
     if (invariant) {
       out.invariance_report = model.batch_invariance().report;
+    }
+    const bool profiling =
+        request.profile && model.device().is_cuda() && ops::kernel_profiler_available();
+    if (request.profile && !profiling) {
+      out.profile_note = model.device().is_cuda()
+                             ? "no profile: this LibTorch cannot see device kernels"
+                             : "no profile: profiles are of device kernels, and this model runs "
+                               "on " +
+                                   model.device().str();
     }
     const std::size_t policies = request.policies.size();
     const int total = static_cast<int>(policies * request.batch_sizes.size());
@@ -108,6 +218,10 @@ base::Result<PolicyCosts> measure_policy_costs(const DiffusionGemma& model,
       }
       for (std::size_t p = 0; p < policies; ++p) {
         out.cells[p].push_back(cell_of(std::move(times[p]), passes[p]->mode()));
+        if (profiling) {
+          out.cells[p].back().profile =
+              profile_pass(model, in, *caches[p], request.policies[p].second);
+        }
       }
       const PolicyCostCell& base_cell = out.cells[0].back();
       for (std::size_t p = 1; p < policies; ++p) {

@@ -31,9 +31,34 @@ struct PolicyCostRequest {
   int repeat = 20;  ///< timed passes per cell (median and quartiles kept)
   std::int64_t prompt_length = 20;
   std::uint64_t input_seed = 0;
+  /// Also profile one eager pass per cell (where LibTorch can see device kernels): where the
+  /// time goes, per op family and, outside the op layer, per kind of kernel (PassProfile).
+  bool profile = false;
   /// Called after each cell with (cells done, cells in all); returns false to stop (Cancelled).
   std::function<bool(int, int)> progress;
 };
+
+/// Device time of a group of kernels in one profiled pass.
+struct KernelGroup {
+  std::string name;       ///< an op family ("router_proj") or a kind of kernel outside the op layer
+  bool op_layer = false;  ///< an op family (its calls marked by the op layer)
+  int kernels = 0;        ///< launches
+  double total_us = 0.0;  ///< sum of their device durations
+};
+
+/// One decoder pass profiled eagerly (the same kernels the CUDA graph replays, launched one by
+/// one): every kernel's device time, grouped. The graph's replay time minus `kernel_ms` is what
+/// the GPU spent between kernels.
+struct PassProfile {
+  std::vector<KernelGroup> groups;  ///< op families first (enum order), then the other kinds
+  double kernel_ms = 0.0;           ///< sum over every kernel
+  /// The kernels outside the op layer that took the most time: name (shortened) and µs.
+  std::vector<std::pair<std::string, double>> top_outside;
+};
+
+/// The kind of a kernel launched outside the op layer, from its name: "RMSNorm (+RoPE)",
+/// "routing (sort, top-k, gather)", "softmax", ... ("other" when none fits).
+std::string kernel_kind(const std::string& kernel_name);
 
 struct PolicyCostCell {
   double median_ms = 0.0;
@@ -43,7 +68,8 @@ struct PolicyCostCell {
   /// Its interquartile range overlaps the first policy's at the same batch size: the
   /// difference of the medians is within the noise (always false for the first policy).
   bool within_noise = false;
-  std::string mode;  ///< EnginePass::mode
+  std::string mode;     ///< EnginePass::mode
+  PassProfile profile;  ///< PolicyCostRequest::profile (empty groups otherwise)
 };
 
 struct PolicyCosts {
@@ -64,6 +90,8 @@ struct PolicyCosts {
   /// DiffusionGemma::batch_invariance().report when a policy uses the batch-invariant strategy.
   std::string invariance_report;
   std::string fused_report;
+  /// Why no profile was taken although asked for ("" when taken or not asked).
+  std::string profile_note;
 };
 
 /// Measures it. Errors as run_forward_file (a batch-invariant family the model could not prove

@@ -12,7 +12,8 @@ namespace {
 class SwitchesEnv : public ::testing::Test {
  protected:
   void TearDown() override {
-    for (const char* name : {"BATCHLENS_FUSED", "BATCHLENS_FUSED_OFF", "BATCHLENS_CUDA_GRAPHS"}) {
+    for (const char* name :
+         {"BATCHLENS_FUSED", "BATCHLENS_FUSED_OFF", "BATCHLENS_CUDA_GRAPHS", "BATCHLENS_BI_PLAN"}) {
       ::unsetenv(name);  // NOLINT(concurrency-mt-unsafe)
     }
   }
@@ -26,6 +27,7 @@ TEST_F(SwitchesEnv, DefaultsAllowEverythingAndDescribeNothing) {
   EXPECT_TRUE(s.fused);
   EXPECT_TRUE(s.fused_off.empty());
   EXPECT_TRUE(s.cuda_graphs);
+  EXPECT_TRUE(s.bi_plan_timed);
   EXPECT_TRUE(s.fused_kernel("diff"));
   EXPECT_EQ(s.describe(), "");
 }
@@ -42,6 +44,11 @@ TEST_F(SwitchesEnv, ReadsEachVariable) {
   EXPECT_FALSE(s.cuda_graphs);
   EXPECT_EQ(s.describe(), "BATCHLENS_FUSED_OFF=diff,norm; BATCHLENS_CUDA_GRAPHS=0");
 
+  set("BATCHLENS_BI_PLAN", "fixed");
+  EXPECT_FALSE(Switches::from_environment().bi_plan_timed);
+  EXPECT_EQ(Switches::from_environment().describe(),
+            "BATCHLENS_FUSED_OFF=diff,norm; BATCHLENS_CUDA_GRAPHS=0; BATCHLENS_BI_PLAN=fixed");
+
   set("BATCHLENS_FUSED", "0");
   const Switches off = Switches::from_environment();
   EXPECT_FALSE(off.fused_kernel("softcap"));
@@ -51,9 +58,11 @@ TEST_F(SwitchesEnv, ReadsEachVariable) {
 TEST_F(SwitchesEnv, OnlyZeroTurnsThingsOff) {
   set("BATCHLENS_FUSED", "1");
   set("BATCHLENS_CUDA_GRAPHS", "yes");
+  set("BATCHLENS_BI_PLAN", "timed");
   const Switches s = Switches::from_environment();
   EXPECT_TRUE(s.fused);
   EXPECT_TRUE(s.cuda_graphs);
+  EXPECT_TRUE(s.bi_plan_timed);
   EXPECT_EQ(s.describe(), "");
 }
 

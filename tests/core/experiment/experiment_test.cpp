@@ -502,6 +502,14 @@ TEST(Experiment, SpecJsonKeepsSwitchesOnlyWhenSet) {
   EXPECT_EQ(back.value().load.switches.fused_off, std::vector<std::string>{"diff"});
   EXPECT_FALSE(back.value().load.switches.cuda_graphs);
   EXPECT_TRUE(back.value().load.switches.fused);
+  EXPECT_TRUE(back.value().load.switches.bi_plan_timed);
+  EXPECT_FALSE(to_json(s)["switches"].contains("bi_plan"));
+  // The batch-invariant GEMM's plan changes that mode's bits: kept when it is not the default.
+  s.load.switches.bi_plan_timed = false;
+  EXPECT_EQ(to_json(s)["switches"]["bi_plan"], "fixed");
+  const auto fixed = spec_from_json_text(to_json(s).dump());
+  ASSERT_TRUE(fixed.ok()) << fixed.error().message;
+  EXPECT_FALSE(fixed.value().load.switches.bi_plan_timed);
   auto doc = to_json(s);
   doc["switches"]["fused"] = "yes";
   const auto bad = spec_from_json(doc);

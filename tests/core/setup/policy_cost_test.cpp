@@ -146,5 +146,37 @@ TEST(CulpritCostText, NoiseAndCpuAreSaidAndTheSpreadIsKept) {
   EXPECT_FALSE(experiment::culprit_from_json(old).ok());
 }
 
+// issue #37: --profile groups the kernels outside the op layer by their names (CUDA kernel names
+// as LibTorch and BatchLens launch them), and says why there is no profile on a CPU.
+TEST(PolicyCost, KernelKindsComeFromKernelNames) {
+  EXPECT_EQ(kernel_kind("void batchlens::kernels::cuda::(anonymous namespace)::norm_kernel<"
+                        "__nv_bfloat16>(...)"),
+            "RMSNorm (+RoPE)");
+  EXPECT_EQ(kernel_kind("void at::native::(anonymous namespace)::cunn_SoftMaxForward<8, float>"),
+            "softmax");
+  EXPECT_EQ(kernel_kind("void batchlens::kernels::cuda::route_kernel(long const*, int)"),
+            "routing (sort, top-k, gather, scatter)");
+  EXPECT_EQ(kernel_kind("void at::native::sbtopk::gatherTopK<float, unsigned int, 2, false>"),
+            "routing (sort, top-k, gather, scatter)");
+  EXPECT_EQ(kernel_kind("void at::native::vectorized_elementwise_kernel<4, "
+                        "at::native::CUDAFunctor_add<c10::BFloat16>>"),
+            "elementwise (ATen)");
+  EXPECT_EQ(kernel_kind("Memcpy HtoD (Pageable -> Device)"), "copies");
+  EXPECT_EQ(kernel_kind("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"), "other");
+}
+
+TEST(PolicyCost, AProfileOnACpuIsRefusedWithItsReason) {
+  PolicyCostRequest req;
+  req.policies = {{"default", ops::OpPolicy{}}};
+  req.batch_sizes = {1};
+  req.repeat = 2;
+  req.profile = true;
+  const auto costs = measure_policy_costs(tiny(), req);
+  ASSERT_TRUE(costs.ok()) << costs.error().message;
+  EXPECT_NE(costs.value().profile_note.find("device kernels"), std::string::npos);
+  EXPECT_TRUE(costs.value().cells[0][0].profile.groups.empty());
+  EXPECT_GT(costs.value().cells[0][0].median_ms, 0.0);
+}
+
 }  // namespace
 }  // namespace batchlens::setup

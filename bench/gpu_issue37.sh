@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Issue #37's measurements in one device call, run ON the GPU machine from the repository root
+# (.deps/ carried; .train_demo/ too when TRAIN_CACHE=1):
+#   0. (TRAIN_CACHE=1) beside the build: train.py's --fast warm-up of every context bucket in a
+#      scratch folder, which writes torch.compile's artifacts (compile-cache-*.bin, to $OUT) so
+#      that the next call's 10,000-step run starts without compiling (issue #33);
+#   1. `cost --profile` of the 26B-A4B architecture: default and batch_invariant at B = 1, 2, 4,
+#      8, 16, 32 with the batch-invariant GEMM's timed plan (the default), then the same with
+#      BATCHLENS_BI_PLAN=fixed (the plan before: first proposal at 1024 rows);
+#   2. the culprit finder with the prompt encoded as one batch (--prefill batched), its process
+#      time (/usr/bin/time);
+#   3. `run` B=1 vs B=4 free (kernel provenance on) and the lockstep sample's command, each timed.
+# STEPS_ONLY ("cost culprit run") picks the parts; DEADLINE_S (default 570) stops starting new
+# ones. Everything lands in $OUT (issue37.tgz and run.log).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+t0=$(date +%s)
+out=${OUT:-$PWD/out}
+build=${BUILD_DIR:-/tmp/batchlens-gpu}
+work=$(mktemp -d)
+parts=" ${STEPS_ONLY:-cost culprit run} "
+mkdir -p "$out"
+left() { echo $(( ${DEADLINE_S:-570} - ($(date +%s) - t0) )); }
+stamp() { echo "  [$(( $(date +%s) - t0 )) s] $*"; }
+gpu=(--device cuda --dtype bf16 --experts grouped_mm)
+timed() {  # NAME COMMAND...: the process's wall and peak memory in NAME.time
+  local name=$1
+  shift
+  /usr/bin/time -f "%e s wall, %U s user, %M kB peak" -o "$work/$name.time" \
+    timeout "$(( $(left) - 10 ))" "$@" >"$work/$name.txt" 2>"$work/$name.err"
+  local rc=$?
+  stamp "$name rc=$rc: $(cat "$work/$name.time" 2>/dev/null | tail -1)"
+  return $rc
+}
+{
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  cache_pid=
+  if [ "${TRAIN_CACHE:-0}" = 1 ]; then
+    # A scratch folder: state.pt of this warm-up never reaches the real run.
+    mkdir -p /tmp/train-cache
+    cp .train_demo/kjv.jsonl .train_demo/tokenizer.json /tmp/train-cache/
+    (cd tools/train_demo && PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8 python3 train.py \
+      train --backend port --fast --device cuda --experts dense --attention eager \
+      --fusion compiled --steps 10000 --warmup-share 0.03 --batch 256 --bucket 16 \
+      --loss-positions all --eval-every 100000 --save-every 100000 --log-every 100 \
+      --max-seconds 1 --work /tmp/train-cache --fresh) >"$work/train-cache.log" 2>&1 &
+    cache_pid=$!
+  fi
+  scripts/gpu-build.sh --cli "$build" >"$work/build.log" 2>&1 || { tail -40 "$work/build.log"; exit 1; }
+  cli="$build/app/batchlens-cli"
+  "$cli" --version
+  stamp "built"
+  if [ -n "$cache_pid" ]; then
+    wait "$cache_pid"
+    stamp "train cache rc=$?"
+    grep -v "UserWarning\|warnings.warn\|softmax\|split the reduction\|important use case" \
+      "$work/train-cache.log" | tail -8
+    cp /tmp/train-cache/compile-cache-*.bin "$out/" 2>/dev/null
+  fi
+  if [[ "$parts" == *" cost "* ]] && [ "$(left)" -gt 120 ]; then
+    timed cost-timed "$cli" cost --preset 26b-a4b "${gpu[@]}" --repeat 20 --profile \
+      --policies default --policies batch_invariant
+    grep -A3 "^policy" "$work/cost-timed.txt"
+    grep "timed:" "$work/cost-timed.txt" | head -20
+    BATCHLENS_BI_PLAN=fixed timed cost-fixed "$cli" cost --preset 26b-a4b "${gpu[@]}" \
+      --repeat 20 --policies default --policies batch_invariant
+    grep -A3 "^policy" "$work/cost-fixed.txt"
+  fi
+  if [[ "$parts" == *" culprit "* ]] && [ "$(left)" -gt 90 ]; then
+    timed culprit-batched "$cli" culprit --preset 26b-a4b "${gpu[@]}" --batch-sizes 2,3,4 \
+      --repeats 0 --prefill batched --out "$work/culprit-batched.h5"
+    "$cli" summary "$work/culprit-batched.h5" >"$work/culprit-batched-summary.txt" 2>&1
+    grep "culprit finder\|minimal" "$work/culprit-batched-summary.txt" | head -4
+  fi
+  if [[ "$parts" == *" run "* ]] && [ "$(left)" -gt 60 ]; then
+    timed run-b4 "$cli" run --preset 26b-a4b "${gpu[@]}" --batch-sizes 4 --repeats 0 \
+      --out "$work/run-b4.h5"
+    grep "^time" "$work/run-b4.txt"
+    timed run-lockstep "$cli" run --preset 26b-a4b "${gpu[@]}" --mode lockstep \
+      --workaround issue_workaround --batch-sizes 2,4 \
+      --taps selfcond.soft_embed,router.scores,router.topk_ids,logits --out "$work/lockstep.h5"
+    grep "^time" "$work/run-lockstep.txt"
+  fi
+  rm -f "$work"/*.h5
+  stamp "done"
+} 2>&1 | tee "$work/run.log"
+tar czf "$out/issue37.tgz" -C "$work" .
+cp "$work/run.log" "$out/"
