@@ -69,9 +69,11 @@ echo "culprit_depth: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed '
 run_case() {
   local policy=$1 label=$2  # the model: the array `model`
   shift 2
-  for search in plain fewer; do
+  for search in plain fewer-whole fewer; do
     extra=("$@")
     [ "$search" = plain ] && extra+=(--plain-search)
+    # fewer-whole: grouped drops and informed narrowing, every trial watching every tick.
+    [ "$search" = fewer-whole ] && extra+=(--horizon-ticks 0)
     /usr/bin/time -f "%e s wall, %U s user" -o "$work/time" \
       "$cli" culprit "${model[@]}" --policy "$policy" --batch-sizes 2,4 \
       --steps 8 --max-new-tokens 32 --strategy row_wise --cost-repeats 0 "${extra[@]}" \

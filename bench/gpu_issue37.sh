@@ -5,13 +5,14 @@
 #   0. (TRAIN_CACHE=1) beside the build: train.py's --fast warm-up of every context bucket in a
 #      scratch folder, which writes torch.compile's artifacts (compile-cache-*.bin, to $OUT) so
 #      that the next call's 10,000-step run starts without compiling (issue #33);
-#   1. `cost --profile` of the 26B-A4B architecture: default and batch_invariant at B = 1, 2, 4,
-#      8, 16, 32 with the batch-invariant GEMM's timed plan (the default), then the same with
-#      BATCHLENS_BI_PLAN=fixed (the plan before: first proposal at 1024 rows);
+#   1. `cost` of the 26B-A4B architecture: default and batch_invariant at B = 1, 2, 4, 8, 16
+#      (profiled: --profile) and 32 with the batch-invariant GEMM's timed plan (the default),
+#      then the same with BATCHLENS_BI_PLAN=fixed (the plan before: first proposal at 1024 rows);
 #   2. the culprit finder with the prompt encoded as one batch (--prefill batched), its process
 #      time (/usr/bin/time);
-#   3. `run` B=1 vs B=4 free (kernel provenance on) and the lockstep sample's command, each timed.
-# STEPS_ONLY ("cost culprit run") picks the parts; DEADLINE_S (default 570) stops starting new
+#   3. `run` B=1 vs B=4 free (kernel provenance on) and the lockstep sample's command, each timed;
+#   4. with the time left, issue #35's per-row sweep (scripts/gpu-mixed-sweeps.sh, $OUT/mixed/).
+# STEPS_ONLY ("cost culprit run sweep") picks the parts; DEADLINE_S (default 570) stops starting new
 # ones. Everything lands in $OUT (issue37.tgz and run.log).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -19,7 +20,7 @@ t0=$(date +%s)
 out=${OUT:-$PWD/out}
 build=${BUILD_DIR:-/tmp/batchlens-gpu}
 work=$(mktemp -d)
-parts=" ${STEPS_ONLY:-cost culprit run} "
+parts=" ${STEPS_ONLY:-cost culprit run sweep} "
 mkdir -p "$out"
 left() { echo $(( ${DEADLINE_S:-570} - ($(date +%s) - t0) )); }
 stamp() { echo "  [$(( $(date +%s) - t0 )) s] $*"; }
@@ -59,13 +60,20 @@ timed() {  # NAME COMMAND...: the process's wall and peak memory in NAME.time
     cp /tmp/train-cache/compile-cache-*.bin "$out/" 2>/dev/null
   fi
   if [[ "$parts" == *" cost "* ]] && [ "$(left)" -gt 120 ]; then
-    timed cost-timed "$cli" cost --preset 26b-a4b "${gpu[@]}" --repeat 20 --profile \
-      --policies default --policies batch_invariant
-    grep -A3 "^policy" "$work/cost-timed.txt"
-    grep "timed:" "$work/cost-timed.txt" | head -20
-    BATCHLENS_BI_PLAN=fixed timed cost-fixed "$cli" cost --preset 26b-a4b "${gpu[@]}" \
-      --repeat 20 --policies default --policies batch_invariant
-    grep -A3 "^policy" "$work/cost-fixed.txt"
+    # B = 1..16, then B = 32 on its own: on an 80 GB card both policies' B=32 graphs beside the
+    # 26B-A4B weights did not fit in one process.
+    for bs in 1,2,4,8,16 32; do
+      tag=${bs//,/-}
+      extra=()
+      [ "$bs" = 32 ] || extra=(--profile)
+      timed "cost-timed-$tag" "$cli" cost --preset 26b-a4b "${gpu[@]}" --repeat 20 \
+        --batch-sizes "$bs" "${extra[@]}" --policies default --policies batch_invariant
+      grep -A3 "^policy" "$work/cost-timed-$tag.txt"
+      BATCHLENS_BI_PLAN=fixed timed "cost-fixed-$tag" "$cli" cost --preset 26b-a4b "${gpu[@]}" \
+        --repeat 20 --batch-sizes "$bs" --policies default --policies batch_invariant
+      grep -A3 "^policy" "$work/cost-fixed-$tag.txt"
+    done
+    grep "timed:\|first proposal" "$work/cost-timed-1-2-4-8-16.txt" | head -20
   fi
   if [[ "$parts" == *" culprit "* ]] && [ "$(left)" -gt 90 ]; then
     timed culprit-batched "$cli" culprit --preset 26b-a4b "${gpu[@]}" --batch-sizes 2,3,4 \
@@ -82,8 +90,19 @@ timed() {  # NAME COMMAND...: the process's wall and peak memory in NAME.time
       --taps selfcond.soft_embed,router.scores,router.topk_ids,logits --out "$work/lockstep.h5"
     grep "^time" "$work/run-lockstep.txt"
   fi
+  # What time is left: issue #35's per-row sweep (resumable; its folder comes back packed).
+  if [[ "$parts" == *" sweep "* ]] && [ "$(left)" -gt 90 ]; then
+    PHASES=sweep-per_row DEADLINE_S=$(( $(left) - 15 )) BUILD_DIR="$build" OUT="$out/mixed" \
+      scripts/gpu-mixed-sweeps.sh >/dev/null 2>&1
+    stamp "per-row sweep: $(grep -h 'sweep per_row' "$out"/mixed/run.log | tr '\n' ' ')"
+  fi
   rm -f "$work"/*.h5
   stamp "done"
 } 2>&1 | tee "$work/run.log"
 tar czf "$out/issue37.tgz" -C "$work" .
 cp "$work/run.log" "$out/"
+# torch.compile's artifacts (30 MB on the H100) in parts under the 16 MB a returned file may have:
+#   cat compile-cache-*.part-* > .train_demo/compile-cache-....bin
+for f in "$out"/compile-cache-*.bin; do
+  [ -f "$f" ] && split -b 15M -d "$f" "$f.part-" && rm -f "$f"
+done

@@ -19,6 +19,7 @@ void register_culprit(CLI::App& app, int& exit_code) {
     bool free_trials = false;
     bool no_narrow = false;
     bool plain_search = false;
+    std::int64_t horizon_ticks = -1;
   };
   auto opts = std::make_shared<Options>();
   auto* cmd = app.add_subcommand(
@@ -40,6 +41,12 @@ void register_culprit(CLI::App& app, int& exit_code) {
   cmd->add_flag("--plain-search", opts->plain_search,
                 "Minimise one family at a time and narrow layer ranges by plain binary search "
                 "(the same answer in more trials; to compare)");
+  cmd->add_option("--horizon-ticks", opts->horizon_ticks,
+                  "Ticks each minimise/narrow trial watches: -1 chosen from where the trials "
+                  "diverged (none with --plain-search), 0 every tick, N the first N; the answer "
+                  "is verified on the whole generation either way")
+      ->check(CLI::Range(std::int64_t{-1}, std::int64_t{1} << 30))
+      ->capture_default_str();
   cmd->callback([opts, &exit_code] {
     analysis::CulpritOptions co;
     if (opts->strategy == "row_wise") {
@@ -55,6 +62,7 @@ void register_culprit(CLI::App& app, int& exit_code) {
     co.lockstep_trials = !opts->free_trials;
     co.narrow_layers = !opts->no_narrow;
     co.fewer_trials = !opts->plain_search;
+    co.horizon_ticks = opts->horizon_ticks;
     if (!resolve_spec(opts->spec, "culprit", exit_code)) {
       return;
     }

@@ -135,7 +135,16 @@ class Finder {
     // logits alone (every op's difference reaches them, and the sampler's decisions are
     // compared too), which keeps them light. The result is then verified on every tap; should
     // a difference hide from the logits, it is done again on every tap.
+    // With fewer_trials the light trials also stop after a horizon of ticks: every op family
+    // runs in every pass, so a fix that leaves one family's kernels differing shows within a few
+    // ticks of where the trials so far diverged (step 2 is the first with self-conditioning);
+    // later canvases and data-dependent kernels are left to the verify trial, which runs the
+    // whole generation, and should it differ the heavy pass searches again without a horizon.
     const std::vector<FixRule> greedy = rules;
+    horizon_ = options_.horizon_ticks >= 0 ? options_.horizon_ticks
+               : options_.fewer_trials
+                   ? std::max<std::int64_t>(latest_tick_, 1) + 1 + kHorizonMargin
+                   : 0;
     for (const bool light : {true, false}) {
       rules = greedy;
       light_ = light;
@@ -292,6 +301,10 @@ class Finder {
       }
     }
     s.repeats = 0;
+    // Which kernels ran is recorded once, by the experiment written with the answer: profiling
+    // every engine of every trial cost more than the trials (the 26B-A4B architecture on an
+    // H100: 42 trials in 337 s).
+    s.kernels = false;
     s.mode = lockstep ? RunMode::Lockstep : RunMode::Free;
     const ops::OpPolicy fix = fix_policy(rules, options_.strategy);
     s.policy = rules.empty() ? spec_.policy : ops::combine(spec_.policy, fix);
@@ -299,6 +312,7 @@ class Finder {
     RunControl rc;
     rc.cancel = control_.cancel;
     rc.stop_at_first_difference = true;  // a trial asks whether and where, not how far
+    rc.stop_after_ticks = light_ ? horizon_ : 0;
     rc.cuda_graphs = false;
     const int index = static_cast<int>(report_.trials.size());
     if (control_.progress) {
@@ -311,8 +325,14 @@ class Finder {
       base::raise(result.error().code, result.error().message);
     }
     TrialOutcome o = trial_outcome(result.value());
+    if (!o.identical && o.first.found()) {
+      latest_tick_ = std::max<std::int64_t>(latest_tick_, o.first.tick);
+    }
     CulpritTrial t;
-    t.stage = light_ ? stage + " (logits)" : stage;
+    t.stage = !light_ ? stage
+              : rc.stop_after_ticks > 0
+                  ? stage + " (logits, first " + std::to_string(rc.stop_after_ticks) + " ticks)"
+                  : stage + " (logits)";
     t.fix = rules.empty() ? std::string("none") : ops::describe(fix);
     t.identical = o.identical;
     t.first = o.first;
@@ -363,7 +383,12 @@ class Finder {
   CulpritReport report_;
   // Families the greedy search added per trial, in order (minimise tries large groups whole).
   std::vector<std::vector<OpFamily>> added_;
-  bool light_ = false;       // trials watch the logits only
+  bool light_ = false;  // trials watch the logits only
+  // ... and, > 0, only the first horizon_ ticks (fewer_trials)
+  std::int64_t horizon_ = 0;
+  std::int64_t latest_tick_ = 0;  // the latest tick a trial so far first diverged at
+  // Ticks watched past the latest first divergence (and past step 2, self-conditioning's first).
+  static constexpr std::int64_t kHorizonMargin = 2;
   bool layer_taps_ = false;  // ... and each layer's output (narrowing: where they diverge)
   int layers_ = 1;
   int bound_ = 1;  // the most trials the search can still take (search_progress)

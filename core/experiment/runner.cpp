@@ -115,9 +115,14 @@ void run_group(Context& ctx, const PlannedGroup& group, ExperimentResult& out) {
   GroupStepper stepper(order, spec.mode);
   std::int64_t ticks = 0;
   bool differs = false;  // stop_at_first_difference: row 0 of a batched run left B=1's
-  while (!stepper.done() && !differs) {
+  const std::int64_t horizon = ctx.control.stop_after_ticks;
+  // The group stops part-way: at the first difference, or at the horizon of ticks.
+  const auto stopped = [&] {
+    return differs || (horizon > 0 && ticks >= horizon);
+  };
+  while (!stepper.done() && !stopped()) {
     stepper.begin_canvas();
-    while (!differs && stepper.tick()) {
+    while (!stopped() && stepper.tick()) {
       if (ctx.control.cancel != nullptr && ctx.control.cancel->cancelled()) {
         base::raise(ErrorCode::Cancelled, "experiment cancelled");
       }
@@ -141,7 +146,7 @@ void run_group(Context& ctx, const PlannedGroup& group, ExperimentResult& out) {
         }
       }
     }
-    if (!differs) {
+    if (!stopped()) {
       stepper.end_canvas();
     }
     // The canvas's per-tick results, read back in one transfer per engine and comparison.

@@ -30,6 +30,11 @@ struct RunControl {
   /// finder's trials, which need only whether and where): the result then ends at that tick and
   /// its runs' texts are those of an unfinished generation. Costs one readback per tick.
   bool stop_at_first_difference = false;
+  /// > 0: a group stops after this many ticks, its result ending there as with
+  /// stop_at_first_difference (the culprit finder's light trials, which watch the first ticks,
+  /// where every op family has run at every shape of the canvas, and verify the answer on the
+  /// whole generation afterwards).
+  std::int64_t stop_after_ticks = 0;
   /// false: every engine runs eager even where the session captures CUDA graphs (the culprit
   /// finder's trials: most stop after a few ticks, where a capture per engine would cost more
   /// than it saves, and each trial's engines would hold their graphs' memory).

@@ -190,6 +190,9 @@ base::Result<PolicyCosts> measure_policy_costs(const DiffusionGemma& model,
     int done = 0;
     out.cells.assign(policies, {});
     for (const std::int64_t b : request.batch_sizes) {
+      // The blocks of the last batch size's passes and graphs, back to the device before this
+      // one's captures (B=32 on the 26B-A4B architecture did not fit an H100 without).
+      release_cached_device_memory(model.device());
       const EngineInputs in =
           random_engine_inputs(model, b, request.prompt_length, request.input_seed,
                                /*self_conditioning=*/true);
