@@ -34,6 +34,11 @@ mark() { touch "$state/$1.done"; }
 cli="$build/app/batchlens-cli"
 sweep() {  # POSITIONS
   local dir=$work/sweep-$1 budget
+  # SEED_PER_ROW=DIR: the per-row sweep goes on from a folder of an earlier call on the same kind
+  # of GPU (e.g. docs/findings/gpu-out-mixed-sweeps/sweep-per_row-h100-partial: items 0-9).
+  if [ "$1" = per_row ] && [ -n "${SEED_PER_ROW:-}" ] && [ ! -d "$dir" ]; then
+    cp -r "$SEED_PER_ROW" "$dir"
+  fi
   budget=$(( $(left) - 25 ))
   [ "$budget" -gt 30 ] || return 1
   timeout -s INT "$budget" "$cli" sweep --preset 26b-a4b --device cuda --dtype bf16 \

@@ -78,6 +78,14 @@ void print_profiles(const setup::PolicyCosts& c) {
     row("between kernels (replay - sum)", [&](const setup::PolicyCostCell& cell) {
       return ms(cell.median_ms - cell.profile.kernel_ms);
     });
+    for (std::size_t p = 0; p < c.labels.size(); ++p) {
+      const setup::PassProfile& prof = c.cells[p][i].profile;
+      if (!prof.complete()) {
+        std::cout << "  INCOMPLETE (" << c.labels[p] << "): the profiler dropped records, "
+                  << prof.ops_without_kernels << " of " << prof.op_calls
+                  << " op calls have no kernel in the trace; its sums are lower bounds\n";
+      }
+    }
     std::cout << "  the longest kernels outside the op layer (" << c.labels[0] << "):\n";
     for (const auto& [name, us] : c.cells[0][i].profile.top_outside) {
       std::printf("    %8.3f ms  %s\n", us / 1000.0, name.substr(0, 110).c_str());
@@ -161,7 +169,11 @@ nlohmann::json profile_json(const setup::PassProfile& p) {
   for (const auto& [name, us] : p.top_outside) {
     top.push_back({{"kernel", name}, {"ms", us / 1000.0}});
   }
-  return {{"kernel_ms", p.kernel_ms}, {"groups", groups}, {"top_outside", top}};
+  return {{"kernel_ms", p.kernel_ms},
+          {"groups", groups},
+          {"top_outside", top},
+          {"op_calls", p.op_calls},
+          {"ops_without_kernels", p.ops_without_kernels}};
 }
 
 nlohmann::json costs_json(const setup::PolicyCosts& c) {

@@ -141,10 +141,6 @@ class Finder {
     // later canvases and data-dependent kernels are left to the verify trial, which runs the
     // whole generation, and should it differ the heavy pass searches again without a horizon.
     const std::vector<FixRule> greedy = rules;
-    horizon_ = options_.horizon_ticks >= 0 ? options_.horizon_ticks
-               : options_.fewer_trials
-                   ? std::max<std::int64_t>(latest_tick_, 1) + 1 + kHorizonMargin
-                   : 0;
     for (const bool light : {true, false}) {
       rules = greedy;
       light_ = light;
@@ -279,6 +275,16 @@ class Finder {
     return q;
   }
 
+  // The ticks a light trial watches: a few past the latest tick any trial so far first diverged
+  // at (and past step 2, self-conditioning's first), so that it grows when a trial diverges
+  // late; options_.horizon_ticks when given; 0 (every tick) without fewer_trials.
+  std::int64_t horizon() const {
+    if (options_.horizon_ticks >= 0) {
+      return options_.horizon_ticks;
+    }
+    return options_.fewer_trials ? std::max<std::int64_t>(latest_tick_, 1) + 1 + kHorizonMargin : 0;
+  }
+
   static double seconds_since(Clock::time_point t) {
     return std::chrono::duration<double>(Clock::now() - t).count();
   }
@@ -312,7 +318,7 @@ class Finder {
     RunControl rc;
     rc.cancel = control_.cancel;
     rc.stop_at_first_difference = true;  // a trial asks whether and where, not how far
-    rc.stop_after_ticks = light_ ? horizon_ : 0;
+    rc.stop_after_ticks = light_ ? horizon() : 0;
     rc.cuda_graphs = false;
     const int index = static_cast<int>(report_.trials.size());
     if (control_.progress) {
@@ -384,8 +390,7 @@ class Finder {
   // Families the greedy search added per trial, in order (minimise tries large groups whole).
   std::vector<std::vector<OpFamily>> added_;
   bool light_ = false;  // trials watch the logits only
-  // ... and, > 0, only the first horizon_ ticks (fewer_trials)
-  std::int64_t horizon_ = 0;
+  // ... and only the first horizon() ticks
   std::int64_t latest_tick_ = 0;  // the latest tick a trial so far first diverged at
   // Ticks watched past the latest first divergence (and past step 2, self-conditioning's first).
   static constexpr std::int64_t kHorizonMargin = 2;

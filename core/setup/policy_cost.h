@@ -54,6 +54,11 @@ struct PassProfile {
   double kernel_ms = 0.0;           ///< sum over every kernel
   /// The kernels outside the op layer that took the most time: name (shortened) and µs.
   std::vector<std::pair<std::string, double>> top_outside;
+  int op_calls = 0;  ///< distinct op calls (family, layer) the op layer made
+  /// Of them, those with no kernel in the trace: > 0 means the profiler dropped records, and
+  /// every sum is a lower bound.
+  int ops_without_kernels = 0;
+  bool complete() const { return ops_without_kernels == 0; }
 };
 
 /// The kind of a kernel launched outside the op layer, from its name: "RMSNorm (+RoPE)",

@@ -54,6 +54,21 @@ TEST(Cli, InfoJsonIsMachineReadable) {
   EXPECT_EQ(j.at("batchlens").at("version").get<std::string>(), base::build_info().tool_version);
 }
 
+// issue #37: cost --profile on a CPU prints its table and says why there is no profile; the
+// culprit's --horizon-ticks is checked as typed.
+TEST(Cli, CostProfileOnACpuSaysWhyAndCulpritHorizonIsChecked) {
+  const auto r = run_process({BL_CLI_PATH, "cost", "--preset", "tiny", "--batch-sizes", "1",
+                              "--repeat", "2", "--profile", "--json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_NE(j.at("profile_note").get<std::string>().find("device kernels"), std::string::npos);
+  EXPECT_TRUE(j.at("policies").at(0).at("cells").at(0).at("profile").is_null());
+  const auto bad = run_process({BL_CLI_PATH, "culprit", "--preset", "tiny", "--horizon-ticks", "-2",
+                                "--out", "/tmp/never-written.h5"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("horizon-ticks"), std::string::npos) << bad.err;
+}
+
 // issue #16: the report's "Reproduce" command, run by a shell, runs the same experiment.
 TEST(Cli, ReproduceCommandOfASpecRunsThatSpec) {
   experiment::ExperimentSpec spec;
