@@ -40,7 +40,11 @@ timed() {  # NAME COMMAND...: the process's wall and peak memory in NAME.time
   if [ "${TRAIN_CACHE:-0}" = 1 ]; then
     # A scratch folder: state.pt of this warm-up never reaches the real run.
     mkdir -p /tmp/train-cache
-    cp .train_demo/kjv.jsonl .train_demo/tokenizer.json /tmp/train-cache/
+    src=${TRAIN_CARRY:-.train_demo}
+    for f in kjv.jsonl tokenizer.json; do
+      [ -f "$src/$f" ] && cp "$src/$f" /tmp/train-cache/
+      [ -f "$src/$f.gz" ] && gunzip -c "$src/$f.gz" >"/tmp/train-cache/$f"
+    done
     (cd tools/train_demo && PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8 python3 train.py \
       train --backend port --fast --device cuda --experts dense --attention eager \
       --fusion compiled --steps 10000 --warmup-share 0.03 --batch 256 --bucket 16 \
@@ -101,8 +105,8 @@ timed() {  # NAME COMMAND...: the process's wall and peak memory in NAME.time
 } 2>&1 | tee "$work/run.log"
 tar czf "$out/issue37.tgz" -C "$work" .
 cp "$work/run.log" "$out/"
-# torch.compile's artifacts (30 MB on the H100) in parts under the 16 MB a returned file may have:
-#   cat compile-cache-*.part-* > .train_demo/compile-cache-....bin
+# torch.compile's artifacts (30 MB on the H100), gzipped, in parts under the 16 MB a returned file
+# may have (tools/train_demo/h200_fast.sh, TRAIN_CARRY, says how they travel back).
 for f in "$out"/compile-cache-*.bin; do
-  [ -f "$f" ] && split -b 15M -d "$f" "$f.part-" && rm -f "$f"
+  [ -f "$f" ] && gzip -c "$f" | split -b 15M -d - "$f.gz.part-" && rm -f "$f"
 done

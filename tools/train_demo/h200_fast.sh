@@ -13,7 +13,7 @@
 #   3. export (bf16, released layout, parity inputs) of the state reached, as
 #      demo-trained.tgz.part-NN (15 MB parts), and the log.
 # Files: run.log, check.jsonl, bench.jsonl, log.jsonl, demo-trained.tgz.part-*,
-# compile-cache-*.bin (torch.compile's artifacts: copy them into .train_demo/ for the next call).
+# compile-cache-*.bin.gz.part-* (torch.compile's artifacts, gzipped, in parts: see TRAIN_CARRY).
 # Here first: /usr/bin/python3 tools/train_demo/train.py prepare   (-> .train_demo/)
 # The call (device tool): bash tools/train_demo/h200_fast.sh   with carry [".train_demo"];
 # a call again within the machine's warm time resumes from $TRAIN_WORK/state.pt.
@@ -27,10 +27,28 @@ root=$(cd "$here/../.." && pwd)
 work=${TRAIN_WORK:-/tmp/train_demo}
 out=${OUT:-$root/out}
 mkdir -p "$out" "$work"
-for f in kjv.jsonl tokenizer.json; do [ -f "$work/$f" ] || cp "$root/.train_demo/$f" "$work/"; done
-# torch.compile's artifacts of an earlier call (train.py compile_cache_path), when carried back
-# into .train_demo: compiling then takes seconds instead of ~76 s.
-cp -n "$root"/.train_demo/compile-cache-*.bin "$work/" 2>/dev/null || true
+# TRAIN_CARRY: the carried folder (default .train_demo). The device tool carries at most 64 MiB
+# with the tree (56 MB of it tracked), so a carry of the corpus gzipped (1.4 MB instead of 5.7) and
+# of torch.compile's artifacts gzipped is what fits:
+#   mkdir -p .train_carry && gzip -c .train_demo/kjv.jsonl >.train_carry/kjv.jsonl.gz &&
+#   cp .train_demo/tokenizer.json .train_carry/ &&
+#   cat FILES/compile-cache-*.bin.gz.part-* >.train_carry/compile-cache-<name>.bin.gz
+# (.train_carry is git-ignored), then carry [".train_carry"] and set TRAIN_CARRY=.train_carry.
+src=${TRAIN_CARRY:-$root/.train_demo}
+for f in kjv.jsonl tokenizer.json; do
+  [ -f "$work/$f" ] && continue
+  if [ -f "$src/$f" ]; then
+    cp "$src/$f" "$work/"
+  elif [ -f "$src/$f.gz" ]; then
+    gunzip -c "$src/$f.gz" >"$work/$f"
+  fi
+done
+# torch.compile's artifacts of an earlier call (train.py compile_cache_path), as they are or
+# gzipped: compiling then takes seconds instead of ~76 s.
+cp -n "$src"/compile-cache-*.bin "$work/" 2>/dev/null || true
+for f in "$src"/compile-cache-*.bin.gz; do
+  [ -f "$f" ] && gunzip -c "$f" >"$work/$(basename "$f" .gz)"
+done
 export PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8
 # BUCKET: the context width of --fast's batches (default 16: 11 CUDA graphs; 32: 6).
 train() { python3 "$here/train.py" "$@" --work "$work" --bucket "${BUCKET:-16}"; }
@@ -78,8 +96,10 @@ PY
     --loss-positions "${LOSS_POSITIONS:-all}" \
     --batch "${BATCH:-256}" --max-seconds "$(( $(left) - ${EXPORT_MARGIN_S:-40} ))"
   cp "$work/log.jsonl" "$out/"
-  # Here after the call: cp FILES/compile-cache-*.bin .train_demo/ (carried by the next call).
-  cp "$work"/compile-cache-*.bin "$out/" 2>/dev/null || true
+  # Here after the call: cat FILES/compile-cache-*.bin.gz.part-* into the carry (see above).
+  for f in "$work"/compile-cache-*.bin; do
+    [ -f "$f" ] && gzip -c "$f" | split -b 15M -d - "$out/$(basename "$f").gz.part-"
+  done
   done=$(python3 -c '
 import json, sys
 last = [json.loads(l) for l in open(sys.argv[1]) if l.strip()][-1]
