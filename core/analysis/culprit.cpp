@@ -90,9 +90,73 @@ class Finder {
     }
     report_.diverged = true;
 
-    // 2. Greedy: add the families behind each new first divergence.
+    // 2. Greedy: add the families behind each new first divergence. With a horizon the search
+    // trials watch its ticks too (the last one, identical, is otherwise a whole run); the
+    // verify trial then checks the set on the whole generation, and should it fall short the
+    // search goes on watching every tick.
     std::vector<FixRule> rules;
     FamilySet in_set;
+    short_ = horizon() > 0;
+    if (!grow(rules, in_set, o, lockstep)) {
+      report_.wall_s = seconds_since(start);
+      return report_;
+    }
+
+    // The set is known: at most minimising it (logits, then on every tap should the logits
+    // miss a difference), verify and confirm are left.
+    bound_ = static_cast<int>(report_.trials.size()) + 2 * minimise_bound(rules) + 2;
+
+    // 3. Minimise and narrow, where only "identical or not" matters: the trials watch the
+    // logits alone (every op's difference reaches them, and the sampler's decisions are
+    // compared too), which keeps them light. The result is then verified on every tap; should
+    // a difference hide from the logits, it is done again on every tap.
+    // With fewer_trials the light trials also stop after a horizon of ticks: every op family
+    // runs in every pass, so a fix that leaves one family's kernels differing shows within a few
+    // ticks of where the trials so far diverged (step 2 is the first with self-conditioning);
+    // later canvases and data-dependent kernels are left to the verify trial, which runs the
+    // whole generation, and should it differ the heavy pass searches again without a horizon.
+    std::vector<FixRule> greedy = rules;
+    for (const bool light : {true, false}) {
+      rules = greedy;
+      light_ = light;
+      const std::size_t before = report_.trials.size();
+      minimise(rules, lockstep, layers);
+      light_ = false;
+      const bool tried = report_.trials.size() > before;  // a single family may need no trial
+      if (!light || (!tried && !short_) || trial("verify", rules, lockstep).identical) {
+        break;
+      }
+      if (short_) {
+        // The greedy set itself was found watching the horizon: it may fall short.
+        short_ = false;
+        rules = greedy;
+        if (!grow(rules, in_set, trial("search", rules, lockstep), lockstep)) {
+          report_.wall_s = seconds_since(start);
+          return report_;
+        }
+        greedy = rules;
+      }
+    }
+    report_.found = true;
+    report_.fix = fix_policy(rules, options_.strategy);
+
+    // 4. Confirm over the whole generation, trajectories free.
+    report_.confirmed = trial("confirm", rules, false).identical;
+    report_.verdict =
+        report_.confirmed
+            ? "minimal fix found and confirmed in free mode"
+            : "the fix makes lockstep trials identical but free mode still diverges: a longer "
+              "generation reaches ops the trials did not";
+    measure_costs();
+    report_.wall_s = seconds_since(start);
+    return report_;
+  }
+
+ private:
+  // The greedy search from outcome `o` of `rules`: adds the families behind each new first
+  // divergence (every family left when those are fixed already) until a trial is identical.
+  // False, with the verdict written, when no op-level fix exists.
+  bool grow(std::vector<FixRule>& rules, FamilySet& in_set, TrialOutcome o, bool lockstep) {
     const FamilySet everything = FamilySet().set();
     while (!o.identical) {
       FamilySet add = model::families_behind(o.first.tap) & ~in_set;
@@ -113,8 +177,7 @@ class Finder {
               "; the batch holds other prompts, padded with shared positions: "
               "run again with per_row positions to see whether they are the cause";
         }
-        report_.wall_s = seconds_since(start);
-        return report_;
+        return false;
       }
       added_.emplace_back();
       for (int f = 0; f < ops::kOpFamilyCount; ++f) {
@@ -126,48 +189,9 @@ class Finder {
       in_set |= add;
       o = trial("search", rules, lockstep);
     }
-
-    // The set is known: at most minimising it (logits, then on every tap should the logits
-    // miss a difference), verify and confirm are left.
-    bound_ = static_cast<int>(report_.trials.size()) + 2 * minimise_bound(rules) + 2;
-
-    // 3. Minimise and narrow, where only "identical or not" matters: the trials watch the
-    // logits alone (every op's difference reaches them, and the sampler's decisions are
-    // compared too), which keeps them light. The result is then verified on every tap; should
-    // a difference hide from the logits, it is done again on every tap.
-    // With fewer_trials the light trials also stop after a horizon of ticks: every op family
-    // runs in every pass, so a fix that leaves one family's kernels differing shows within a few
-    // ticks of where the trials so far diverged (step 2 is the first with self-conditioning);
-    // later canvases and data-dependent kernels are left to the verify trial, which runs the
-    // whole generation, and should it differ the heavy pass searches again without a horizon.
-    const std::vector<FixRule> greedy = rules;
-    for (const bool light : {true, false}) {
-      rules = greedy;
-      light_ = light;
-      const std::size_t before = report_.trials.size();
-      minimise(rules, lockstep, layers);
-      light_ = false;
-      const bool tried = report_.trials.size() > before;  // a single family may need no trial
-      if (!light || !tried || trial("verify", rules, lockstep).identical) {
-        break;
-      }
-    }
-    report_.found = true;
-    report_.fix = fix_policy(rules, options_.strategy);
-
-    // 4. Confirm over the whole generation, trajectories free.
-    report_.confirmed = trial("confirm", rules, false).identical;
-    report_.verdict =
-        report_.confirmed
-            ? "minimal fix found and confirmed in free mode"
-            : "the fix makes lockstep trials identical but free mode still diverges: a longer "
-              "generation reaches ops the trials did not";
-    measure_costs();
-    report_.wall_s = seconds_since(start);
-    return report_;
+    return true;
   }
 
- private:
   // 1-minimal: drop each family in turn, keep it dropped while the result stays identical; then
   // each per-layer family's layer range: the latest first layer, then the earliest last layer,
   // that keep it identical (binary search; a range that fixes it contains the layers that matter).
@@ -318,7 +342,7 @@ class Finder {
     RunControl rc;
     rc.cancel = control_.cancel;
     rc.stop_at_first_difference = true;  // a trial asks whether and where, not how far
-    rc.stop_after_ticks = light_ ? horizon() : 0;
+    rc.stop_after_ticks = light_ || (short_ && stage == "search") ? horizon() : 0;
     rc.cuda_graphs = false;
     const int index = static_cast<int>(report_.trials.size());
     if (control_.progress) {
@@ -335,10 +359,10 @@ class Finder {
       latest_tick_ = std::max<std::int64_t>(latest_tick_, o.first.tick);
     }
     CulpritTrial t;
-    t.stage = !light_ ? stage
-              : rc.stop_after_ticks > 0
-                  ? stage + " (logits, first " + std::to_string(rc.stop_after_ticks) + " ticks)"
-                  : stage + " (logits)";
+    t.stage = light_ ? stage + " (logits" : stage + " (";
+    t.stage = rc.stop_after_ticks > 0 ? t.stage + (light_ ? ", " : "") + "first " +
+                                            std::to_string(rc.stop_after_ticks) + " ticks)"
+                                      : (light_ ? t.stage + ")" : stage);
     t.fix = rules.empty() ? std::string("none") : ops::describe(fix);
     t.identical = o.identical;
     t.first = o.first;
@@ -391,6 +415,7 @@ class Finder {
   std::vector<std::vector<OpFamily>> added_;
   bool light_ = false;  // trials watch the logits only
   // ... and only the first horizon() ticks
+  bool short_ = false;            // the greedy search's trials watch the horizon too
   std::int64_t latest_tick_ = 0;  // the latest tick a trial so far first diverged at
   // Ticks watched past the latest first divergence (and past step 2, self-conditioning's first).
   static constexpr std::int64_t kHorizonMargin = 2;

@@ -48,10 +48,10 @@ struct CulpritOptions {
   /// Under the search's own assumption (a fix still holds with more fixed) the set and ranges
   /// are those of the one-by-one search. False: that search.
   bool fewer_trials = true;
-  /// The ticks each light trial (minimise and narrow, logits only) watches before it stops:
-  /// -1 chosen from where the trials so far diverged (fewer_trials; none without), 0 every tick,
-  /// N the first N. An answer is always verified on the whole generation; a horizon too short for
-  /// it costs a second search without one.
+  /// The ticks each greedy search trial and each light trial (minimise and narrow, logits only)
+  /// watches before it stops: -1 chosen from where the trials so far diverged (fewer_trials; none
+  /// without), 0 every tick, N the first N. An answer is always verified on the whole
+  /// generation; a horizon too short for it costs a second search without one.
   std::int64_t horizon_ticks = -1;
   int cost_repeats = 5;  ///< decoder passes timed per batch size and policy; 0: no costs
 };

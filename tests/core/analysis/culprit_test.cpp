@@ -140,7 +140,7 @@ TEST(Culprit, NarrowingFromTheDivergenceGivesThePlainAnswerInFewerTrials) {
   }
 }
 
-// issue #37: the light trials watch only the first ticks (where every family has run); the
+// issue #37: the search and light trials watch only the first ticks (where every family ran); the
 // answer is the one of trials that watch every tick, and a horizon too short for it (one tick:
 // the self-conditioning matmul first runs at step 2) is caught by the verify trial and searched
 // again over the whole generation, to the same answer.
@@ -172,15 +172,29 @@ TEST(Culprit, ATickHorizonGivesTheWholeRunsAnswerAndATooShortOneIsCaught) {
   EXPECT_EQ(ops::to_json(b.value().fix).dump(), fix);
   EXPECT_TRUE(b.value().confirmed);
   EXPECT_NE(horizon_of(b.value()).find("first "), std::string::npos);
-  double light_a = 0.0;
-  double light_b = 0.0;
-  for (const auto& [r, sum] : {std::pair{&a.value(), &light_a}, std::pair{&b.value(), &light_b}}) {
+  // The greedy search watched the horizon too (its last trial is identical: otherwise a whole
+  // run).
+  const auto searches_with_horizon = [](const CulpritReport& r) {
+    int n = 0;
+    for (const CulpritTrial& t : r.trials) {
+      n += t.stage.rfind("search (first ", 0) == 0 ? 1 : 0;
+    }
+    return n;
+  };
+  EXPECT_GT(searches_with_horizon(b.value()), 0);
+  EXPECT_EQ(searches_with_horizon(a.value()), 0);
+  double identical_a = 0.0;
+  double identical_b = 0.0;
+  for (const auto& [r, sum] :
+       {std::pair{&a.value(), &identical_a}, std::pair{&b.value(), &identical_b}}) {
     for (const CulpritTrial& t : r->trials) {
-      *sum += t.identical && t.stage.find("(logits") != std::string::npos ? t.wall_s : 0.0;
+      *sum += t.identical && t.stage != "verify" && t.stage != "confirm" ? t.wall_s : 0.0;
     }
   }
-  std::printf("identical light trials: %.2f s watching every tick, %.2f s with the horizon\n",
-              light_a, light_b);
+  std::printf(
+      "identical search/minimise trials: %.2f s watching every tick, %.2f s with the "
+      "horizon\n",
+      identical_a, identical_b);
 
   CulpritOptions short_horizon = whole;
   short_horizon.horizon_ticks = 1;
@@ -196,6 +210,14 @@ TEST(Culprit, ATickHorizonGivesTheWholeRunsAnswerAndATooShortOneIsCaught) {
   }
   EXPECT_EQ(verifies, 1);  // the heavy pass needs no verify of its own
   EXPECT_EQ(failed, 1) << "one tick cannot see the self-conditioning matmul";
+  // After the failed verify the search went on watching every tick.
+  bool after_verify = false;
+  bool searched_whole = false;
+  for (const CulpritTrial& t : c.value().trials) {
+    after_verify = after_verify || t.stage == "verify";
+    searched_whole = searched_whole || (after_verify && t.stage == "search");
+  }
+  EXPECT_TRUE(searched_whole);
 }
 
 // The grouped drop keeps the one-by-one loop's families for every monotone trial (seeded random
