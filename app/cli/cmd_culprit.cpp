@@ -42,9 +42,9 @@ void register_culprit(CLI::App& app, int& exit_code) {
                 "Minimise one family at a time and narrow layer ranges by plain binary search "
                 "(the same answer in more trials; to compare)");
   cmd->add_option("--horizon-ticks", opts->horizon_ticks,
-                  "Ticks each minimise/narrow trial watches: -1 chosen from where the trials "
-                  "diverged (none with --plain-search), 0 every tick, N the first N; the answer "
-                  "is verified on the whole generation either way")
+                  "Ticks each search/minimise/narrow trial watches: -1 chosen from where the "
+                  "trials diverged (none with --plain-search), 0 every tick, N the first N; the "
+                  "answer is verified on the whole generation either way")
       ->check(CLI::Range(std::int64_t{-1}, std::int64_t{1} << 30))
       ->capture_default_str();
   cmd->callback([opts, &exit_code] {

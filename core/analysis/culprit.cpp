@@ -97,7 +97,10 @@ class Finder {
     std::vector<FixRule> rules;
     FamilySet in_set;
     short_ = horizon() > 0;
-    if (!grow(rules, in_set, o, lockstep)) {
+    const bool short_greedy = short_;
+    const bool grown = grow(rules, in_set, o, lockstep);
+    short_ = false;
+    if (!grown) {
       report_.wall_s = seconds_since(start);
       return report_;
     }
@@ -123,12 +126,12 @@ class Finder {
       minimise(rules, lockstep, layers);
       light_ = false;
       const bool tried = report_.trials.size() > before;  // a single family may need no trial
-      if (!light || (!tried && !short_) || trial("verify", rules, lockstep).identical) {
+      if (!light || (!tried && !short_greedy) || trial("verify", rules, lockstep).identical) {
         break;
       }
-      if (short_) {
-        // The greedy set itself was found watching the horizon: it may fall short.
-        short_ = false;
+      if (short_greedy) {
+        // The greedy set itself was found watching the horizon: it may fall short. The heavy
+        // pass searches on from it over every tick.
         rules = greedy;
         if (!grow(rules, in_set, trial("search", rules, lockstep), lockstep)) {
           report_.wall_s = seconds_since(start);
@@ -299,9 +302,9 @@ class Finder {
     return q;
   }
 
-  // The ticks a light trial watches: a few past the latest tick any trial so far first diverged
-  // at (and past step 2, self-conditioning's first), so that it grows when a trial diverges
-  // late; options_.horizon_ticks when given; 0 (every tick) without fewer_trials.
+  // The ticks a light or greedy-search trial watches: a few past the latest tick any trial so far
+  // first diverged at (and past step 2, self-conditioning's first), so that it grows when a trial
+  // diverges late; options_.horizon_ticks when given; 0 (every tick) without fewer_trials.
   std::int64_t horizon() const {
     if (options_.horizon_ticks >= 0) {
       return options_.horizon_ticks;
@@ -342,7 +345,7 @@ class Finder {
     RunControl rc;
     rc.cancel = control_.cancel;
     rc.stop_at_first_difference = true;  // a trial asks whether and where, not how far
-    rc.stop_after_ticks = light_ || (short_ && stage == "search") ? horizon() : 0;
+    rc.stop_after_ticks = light_ || short_ ? horizon() : 0;
     rc.cuda_graphs = false;
     const int index = static_cast<int>(report_.trials.size());
     if (control_.progress) {
@@ -359,10 +362,13 @@ class Finder {
       latest_tick_ = std::max<std::int64_t>(latest_tick_, o.first.tick);
     }
     CulpritTrial t;
-    t.stage = light_ ? stage + " (logits" : stage + " (";
-    t.stage = rc.stop_after_ticks > 0 ? t.stage + (light_ ? ", " : "") + "first " +
-                                            std::to_string(rc.stop_after_ticks) + " ticks)"
-                                      : (light_ ? t.stage + ")" : stage);
+    // "minimise (logits, first 4 ticks)", "search (first 4 ticks)", "verify".
+    std::string watched = light_ ? "logits" : "";
+    if (rc.stop_after_ticks > 0) {
+      watched += (watched.empty() ? "" : ", ") + std::string("first ") +
+                 std::to_string(rc.stop_after_ticks) + " ticks";
+    }
+    t.stage = watched.empty() ? stage : stage + " (" + watched + ")";
     t.fix = rules.empty() ? std::string("none") : ops::describe(fix);
     t.identical = o.identical;
     t.first = o.first;
@@ -413,9 +419,8 @@ class Finder {
   CulpritReport report_;
   // Families the greedy search added per trial, in order (minimise tries large groups whole).
   std::vector<std::vector<OpFamily>> added_;
-  bool light_ = false;  // trials watch the logits only
-  // ... and only the first horizon() ticks
-  bool short_ = false;            // the greedy search's trials watch the horizon too
+  bool light_ = false;  // trials watch the logits only, and only the first horizon() ticks
+  bool short_ = false;  // the first greedy search's trials watch the first horizon() ticks
   std::int64_t latest_tick_ = 0;  // the latest tick a trial so far first diverged at
   // Ticks watched past the latest first divergence (and past step 2, self-conditioning's first).
   static constexpr std::int64_t kHorizonMargin = 2;
