@@ -49,7 +49,18 @@ timed() {  # NAME COMMAND...: the process's wall and peak memory in NAME.time
       train --backend port --fast --device cuda --experts dense --attention eager \
       --fusion compiled --steps 10000 --warmup-share 0.03 --batch 256 --bucket 16 \
       --loss-positions all --eval-every 100000 --save-every 100000 --log-every 100 \
-      --max-seconds 1 --work /tmp/train-cache --fresh) >"$work/train-cache.log" 2>&1 &
+      --max-seconds 1 --work /tmp/train-cache --fresh >"$work/train-cache.log" 2>&1
+     # The check that the artifacts are used: a second process from a fresh folder with only
+     # the corpus and the cache, and inductor's and Triton's own on-disk caches elsewhere (as on
+     # a fresh machine), its per-bucket warm-up times beside the first's.
+     mkdir -p /tmp/train-cache2 && cp /tmp/train-cache/kjv.jsonl /tmp/train-cache/tokenizer.json \
+       /tmp/train-cache/compile-cache-*.bin /tmp/train-cache2/ &&
+     TORCHINDUCTOR_CACHE_DIR=/tmp/inductor-fresh TRITON_CACHE_DIR=/tmp/inductor-fresh/triton \
+     PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8 python3 train.py \
+      train --backend port --fast --device cuda --experts dense --attention eager \
+      --fusion compiled --steps 10000 --warmup-share 0.03 --batch 256 --bucket 16 \
+      --loss-positions all --eval-every 100000 --save-every 100000 --log-every 100 \
+      --max-seconds 1 --work /tmp/train-cache2 --fresh >"$work/train-cache2.log" 2>&1) &
     cache_pid=$!
   fi
   scripts/gpu-build.sh --cli "$build" >"$work/build.log" 2>&1 || { tail -40 "$work/build.log"; exit 1; }
@@ -61,6 +72,9 @@ timed() {  # NAME COMMAND...: the process's wall and peak memory in NAME.time
     stamp "train cache rc=$?"
     grep -v "UserWarning\|warnings.warn\|softmax\|split the reduction\|important use case" \
       "$work/train-cache.log" | tail -8
+    echo "  the second process, with the cache:"
+    grep -v "UserWarning\|warnings.warn\|softmax\|split the reduction\|important use case" \
+      "$work/train-cache2.log" | tail -8
     cp /tmp/train-cache/compile-cache-*.bin "$out/" 2>/dev/null
   fi
   if [[ "$parts" == *" cost "* ]] && [ "$(left)" -gt 120 ]; then
@@ -108,5 +122,9 @@ cp "$work/run.log" "$out/"
 # torch.compile's artifacts (30 MB on the H100), gzipped, in parts under the 16 MB a returned file
 # may have (tools/train_demo/h200_fast.sh, TRAIN_CARRY, says how they travel back).
 for f in "$out"/compile-cache-*.bin; do
-  [ -f "$f" ] && gzip -c "$f" | split -b 15M -d - "$f.gz.part-" && rm -f "$f"
+  [ -f "$f" ] || continue
+  gzip -9 -c "$f" | split -b 15M -d - "$f.gz.part-"
+  echo "$(basename "$f"): $(stat -c %s "$f") bytes, gzip -9 $(cat "$f".gz.part-* | wc -c)" |
+    tee -a "$out/run.log"
+  rm -f "$f"
 done
