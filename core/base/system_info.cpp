@@ -6,6 +6,7 @@
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -264,6 +265,33 @@ std::string describe(const SystemInfo& info) {
         << gpu.multiprocessors << " SMs";
   }
   return out.str();
+}
+
+double seconds_since_process_start() {
+  std::ifstream in("/proc/self/stat");
+  std::string stat;
+  std::getline(in, stat);
+  // The command name (field 2) is in parentheses and may hold spaces: count after its ')'.
+  const std::size_t close = stat.rfind(')');
+  const long ticks = sysconf(_SC_CLK_TCK);
+  timespec now{};
+  if (close == std::string::npos || ticks <= 0 || clock_gettime(CLOCK_BOOTTIME, &now) != 0) {
+    return -1.0;
+  }
+  std::istringstream rest(stat.substr(close + 1));
+  std::string field;
+  for (int i = 3; i <= 22; ++i) {  // field 3 is the state, field 22 the start time in ticks
+    if (!(rest >> field)) {
+      return -1.0;
+    }
+  }
+  char* end = nullptr;
+  const unsigned long long start = std::strtoull(field.c_str(), &end, 10);
+  if (end == field.c_str() || *end != '\0') {
+    return -1.0;
+  }
+  const double now_s = static_cast<double>(now.tv_sec) + static_cast<double>(now.tv_nsec) * 1e-9;
+  return now_s - static_cast<double>(start) / static_cast<double>(ticks);
 }
 
 }  // namespace batchlens::base

@@ -79,6 +79,11 @@ void configure_threads(int threads);
 /// The CPU's instruction sets now (cheap; reads /proc/cpuinfo and the environment). Never throws.
 CpuIsa query_cpu_isa();
 
+/// Seconds since this process started (its exec), from the kernel's record of the start
+/// (/proc/self/stat) against CLOCK_BOOTTIME: it counts what happens before main() too, such as
+/// loading LibTorch's libraries. One clock tick of resolution (10 ms); -1 where it cannot be read.
+double seconds_since_process_start();
+
 /// One line, e.g. "avx2 fma avx512f ... avx512_bf16; ATen AVX2, oneDNN avx2, bf16 matmul ATen
 /// (ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2)".
 std::string describe(const CpuIsa& isa);

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // `batchlens-cli save-model` + `forward` end to end on the tiny preset.
 #include <csignal>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 
@@ -268,6 +269,17 @@ TEST(CliRun, WritesAnExperimentFileThatSummaryReads) {
   EXPECT_NE(r.out.find("EMULATED"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("time: load "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(" s, file "), std::string::npos) << r.out;
+  // The whole process beside the run's parts: start-up before the run, then the rest.
+  const auto at = r.out.find("; process ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  double process_s = -1.0;
+  double before_s = -1.0;
+  ASSERT_EQ(std::sscanf(r.out.c_str() + at, "; process %lf s (start-up before the run %lf s)",
+                        &process_s, &before_s),
+            2)
+      << r.out.substr(at);
+  EXPECT_GT(before_s, 0.0);
+  EXPECT_GE(process_s, before_s);
   ASSERT_TRUE(fs::exists(file));
   const auto s = run_process({BL_CLI_PATH, "summary", file.string(), "--json"});
   ASSERT_EQ(s.exit_code, 0) << s.err;

@@ -1,6 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/base/system_info.h"
 
+#include <chrono>
+#include <thread>
+
 #include <ATen/Parallel.h>
 #include <gtest/gtest.h>
 #include <torch/version.h>
@@ -24,6 +27,18 @@ TEST(SystemInfo, DescribesThisMachine) {
   EXPECT_NE(text.find(std::string("LibTorch ") + TORCH_VERSION), std::string::npos) << text;
   EXPECT_NE(text.find("CPU: "), std::string::npos) << text;
   EXPECT_NE(text.find("CUDA: "), std::string::npos) << text;
+}
+
+// The process's age counts from its exec (the CLI's time line, issue #37): positive, it grows with
+// the wall clock, and a test binary is not a day old.
+TEST(SystemInfo, SecondsSinceProcessStartFollowTheWallClock) {
+  const double a = seconds_since_process_start();
+  ASSERT_GE(a, 0.0) << "/proc/self/stat or CLOCK_BOOTTIME unreadable";
+  EXPECT_LT(a, 24.0 * 3600.0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(150));
+  const double b = seconds_since_process_start();
+  EXPECT_GE(b - a, 0.14);
+  EXPECT_LT(b - a, 10.0);
 }
 
 TEST(SystemInfo, ConfigureThreadsSetsLibTorch) {
