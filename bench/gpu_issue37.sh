@@ -107,6 +107,11 @@ timed() {  # NAME COMMAND...: the process's wall and peak memory in NAME.time
       --workaround issue_workaround --batch-sizes 2,4 \
       --taps selfcond.soft_embed,router.scores,router.topk_ids,logits --out "$work/lockstep.h5"
     grep "^time" "$work/run-lockstep.txt"
+    # The same without the exact reference (its re-run to the divergence and fp64 products).
+    timed run-lockstep-noexact "$cli" run --preset 26b-a4b "${gpu[@]}" --mode lockstep \
+      --workaround issue_workaround --batch-sizes 2,4 --no-exact \
+      --taps selfcond.soft_embed,router.scores,router.topk_ids,logits --out "$work/lockstep2.h5"
+    grep "^time" "$work/run-lockstep-noexact.txt"
   fi
   # What time is left: issue #35's per-row sweep (resumable; its folder comes back packed).
   if [[ "$parts" == *" sweep "* ]] && [ "$(left)" -gt 90 ]; then

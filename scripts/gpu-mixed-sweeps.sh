@@ -35,7 +35,7 @@ cli="$build/app/batchlens-cli"
 sweep() {  # POSITIONS
   local dir=$work/sweep-$1 budget
   # SEED_PER_ROW=DIR: the per-row sweep goes on from a folder of an earlier call on the same kind
-  # of GPU (e.g. docs/findings/gpu-out-mixed-sweeps/sweep-per_row-h100-partial: items 0-9).
+  # of GPU (e.g. a folder of a sweep stopped part-way, committed under docs/findings/).
   if [ "$1" = per_row ] && [ -n "${SEED_PER_ROW:-}" ] && [ ! -d "$dir" ]; then
     cp -r "$SEED_PER_ROW" "$dir"
   fi

@@ -339,7 +339,8 @@ void compute_and_write(
             << std::fixed << std::setprecision(2) << "time: load " << t.load_s << " s, engines "
             << t.engines_s << " s, per-tick copies and comparisons " << t.comparisons_s
             << " s (read back per canvas " << t.readback_s << " s), results " << t.results_s
-            << " s, kernel provenance " << t.kernels_s << " s, file " << write_s << " s";
+            << " s, kernel provenance " << t.kernels_s << " s, causes " << t.causes_s
+            << " s, exact reference " << t.exact_s << " s, file " << write_s << " s";
   if (const double process_s = base::seconds_since_process_start();
       before_run_s >= 0.0 && process_s >= before_run_s) {
     // What the parts above leave out shows as the process's rest: its start-up before the run,

@@ -2,6 +2,7 @@
 #include "core/analysis/explain.h"
 
 #include <algorithm>
+#include <chrono>
 #include <utility>
 
 #include "core/analysis/causes.h"
@@ -18,8 +19,13 @@ base::Result<experiment::ExperimentResult> run_and_explain(const experiment::Exp
     experiment::ExperimentResult out =
         base::take(experiment::run_experiment(session, spec, control));
     out.timings.load_s = session.load_s;
+    const auto seconds_since = [](std::chrono::steady_clock::time_point t) {
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+    };
     if (explain.causes && spec.composition.mixed()) {
+      const auto start = std::chrono::steady_clock::now();
       out.causes = base::take(find_causes(session, out, control));
+      out.timings.causes_s = seconds_since(start);
     }
     if (explain.exact) {
       const bool diverged =
@@ -30,7 +36,9 @@ base::Result<experiment::ExperimentResult> run_and_explain(const experiment::Exp
       if (diverged) {
         // An explanation that cannot be computed (out of memory for the fp64 copies) leaves
         // the experiment as it ran; only Cancel ends everything.
+        const auto start = std::chrono::steady_clock::now();
         auto exact = exact_at_divergence(session, out, control);
+        out.timings.exact_s = seconds_since(start);
         if (exact.ok()) {
           out.exact = std::move(exact).value();
         } else if (exact.error().code == base::ErrorCode::Cancelled) {

@@ -313,6 +313,8 @@ struct ExperimentResult {
     double readback_s = 0.0;  ///< of comparisons_s: reading the results back per canvas
     double results_s = 0.0;   ///< assembling runs and comparisons after each group
     double kernels_s = 0.0;   ///< recording kernel provenance (ExperimentSpec::kernels)
+    double causes_s = 0.0;    ///< analysis::find_causes's re-runs (a mixed batch)
+    double exact_s = 0.0;     ///< analysis::exact_at_divergence (its re-run and fp64 products)
   } timings;
 
   const RunResult* run(const std::string& id) const;
