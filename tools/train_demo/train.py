@@ -893,15 +893,23 @@ def bench(args):
     real_tokens = sum(len(e[0]) for e in exs) / len(exs) + CANVAS
     out = open(os.path.join(args.work, "bench.jsonl"), "a", encoding="utf-8")
     name = torch.cuda.get_device_name() if device.startswith("cuda") else "cpu"
+    if device.startswith("cuda") and "compiled" in args.bench_variants:
+        load_compile_cache(torch, compile_cache_path(torch, args.work))  # as train() does
 
     def autocast(**kw):
         return torch.autocast(device_type="cuda", dtype=torch.bfloat16, **kw)
 
     useful = {}  # batch -> the model's FLOPs per step
     checks = {}  # kernel variant -> kernel_check's record
-    runs = [(int(b), v.split("/"), m) for b in args.bench_batches.split(",")
-            for v in args.bench_variants.split(",") for m in args.bench_modes.split(",")]
-    for batch, kernels, mode in runs:
+    runs = [(int(b), v.split("/"), m, d) for b in args.bench_batches.split(",")
+            for v in args.bench_variants.split(",") for m in args.bench_modes.split(",")
+            for d in args.bench_deterministic.split(",")]
+    for batch, kernels, mode, deterministic in runs:
+        # train() runs with torch.use_deterministic_algorithms (a resumed run equals an
+        # uninterrupted one); "on" measures the step as training takes it, "off" what that costs.
+        if deterministic not in ("on", "off"):
+            raise SystemExit("--bench-deterministic: on or off, not %r" % deterministic)
+        torch.use_deterministic_algorithms(deterministic == "on", warn_only=True)
         args.backend = "port"
         model = build_model(args, device)
         params = [p for _, p in trained_parameters(model)]
@@ -913,7 +921,8 @@ def bench(args):
                                 **({"capturable": True} if graphs else {}))
         kernels = (kernels + ["none"])[:3]
         rec = {"device": name, "batch": batch, "mode": mode, "experts": kernels[0],
-               "attention": kernels[1], "fusion": kernels[2], "torch": torch.__version__}
+               "attention": kernels[1], "fusion": kernels[2], "torch": torch.__version__,
+               "deterministic": deterministic}
         graphed = None
 
         def one(step):
@@ -1333,6 +1342,9 @@ def main():
     ap.add_argument("--bench-modes", default="eager,graphs",
                     help="bench: eager steps, CUDA-graphed steps (graphs), eager steps whose "
                          "kernels are profiled first (profile)")
+    ap.add_argument("--bench-deterministic", default="off",
+                    help="bench: torch.use_deterministic_algorithms per row, on and/or off "
+                         "(train runs with it on), e.g. on,off")
     ap.add_argument("--peak-tflops", type=float, default=989.0,
                     help="bench: the GPU's dense bf16 peak for model FLOP utilisation "
                          "(H100 and H200 SXM: 989)")
