@@ -58,11 +58,16 @@ def phases_of(txt):
     """The `time:` line of a batchlens-cli run log as seconds: load, engines, metrics, file."""
     if not txt.exists():
         return None
-    m = re.search(r"^time: load ([0-9.]+) s, engines ([0-9.]+) s, per-tick copies and comparisons "
-                  r"([0-9.]+) s(?: \(read back per canvas [0-9.]+ s\))?, results ([0-9.]+) s, file ([0-9.]+) s", txt.read_text(), re.M)
-    if not m:
+    line = re.search(r"^time: (.*)$", txt.read_text(), re.M)
+    if not line:
         return None
-    load, engines, comparisons, results, file = (float(x) for x in m.groups())
+
+    def part(name):  # "<name> X s" anywhere in the line (the line grew parts over time)
+        m = re.search(r"(?:^|, )" + name + r" ([0-9.]+) s", line.group(1))
+        return float(m.group(1)) if m else 0.0
+
+    load, engines, file = part("load"), part("engines"), part("file")
+    comparisons, results = part("per-tick copies and comparisons"), part("results")
     return {"load": load, "engines": engines, "metrics": comparisons + results, "file": file}
 
 

@@ -336,8 +336,9 @@ void compute_and_write(
     return;
   }
   std::cout << "wrote " << written.string() << "\n"
-            << std::fixed << std::setprecision(2) << "time: load " << t.load_s << " s, engines "
-            << t.engines_s << " s, per-tick copies and comparisons " << t.comparisons_s
+            << std::fixed << std::setprecision(2) << "time: tokenizer and inputs " << t.prepare_s
+            << " s, load " << t.load_s << " s, engines " << t.engines_s
+            << " s, per-tick copies and comparisons " << t.comparisons_s
             << " s (read back per canvas " << t.readback_s << " s), results " << t.results_s
             << " s, kernel provenance " << t.kernels_s << " s, causes " << t.causes_s
             << " s, exact reference " << t.exact_s << " s, file " << write_s << " s";

@@ -580,6 +580,7 @@ base::Result<ExperimentResult> run_culprit_experiment(const ExperimentSpec& spec
     }
     ExperimentResult out = std::move(result).value();
     out.timings.load_s = session.value().load_s;
+    out.timings.prepare_s = session.value().prepare_s;
     out.culprit = std::move(report).value();
     return out;
   });

@@ -19,6 +19,7 @@ base::Result<experiment::ExperimentResult> run_and_explain(const experiment::Exp
     experiment::ExperimentResult out =
         base::take(experiment::run_experiment(session, spec, control));
     out.timings.load_s = session.load_s;
+    out.timings.prepare_s = session.prepare_s;
     const auto seconds_since = [](std::chrono::steady_clock::time_point t) {
       return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
     };

@@ -304,6 +304,7 @@ struct ExperimentResult {
   /// Where run_experiment spent its wall time, in seconds. Measured in this process and never
   /// written to files (a file read back has zeros).
   struct Timings {
+    double prepare_s = 0.0;  ///< the tokenizer and inputs, before the model
     double load_s = 0.0;     ///< loading or building the model
     double engines_s = 0.0;  ///< the engines' own work (prefill, steps, commits)
     /// Per tick: queueing the row-0 copies and the tap comparisons (on a GPU their kernels run

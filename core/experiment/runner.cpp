@@ -551,6 +551,7 @@ base::Result<ExperimentResult> run_experiment(const ExperimentSpec& spec,
     const setup::Session session = open_for(spec, spec.prompt_ids, control);
     ExperimentResult out = take(run_experiment(session, spec, control));
     out.timings.load_s = session.load_s;
+    out.timings.prepare_s = session.prepare_s;
     return out;
   });
 }
@@ -566,6 +567,7 @@ base::Result<ExperimentResult> run_workaround_group(const ExperimentResult& show
         open_for(spec, shown.prompt_ids.empty() ? spec.prompt_ids : shown.prompt_ids, control);
     ExperimentResult out = take(run_workaround_group(session, shown, workaround, control));
     out.timings.load_s = session.load_s;
+    out.timings.prepare_s = session.prepare_s;
     return out;
   });
 }

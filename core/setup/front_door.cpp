@@ -234,7 +234,9 @@ base::Result<Session> open_model(const model::ModelSource& source, model::LoadOp
   return base::guarded([&]() -> Session {
     Session s;
     s.source = source;
+    const auto start = std::chrono::steady_clock::now();
     s.tokenizer = optional_tokenizer(source);
+    s.prepare_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     load_into(s, std::move(load));
     return s;
   });
@@ -246,7 +248,9 @@ base::Result<Session> open_session(const model::ModelSource& source, model::Load
   return base::guarded([&]() -> Session {
     Session s;
     s.source = source;
+    const auto start = std::chrono::steady_clock::now();
     s.inputs = take(prepare(source, prompt, overrides));
+    s.prepare_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     s.tokenizer = s.inputs.tokenizer;
     load.workload.prompt_tokens = static_cast<std::int64_t>(s.inputs.prompt_ids.size());
     load.workload.new_tokens = s.inputs.generation.max_new_tokens;

@@ -267,7 +267,8 @@ TEST(CliRun, WritesAnExperimentFileThatSummaryReads) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("ref__b2"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("EMULATED"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("time: load "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("time: tokenizer and inputs "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" s, load "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(" s, file "), std::string::npos) << r.out;
   // The whole process beside the run's parts: start-up before the run, then the rest.
   const auto at = r.out.find("; process ");

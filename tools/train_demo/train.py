@@ -515,10 +515,26 @@ def param_groups(model):
     return [{"params": decay, "weight_decay": 0.1}, {"params": keep, "weight_decay": 0.0}]
 
 
+def deterministic(torch, on):
+    """torch.use_deterministic_algorithms(on), which train() runs with (a resumed run equals an
+    uninterrupted one), without its debugging aid of filling every new uninitialised tensor with
+    NaN (torch.utils.deterministic.fill_uninitialized_memory, on by default since 2.1): one extra
+    kernel per allocation, thousands per training step, and no effect on any result that reads
+    only what it wrote. On the H100 the deterministic step ran at 23.0 steps/s against 27.5
+    without determinism (docs/benchmarks.md); the fills are the suspected part of that gap."""
+    torch.use_deterministic_algorithms(on, warn_only=True)
+    try:
+        import torch.utils.deterministic as fills
+    except ImportError:  # PyTorch < 2.1: no fills
+        return
+    if hasattr(fills, "fill_uninitialized_memory"):
+        fills.fill_uninitialized_memory = False
+
+
 def train(args):
     entered = time.time()  # --max-seconds counts from here: compilation and capture included
     import torch
-    torch.use_deterministic_algorithms(True, warn_only=True)
+    deterministic(torch, True)
     device = args.device
     tok, verses = load_work(args.work)
     # The smoke run: Genesis and Exodus (2 held-out chapters), to start in a second.
@@ -904,12 +920,12 @@ def bench(args):
     runs = [(int(b), v.split("/"), m, d) for b in args.bench_batches.split(",")
             for v in args.bench_variants.split(",") for m in args.bench_modes.split(",")
             for d in args.bench_deterministic.split(",")]
-    for batch, kernels, mode, deterministic in runs:
-        # train() runs with torch.use_deterministic_algorithms (a resumed run equals an
-        # uninterrupted one); "on" measures the step as training takes it, "off" what that costs.
-        if deterministic not in ("on", "off"):
-            raise SystemExit("--bench-deterministic: on or off, not %r" % deterministic)
-        torch.use_deterministic_algorithms(deterministic == "on", warn_only=True)
+    for batch, kernels, mode, mode_on in runs:
+        # train() runs deterministic (a resumed run equals an uninterrupted one); "on" measures
+        # the step as training takes it, "off" what that costs.
+        if mode_on not in ("on", "off"):
+            raise SystemExit("--bench-deterministic: on or off, not %r" % mode_on)
+        deterministic(torch, mode_on == "on")
         args.backend = "port"
         model = build_model(args, device)
         params = [p for _, p in trained_parameters(model)]
@@ -922,7 +938,7 @@ def bench(args):
         kernels = (kernels + ["none"])[:3]
         rec = {"device": name, "batch": batch, "mode": mode, "experts": kernels[0],
                "attention": kernels[1], "fusion": kernels[2], "torch": torch.__version__,
-               "deterministic": deterministic}
+               "deterministic": mode_on}
         graphed = None
 
         def one(step):
