@@ -44,7 +44,7 @@ for f in kjv.jsonl tokenizer.json; do
   fi
 done
 # torch.compile's artifacts of an earlier call (train.py compile_cache_path), as they are or
-# gzipped: compiling then takes seconds instead of ~76 s.
+# gzipped: compiling then took 55 s instead of 76 s on an H100 (docs/benchmarks.md).
 cp -n "$src"/compile-cache-*.bin "$work/" 2>/dev/null || true
 for f in "$src"/compile-cache-*.bin.gz; do
   [ -f "$f" ] && gunzip -c "$f" >"$work/$(basename "$f" .gz)"
