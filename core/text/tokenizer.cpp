@@ -582,8 +582,8 @@ base::Result<Tokenizer> Tokenizer::from_json(std::string_view json_text) {
     if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) {
       corrupt("no \"model\" object: this is not a Hugging Face tokenizer.json");
     }
-    auto impl = std::make_shared<Impl>();
-    impl->byte_ids.fill(-1);
+    // The fields' types here; what they say (ids, merges, added tokens) in from_spec.
+    BpeTokenizerSpec spec;
     try {
       const json& m = j["model"];
       const std::string type = m.value("type", std::string("BPE"));
@@ -598,62 +598,40 @@ base::Result<Tokenizer> Tokenizer::from_json(std::string_view json_text) {
       if (!m.contains("vocab") || !m["vocab"].is_object()) {
         corrupt("model.vocab is missing or not an object");
       }
+      spec.vocab.reserve(m["vocab"].size());
       for (const auto& [piece, id] : m["vocab"].items()) {
         if (!id.is_number_integer()) {
           corrupt("model.vocab['" + shown(piece) + "'] is not an integer");
         }
-        impl->set_piece(id.get<std::int64_t>(), piece, "the piece");
+        spec.vocab.emplace_back(piece, id.get<std::int64_t>());
       }
-      impl->byte_fallback = m.value("byte_fallback", false);
-      impl->fuse_unk = m.value("fuse_unk", false);
-      impl->ignore_merges = m.value("ignore_merges", false);
-      for (unsigned b = 0; b < 256; ++b) {
-        if (auto it = impl->ids.find(byte_piece(b)); it != impl->ids.end()) {
-          impl->byte_ids[b] = it->second;
-        }
-      }
+      spec.byte_fallback = m.value("byte_fallback", false);
+      spec.fuse_unk = m.value("fuse_unk", false);
+      spec.ignore_merges = m.value("ignore_merges", false);
       if (m.contains("unk_token") && m["unk_token"].is_string()) {
-        const std::string unk = m["unk_token"].get<std::string>();
-        auto it = impl->ids.find(unk);
-        if (it == impl->ids.end()) {
-          corrupt("model.unk_token '" + shown(unk) + "' is not in the vocabulary");
-        }
-        impl->unk = it->second;
+        spec.unk_token = m["unk_token"].get<std::string>();
       }
-      const json merges = m.value("merges", json::array());
+      // By reference: a copy of a 262,144-merge array costs as much as reading it.
+      static const json no_merges = json::array();
+      const json& merges = m.contains("merges") ? m["merges"] : no_merges;
       if (!merges.is_array()) {
         corrupt("model.merges is not an array");
       }
-      std::int32_t rank = 0;
+      spec.merges.reserve(merges.size());
       for (const json& merge : merges) {
-        std::string a;
-        std::string b;
         if (merge.is_string()) {
-          const std::string s = merge.get<std::string>();
-          const std::size_t sp = s.find(' ');
-          if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos) {
-            corrupt("the merge \"" + shown(s) + "\" is not two pieces separated by one space");
+          const auto& text = merge.get_ref<const std::string&>();
+          const std::size_t sp = text.find(' ');
+          if (sp == std::string::npos || text.find(' ', sp + 1) != std::string::npos) {
+            corrupt("the merge \"" + shown(text) + "\" is not two pieces separated by one space");
           }
-          a = s.substr(0, sp);
-          b = s.substr(sp + 1);
+          spec.merges.emplace_back(text.substr(0, sp), text.substr(sp + 1));
         } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() &&
                    merge[1].is_string()) {
-          a = merge[0].get<std::string>();
-          b = merge[1].get<std::string>();
+          spec.merges.emplace_back(merge[0].get<std::string>(), merge[1].get<std::string>());
         } else {
-          corrupt("merge " + std::to_string(rank) + " is neither \"a b\" nor [a, b]");
+          corrupt("merge " + std::to_string(spec.merges.size()) + " is neither \"a b\" nor [a, b]");
         }
-        const auto ia = impl->ids.find(a);
-        const auto ib = impl->ids.find(b);
-        const auto iab = impl->ids.find(a + b);
-        if (ia == impl->ids.end() || ib == impl->ids.end() || iab == impl->ids.end()) {
-          std::string what = "merge " + std::to_string(rank) + " (";
-          what.append(shown(a)).append(" + ").append(shown(b)).append(
-              ") names a piece that is not in the vocabulary");
-          corrupt(what);
-        }
-        impl->merges.emplace(pair_key(ia->second, ib->second), Impl::Merge{rank, iab->second});
-        ++rank;
       }
       for (const json& t : j.value("added_tokens", json::array())) {
         if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() ||
@@ -663,25 +641,81 @@ base::Result<Tokenizer> Tokenizer::from_json(std::string_view json_text) {
         if (t.value("single_word", false)) {
           unsupported("single_word added tokens");
         }
-        Impl::Added a;
+        BpeTokenizerSpec::Added a;
         a.id = t["id"].get<std::int64_t>();
         a.content = t["content"].get<std::string>();
         a.lstrip = t.value("lstrip", false);
         a.rstrip = t.value("rstrip", false);
-        if (a.content.empty()) {
-          corrupt("an added token with the id " + std::to_string(a.id) + " is empty");
-        }
-        impl->set_piece(a.id, a.content, "the added token");
-        impl->special[static_cast<std::size_t>(a.id)] = t.value("special", false) ? 1 : 0;
-        impl->added_lengths.push_back(a.content.size());
-        impl->added[a.content] = std::move(a);
+        a.special = t.value("special", false);
+        spec.added.push_back(std::move(a));
       }
-      std::sort(impl->added_lengths.begin(), impl->added_lengths.end(), std::greater<>());
-      impl->added_lengths.erase(std::unique(impl->added_lengths.begin(), impl->added_lengths.end()),
-                                impl->added_lengths.end());
-      parse_normalizer(j.value("normalizer", json()), impl->normalizers);
-      parse_pre_tokenizer(j.value("pre_tokenizer", json()), impl->pre_tokenizers);
-      parse_decoder(j.value("decoder", json()), impl->decoders);
+      spec.normalizer = j.value("normalizer", json()).dump();
+      spec.pre_tokenizer = j.value("pre_tokenizer", json()).dump();
+      spec.decoder = j.value("decoder", json()).dump();
+    } catch (const json::exception& e) {
+      corrupt(std::string("a field has the wrong type (") + e.what() + ")");
+    }
+    return base::take(from_spec(spec));
+  });
+}
+
+base::Result<Tokenizer> Tokenizer::from_spec(const BpeTokenizerSpec& spec) {
+  return base::guarded([&]() -> Tokenizer {
+    auto impl = std::make_shared<Impl>();
+    impl->byte_ids.fill(-1);
+    impl->ids.reserve(spec.vocab.size() + spec.added.size());
+    for (const auto& [piece, id] : spec.vocab) {
+      impl->set_piece(id, piece, "the piece");
+    }
+    impl->byte_fallback = spec.byte_fallback;
+    impl->fuse_unk = spec.fuse_unk;
+    impl->ignore_merges = spec.ignore_merges;
+    for (unsigned b = 0; b < 256; ++b) {
+      if (auto it = impl->ids.find(byte_piece(b)); it != impl->ids.end()) {
+        impl->byte_ids[b] = it->second;
+      }
+    }
+    if (spec.unk_token) {
+      auto it = impl->ids.find(*spec.unk_token);
+      if (it == impl->ids.end()) {
+        corrupt("model.unk_token '" + shown(*spec.unk_token) + "' is not in the vocabulary");
+      }
+      impl->unk = it->second;
+    }
+    impl->merges.reserve(spec.merges.size());
+    std::int32_t rank = 0;
+    for (const auto& [a, b] : spec.merges) {
+      const auto ia = impl->ids.find(a);
+      const auto ib = impl->ids.find(b);
+      const auto iab = impl->ids.find(a + b);
+      if (ia == impl->ids.end() || ib == impl->ids.end() || iab == impl->ids.end()) {
+        std::string what = "merge " + std::to_string(rank) + " (";
+        what.append(shown(a)).append(" + ").append(shown(b)).append(
+            ") names a piece that is not in the vocabulary");
+        corrupt(what);
+      }
+      impl->merges.emplace(pair_key(ia->second, ib->second), Impl::Merge{rank, iab->second});
+      ++rank;
+    }
+    for (const BpeTokenizerSpec::Added& a : spec.added) {
+      if (a.content.empty()) {
+        corrupt("an added token with the id " + std::to_string(a.id) + " is empty");
+      }
+      impl->set_piece(a.id, a.content, "the added token");
+      impl->special[static_cast<std::size_t>(a.id)] = a.special ? 1 : 0;
+      impl->added_lengths.push_back(a.content.size());
+      impl->added[a.content] = Impl::Added{a.content, a.id, a.lstrip, a.rstrip};
+    }
+    std::sort(impl->added_lengths.begin(), impl->added_lengths.end(), std::greater<>());
+    impl->added_lengths.erase(std::unique(impl->added_lengths.begin(), impl->added_lengths.end()),
+                              impl->added_lengths.end());
+    const auto pipeline = [](const std::string& text) {
+      return base::take(base::parse_json(text, "tokenizer.json", ErrorCode::FileCorrupted));
+    };
+    try {
+      parse_normalizer(pipeline(spec.normalizer), impl->normalizers);
+      parse_pre_tokenizer(pipeline(spec.pre_tokenizer), impl->pre_tokenizers);
+      parse_decoder(pipeline(spec.decoder), impl->decoders);
     } catch (const json::exception& e) {
       corrupt(std::string("a field has the wrong type (") + e.what() + ")");
     }

@@ -124,6 +124,52 @@ std::int64_t TokenizerBuilder::add_piece(const std::string& piece, std::int64_t 
   return ids_.at(piece);
 }
 
+namespace {
+
+// Gemma's pipeline as tokenizer.json writes it: spaces to "▁", the text split into runs of
+// newlines and runs of everything else, decoded back through Replace/ByteFallback/Fuse.
+nlohmann::json gemma_normalizer() {
+  return {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", kSpace}};
+}
+nlohmann::json gemma_pre_tokenizer() {
+  return {{"type", "Split"},
+          {"pattern", {{"Regex", "\n+"}}},
+          {"behavior", "Isolated"},
+          {"invert", false}};
+}
+nlohmann::json gemma_decoder() {
+  return {
+      {"type", "Sequence"},
+      {"decoders", nlohmann::json::array(
+                       {{{"type", "Replace"}, {"pattern", {{"String", kSpace}}}, {"content", " "}},
+                        {{"type", "ByteFallback"}},
+                        {{"type", "Fuse"}}})}};
+}
+
+}  // namespace
+
+BpeTokenizerSpec TokenizerBuilder::spec() const {
+  BpeTokenizerSpec s;
+  s.vocab.reserve(by_id_.size());
+  for (const auto& [id, piece] : by_id_) {
+    s.vocab.emplace_back(piece, id);
+  }
+  s.merges = merges_;
+  for (std::int64_t id : specials_) {
+    s.added.push_back({id, by_id_.at(id), /*lstrip=*/false, /*rstrip=*/false, /*special=*/true});
+  }
+  if (ids_.count("<unk>") != 0) {
+    s.unk_token = "<unk>";
+  }
+  s.byte_fallback = byte_fallback_;
+  s.fuse_unk = true;
+  s.ignore_merges = false;
+  s.normalizer = gemma_normalizer().dump();
+  s.pre_tokenizer = gemma_pre_tokenizer().dump();
+  s.decoder = gemma_decoder().dump();
+  return s;
+}
+
 std::string TokenizerBuilder::to_json() const {
   // nlohmann::json keeps keys sorted (a std::map): O(log n) inserts, where ordered_json's
   // linear search made the 262144-piece vocabulary quadratic.
@@ -156,25 +202,15 @@ std::string TokenizerBuilder::to_json() const {
                 {"ignore_merges", false},
                 {"vocab", vocab},
                 {"merges", merges}};
-  json doc = {
-      {"version", "1.0"},
-      {"truncation", nullptr},
-      {"padding", nullptr},
-      {"added_tokens", added},
-      {"normalizer", {{"type", "Replace"}, {"pattern", {{"String", " "}}}, {"content", kSpace}}},
-      {"pre_tokenizer",
-       {{"type", "Split"},
-        {"pattern", {{"Regex", "\n+"}}},
-        {"behavior", "Isolated"},
-        {"invert", false}}},
-      {"post_processor", nullptr},
-      {"decoder",
-       {{"type", "Sequence"},
-        {"decoders",
-         json::array({{{"type", "Replace"}, {"pattern", {{"String", kSpace}}}, {"content", " "}},
-                      {{"type", "ByteFallback"}},
-                      {{"type", "Fuse"}}})}}},
-      {"model", model}};
+  json doc = {{"version", "1.0"},
+              {"truncation", nullptr},
+              {"padding", nullptr},
+              {"added_tokens", added},
+              {"normalizer", gemma_normalizer()},
+              {"pre_tokenizer", gemma_pre_tokenizer()},
+              {"post_processor", nullptr},
+              {"decoder", gemma_decoder()},
+              {"model", model}};
   return doc.dump(1);
 }
 
@@ -199,8 +235,11 @@ const std::vector<std::pair<std::int64_t, const char*>>& gemma_special_tokens() 
   return tokens;
 }
 
-base::Result<std::string> preset_tokenizer_json(std::int64_t vocab_size) {
-  return base::guarded([&] {
+namespace {
+
+// The builder of a preset's tokenizer (preset_tokenizer_json says what it holds).
+TokenizerBuilder preset_builder(std::int64_t vocab_size) {
+  {
     constexpr std::int64_t kGemmaSpecialEnd = 108;  // ids 0..107 as Gemma numbers them
     if (vocab_size < kGemmaSpecialEnd + 64) {
       base::raise(ErrorCode::InvalidArgument,
@@ -258,8 +297,19 @@ base::Result<std::string> preset_tokenizer_json(std::int64_t vocab_size) {
     for (std::int64_t id = b.next_free_id(); id < vocab_size; id = b.next_free_id()) {
       b.add_special(id, "<unused" + std::to_string(id) + ">");
     }
-    return b.to_json();
-  });
+    return b;
+  }
+}
+
+}  // namespace
+
+base::Result<std::string> preset_tokenizer_json(std::int64_t vocab_size) {
+  return base::guarded([&] { return preset_builder(vocab_size).to_json(); });
+}
+
+base::Result<Tokenizer> preset_tokenizer(std::int64_t vocab_size) {
+  return base::guarded(
+      [&] { return base::take(Tokenizer::from_spec(preset_builder(vocab_size).spec())); });
 }
 
 }  // namespace batchlens::text

@@ -298,5 +298,62 @@ TEST(PresetTokenizer, CoversThePresetVocabularyWithReadableWords) {
   EXPECT_FALSE(preset_tokenizer_json(100).ok());
 }
 
+// The typed path (no JSON) builds the tokenizer the JSON text describes: the same piece at
+// every id, the same special marks, the same ids for text with words, bytes and specials
+// (26B-A4B's 262,144 pieces included: the path exists for them, issue #37).
+TEST(PresetTokenizer, TheTypedSpecBuildsWhatItsJsonDescribes) {
+  const std::string text =
+      "<|turn>user\nThe cat sat on a mat; it's 42 \xC3\xA9t\xC3\xA9s!\n\n<turn|>\xF0\x9F\x90\x88";
+  for (const std::int64_t vocab : {std::int64_t{512}, std::int64_t{4096}, std::int64_t{262144}}) {
+    auto from_json = Tokenizer::from_json(preset_tokenizer_json(vocab).value());
+    auto typed = preset_tokenizer(vocab);
+    ASSERT_TRUE(from_json.ok()) << from_json.error().message;
+    ASSERT_TRUE(typed.ok()) << typed.error().message;
+    const Tokenizer& a = from_json.value();
+    const Tokenizer& b = typed.value();
+    ASSERT_EQ(a.vocab_size(), b.vocab_size()) << vocab;
+    for (std::int64_t id = 0; id < a.vocab_size(); ++id) {
+      ASSERT_EQ(a.piece(id), b.piece(id)) << vocab << " id " << id;
+      ASSERT_EQ(a.is_special(id), b.is_special(id)) << vocab << " id " << id;
+    }
+    const auto ids = encode(a, text);
+    EXPECT_EQ(encode(b, text), ids) << vocab;
+    EXPECT_EQ(b.decode(ids), a.decode(ids)) << vocab;
+  }
+  EXPECT_FALSE(preset_tokenizer(100).ok());
+}
+
+// What from_spec refuses, as from_json does for the same content.
+TEST(PresetTokenizer, ABadSpecIsRefusedWithItsReason) {
+  BpeTokenizerSpec spec;
+  spec.vocab = {{"a", 0}, {"b", 1}, {"ab", 2}};
+  spec.merges = {{"a", "b"}};
+  ASSERT_TRUE(Tokenizer::from_spec(spec).ok());
+  BpeTokenizerSpec unknown = spec;
+  unknown.merges.emplace_back("b", "c");
+  auto e = Tokenizer::from_spec(unknown);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.error().message.find("names a piece that is not in the vocabulary"),
+            std::string::npos)
+      << e.error().message;
+  BpeTokenizerSpec twice = spec;
+  twice.vocab.emplace_back("a", 5);
+  e = Tokenizer::from_spec(twice);
+  ASSERT_FALSE(e.ok());
+  EXPECT_NE(e.error().message.find("has two ids"), std::string::npos) << e.error().message;
+  BpeTokenizerSpec empty_added = spec;
+  empty_added.added.push_back({3, "", false, false, true});
+  EXPECT_FALSE(Tokenizer::from_spec(empty_added).ok());
+  BpeTokenizerSpec bad_unk = spec;
+  bad_unk.unk_token = "<unk>";
+  EXPECT_FALSE(Tokenizer::from_spec(bad_unk).ok());
+  BpeTokenizerSpec bad_pipeline = spec;
+  bad_pipeline.normalizer = "{\"type\": \"NoSuchNormalizer\"}";
+  e = Tokenizer::from_spec(bad_pipeline);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.error().code, base::ErrorCode::FileUnrecognised) << e.error().message;
+  EXPECT_FALSE(Tokenizer::from_spec(BpeTokenizerSpec{}).ok()) << "an empty vocabulary";
+}
+
 }  // namespace
 }  // namespace batchlens::text
