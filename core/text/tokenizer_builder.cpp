@@ -171,46 +171,48 @@ BpeTokenizerSpec TokenizerBuilder::spec() const {
 }
 
 std::string TokenizerBuilder::to_json() const {
-  // nlohmann::json keeps keys sorted (a std::map): O(log n) inserts, where ordered_json's
-  // linear search made the 262144-piece vocabulary quadratic.
+  // The typed spec written out (one description of the content: spec()). nlohmann::json keeps
+  // keys sorted (a std::map): O(log n) inserts, where ordered_json's linear search made the
+  // 262144-piece vocabulary quadratic.
   using json = nlohmann::json;
+  const BpeTokenizerSpec s = spec();
   json vocab = json::object();
-  json added = json::array();
-  for (const auto& [id, piece] : by_id_) {
+  for (const auto& [piece, id] : s.vocab) {
     vocab[piece] = id;
   }
-  for (std::int64_t id : specials_) {
-    added.push_back({{"id", id},
-                     {"content", by_id_.at(id)},
+  json added = json::array();
+  for (const BpeTokenizerSpec::Added& a : s.added) {
+    added.push_back({{"id", a.id},
+                     {"content", a.content},
                      {"single_word", false},
-                     {"lstrip", false},
-                     {"rstrip", false},
+                     {"lstrip", a.lstrip},
+                     {"rstrip", a.rstrip},
                      {"normalized", false},
-                     {"special", true}});
+                     {"special", a.special}});
   }
   json merges = json::array();
-  for (const auto& [a, b] : merges_) {
+  for (const auto& [a, b] : s.merges) {
     merges.push_back(json::array({a, b}));
   }
   json model = {{"type", "BPE"},
                 {"dropout", nullptr},
-                {"unk_token", ids_.count("<unk>") != 0 ? json("<unk>") : json(nullptr)},
+                {"unk_token", s.unk_token ? json(*s.unk_token) : json(nullptr)},
                 {"continuing_subword_prefix", nullptr},
                 {"end_of_word_suffix", nullptr},
-                {"fuse_unk", true},
-                {"byte_fallback", byte_fallback_},
-                {"ignore_merges", false},
-                {"vocab", vocab},
-                {"merges", merges}};
+                {"fuse_unk", s.fuse_unk},
+                {"byte_fallback", s.byte_fallback},
+                {"ignore_merges", s.ignore_merges}};
+  model["vocab"] = std::move(vocab);
+  model["merges"] = std::move(merges);
   json doc = {{"version", "1.0"},
               {"truncation", nullptr},
               {"padding", nullptr},
-              {"added_tokens", added},
-              {"normalizer", gemma_normalizer()},
-              {"pre_tokenizer", gemma_pre_tokenizer()},
+              {"added_tokens", std::move(added)},
+              {"normalizer", json::parse(s.normalizer)},
+              {"pre_tokenizer", json::parse(s.pre_tokenizer)},
               {"post_processor", nullptr},
-              {"decoder", gemma_decoder()},
-              {"model", model}};
+              {"decoder", json::parse(s.decoder)}};
+  doc["model"] = std::move(model);
   return doc.dump(1);
 }
 
