@@ -573,88 +573,94 @@ struct Tokenizer::Impl {
 
 base::Result<Tokenizer> Tokenizer::from_json(std::string_view json_text) {
   return base::guarded([&]() -> Tokenizer {
-    // Depth-limited (a tokenizer nests about 5 deep), no exceptions, no input in the message.
-    auto parsed = base::parse_json(json_text, "tokenizer.json", ErrorCode::FileCorrupted);
-    if (!parsed.ok()) {
-      throw base::ErrorException(parsed.error());
-    }
-    const json j = std::move(parsed).value();
-    if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) {
-      corrupt("no \"model\" object: this is not a Hugging Face tokenizer.json");
-    }
-    // The fields' types here; what they say (ids, merges, added tokens) in from_spec.
-    BpeTokenizerSpec spec;
-    try {
-      const json& m = j["model"];
-      const std::string type = m.value("type", std::string("BPE"));
-      if (type != "BPE") {
-        unsupported("the model type '" + shown(type) + "'");
+    // The document is gone before the tokenizer is built: a real 262,144-piece file is not held
+    // twice, as JSON and as the spec, while the tokenizer's tables are filled.
+    const BpeTokenizerSpec spec = [&] {
+      // Depth-limited (a tokenizer nests about 5 deep), no exceptions, no input in the message.
+      auto parsed = base::parse_json(json_text, "tokenizer.json", ErrorCode::FileCorrupted);
+      if (!parsed.ok()) {
+        throw base::ErrorException(parsed.error());
       }
-      for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
-        if (m.contains(key) && !m[key].is_null() && !m[key].get<std::string>().empty()) {
-          unsupported(std::string("BPE ") + key);
+      const json j = std::move(parsed).value();
+      if (!j.is_object() || !j.contains("model") || !j["model"].is_object()) {
+        corrupt("no \"model\" object: this is not a Hugging Face tokenizer.json");
+      }
+      // The fields' types here; what they say (ids, merges, added tokens) in from_spec.
+      BpeTokenizerSpec spec;
+      try {
+        const json& m = j["model"];
+        const std::string type = m.value("type", std::string("BPE"));
+        if (type != "BPE") {
+          unsupported("the model type '" + shown(type) + "'");
         }
-      }
-      if (!m.contains("vocab") || !m["vocab"].is_object()) {
-        corrupt("model.vocab is missing or not an object");
-      }
-      spec.vocab.reserve(m["vocab"].size());
-      for (const auto& [piece, id] : m["vocab"].items()) {
-        if (!id.is_number_integer()) {
-          corrupt("model.vocab['" + shown(piece) + "'] is not an integer");
-        }
-        spec.vocab.emplace_back(piece, id.get<std::int64_t>());
-      }
-      spec.byte_fallback = m.value("byte_fallback", false);
-      spec.fuse_unk = m.value("fuse_unk", false);
-      spec.ignore_merges = m.value("ignore_merges", false);
-      if (m.contains("unk_token") && m["unk_token"].is_string()) {
-        spec.unk_token = m["unk_token"].get<std::string>();
-      }
-      // By reference: a copy of a 262,144-merge array costs as much as reading it.
-      static const json no_merges = json::array();
-      const json& merges = m.contains("merges") ? m["merges"] : no_merges;
-      if (!merges.is_array()) {
-        corrupt("model.merges is not an array");
-      }
-      spec.merges.reserve(merges.size());
-      for (const json& merge : merges) {
-        if (merge.is_string()) {
-          const auto& text = merge.get_ref<const std::string&>();
-          const std::size_t sp = text.find(' ');
-          if (sp == std::string::npos || text.find(' ', sp + 1) != std::string::npos) {
-            corrupt("the merge \"" + shown(text) + "\" is not two pieces separated by one space");
+        for (const char* key : {"continuing_subword_prefix", "end_of_word_suffix"}) {
+          if (m.contains(key) && !m[key].is_null() && !m[key].get<std::string>().empty()) {
+            unsupported(std::string("BPE ") + key);
           }
-          spec.merges.emplace_back(text.substr(0, sp), text.substr(sp + 1));
-        } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() &&
-                   merge[1].is_string()) {
-          spec.merges.emplace_back(merge[0].get<std::string>(), merge[1].get<std::string>());
-        } else {
-          corrupt("merge " + std::to_string(spec.merges.size()) + " is neither \"a b\" nor [a, b]");
         }
+        if (!m.contains("vocab") || !m["vocab"].is_object()) {
+          corrupt("model.vocab is missing or not an object");
+        }
+        spec.vocab.reserve(m["vocab"].size());
+        for (const auto& [piece, id] : m["vocab"].items()) {
+          if (!id.is_number_integer()) {
+            corrupt("model.vocab['" + shown(piece) + "'] is not an integer");
+          }
+          spec.vocab.emplace_back(piece, id.get<std::int64_t>());
+        }
+        spec.byte_fallback = m.value("byte_fallback", false);
+        spec.fuse_unk = m.value("fuse_unk", false);
+        spec.ignore_merges = m.value("ignore_merges", false);
+        if (m.contains("unk_token") && m["unk_token"].is_string()) {
+          spec.unk_token = m["unk_token"].get<std::string>();
+        }
+        // By reference: a copy of a 262,144-merge array costs as much as reading it.
+        static const json no_merges = json::array();
+        const json& merges = m.contains("merges") ? m["merges"] : no_merges;
+        if (!merges.is_array()) {
+          corrupt("model.merges is not an array");
+        }
+        spec.merges.reserve(merges.size());
+        for (const json& merge : merges) {
+          if (merge.is_string()) {
+            const auto& text = merge.get_ref<const std::string&>();
+            const std::size_t sp = text.find(' ');
+            if (sp == std::string::npos || text.find(' ', sp + 1) != std::string::npos) {
+              corrupt("the merge \"" + shown(text) + "\" is not two pieces separated by one space");
+            }
+            spec.merges.emplace_back(text.substr(0, sp), text.substr(sp + 1));
+          } else if (merge.is_array() && merge.size() == 2 && merge[0].is_string() &&
+                     merge[1].is_string()) {
+            spec.merges.emplace_back(merge[0].get<std::string>(), merge[1].get<std::string>());
+          } else {
+            corrupt("merge " + std::to_string(spec.merges.size()) +
+                    " is neither \"a b\" nor [a, b]");
+          }
+        }
+        for (const json& t : j.value("added_tokens", json::array())) {
+          if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() ||
+              !t.contains("content") || !t["content"].is_string()) {
+            corrupt("an added_tokens entry lacks an integer id or a string content");
+          }
+          if (t.value("single_word", false)) {
+            unsupported("single_word added tokens");
+          }
+          BpeTokenizerSpec::Added a;
+          a.id = t["id"].get<std::int64_t>();
+          a.content = t["content"].get<std::string>();
+          a.lstrip = t.value("lstrip", false);
+          a.rstrip = t.value("rstrip", false);
+          a.special = t.value("special", false);
+          spec.added.push_back(std::move(a));
+        }
+        spec.normalizer = j.value("normalizer", json()).dump();
+        spec.pre_tokenizer = j.value("pre_tokenizer", json()).dump();
+        spec.decoder = j.value("decoder", json()).dump();
+      } catch (const json::exception& e) {
+        corrupt(std::string("a field has the wrong type (") + e.what() + ")");
       }
-      for (const json& t : j.value("added_tokens", json::array())) {
-        if (!t.is_object() || !t.contains("id") || !t["id"].is_number_integer() ||
-            !t.contains("content") || !t["content"].is_string()) {
-          corrupt("an added_tokens entry lacks an integer id or a string content");
-        }
-        if (t.value("single_word", false)) {
-          unsupported("single_word added tokens");
-        }
-        BpeTokenizerSpec::Added a;
-        a.id = t["id"].get<std::int64_t>();
-        a.content = t["content"].get<std::string>();
-        a.lstrip = t.value("lstrip", false);
-        a.rstrip = t.value("rstrip", false);
-        a.special = t.value("special", false);
-        spec.added.push_back(std::move(a));
-      }
-      spec.normalizer = j.value("normalizer", json()).dump();
-      spec.pre_tokenizer = j.value("pre_tokenizer", json()).dump();
-      spec.decoder = j.value("decoder", json()).dump();
-    } catch (const json::exception& e) {
-      corrupt(std::string("a field has the wrong type (") + e.what() + ")");
-    }
+      return spec;
+    }();
     return base::take(from_spec(spec));
   });
 }
