@@ -6,8 +6,9 @@
 #      scratch folder, which writes torch.compile's artifacts (compile-cache-*.bin, to $OUT) so
 #      that the next call's 10,000-step run starts without compiling (issue #33);
 #   1. `cost` of the 26B-A4B architecture: default and batch_invariant at B = 1, 2, 4, 8, 16
-#      (profiled: --profile) and 32 with the batch-invariant GEMM's timed plan (the default),
-#      then the same with BATCHLENS_BI_PLAN=fixed (the plan before: first proposal at 1024 rows);
+#      (profiled: --profile; COST_PROFILE=0 skips it) and 32 with the batch-invariant GEMM's
+#      default plan (bitwise classes), then the same with BATCHLENS_BI_PLAN=$COST_ALT (default
+#      timed: one algorithm per shape; fixed: the first proposal at 1024 rows; none: skipped);
 #   2. the culprit finder with the prompt encoded as one batch (--prefill batched), its process
 #      time (/usr/bin/time);
 #   3. `run` B=1 vs B=4 free (kernel provenance on) and the lockstep sample's command, each timed;
@@ -80,18 +81,20 @@ timed() {  # NAME COMMAND...: the process's wall and peak memory in NAME.time
   if [[ "$parts" == *" cost "* ]] && [ "$(left)" -gt 120 ]; then
     # B = 1..16, then B = 32 on its own: on an 80 GB card both policies' B=32 graphs beside the
     # 26B-A4B weights did not fit in one process.
-    for bs in 1,2,4,8,16 32; do
+    for bs in ${COST_BATCHES:-1,2,4,8,16 32}; do
       tag=${bs//,/-}
       extra=()
-      [ "$bs" = 32 ] || extra=(--profile)
-      timed "cost-timed-$tag" "$cli" cost --preset 26b-a4b "${gpu[@]}" --repeat 20 \
+      [ "$bs" = 32 ] || [ "${COST_PROFILE:-1}" = 0 ] || extra=(--profile)
+      timed "cost-classes-$tag" "$cli" cost --preset 26b-a4b "${gpu[@]}" --repeat 20 \
         --batch-sizes "$bs" "${extra[@]}" --policies default --policies batch_invariant
-      grep -A3 "^policy" "$work/cost-timed-$tag.txt"
-      BATCHLENS_BI_PLAN=fixed timed "cost-fixed-$tag" "$cli" cost --preset 26b-a4b "${gpu[@]}" \
+      grep -A3 "^policy" "$work/cost-classes-$tag.txt"
+      alt=${COST_ALT:-timed}
+      [ "$alt" = none ] && continue
+      BATCHLENS_BI_PLAN=$alt timed "cost-$alt-$tag" "$cli" cost --preset 26b-a4b "${gpu[@]}" \
         --repeat 20 --batch-sizes "$bs" --policies default --policies batch_invariant
-      grep -A3 "^policy" "$work/cost-fixed-$tag.txt"
+      grep -A3 "^policy" "$work/cost-$alt-$tag.txt"
     done
-    grep "timed:\|first proposal" "$work/cost-timed-1-2-4-8-16.txt" | head -20
+    grep "class of\|timed:\|first proposal" "$work"/cost-classes-*.txt | head -20
   fi
   if [[ "$parts" == *" culprit "* ]] && [ "$(left)" -gt 90 ]; then
     timed culprit-batched "$cli" culprit --preset 26b-a4b "${gpu[@]}" --batch-sizes 2,3,4 \

@@ -7,6 +7,28 @@
 
 namespace batchlens::base {
 
+const char* bi_plan_name(BiPlan plan) {
+  switch (plan) {
+    case BiPlan::Timed:
+      return "timed";
+    case BiPlan::Fixed:
+      return "fixed";
+    case BiPlan::Classes:
+      break;
+  }
+  return "classes";
+}
+
+bool parse_bi_plan(std::string_view name, BiPlan& out) {
+  for (const BiPlan p : {BiPlan::Classes, BiPlan::Timed, BiPlan::Fixed}) {
+    if (name == bi_plan_name(p)) {
+      out = p;
+      return true;
+    }
+  }
+  return false;
+}
+
 bool Switches::fused_kernel(std::string_view name) const {
   return fused && std::find(fused_off.begin(), fused_off.end(), name) == fused_off.end();
 }
@@ -32,8 +54,8 @@ std::string Switches::describe() const {
   if (!thread_choice) {
     add("BATCHLENS_THREAD_CHOICE=0");
   }
-  if (!bi_plan_timed) {
-    add("BATCHLENS_BI_PLAN=fixed");
+  if (bi_plan != BiPlan::Classes) {
+    add(std::string("BATCHLENS_BI_PLAN=") + bi_plan_name(bi_plan));
   }
   return out;
 }
@@ -58,7 +80,10 @@ Switches Switches::from_environment() {
   }
   s.cuda_graphs = !(graphs != nullptr && std::string_view(graphs) == "0");
   s.thread_choice = !(threads != nullptr && std::string_view(threads) == "0");
-  s.bi_plan_timed = !(bi_plan != nullptr && std::string_view(bi_plan) == "fixed");
+  // Any other value keeps the default, as for the other switches.
+  if (bi_plan == nullptr || !parse_bi_plan(bi_plan, s.bi_plan)) {
+    s.bi_plan = BiPlan::Classes;
+  }
   return s;
 }
 

@@ -11,6 +11,25 @@
 
 namespace batchlens::base {
 
+/// How the batch-invariant CUDA GEMM picks each shape's cuBLASLt algorithm
+/// (kernels/invariant_gemm_cuda.cpp). Every plan is batch invariant; they differ in speed and, in
+/// batch-invariant mode, in the bits.
+enum class BiPlan {
+  /// The default since 2026-12-07: the candidates are timed at several row counts and grouped
+  /// by their bits (algorithms whose outputs are bitwise equal at every timed row count); the
+  /// group with the smallest worst ratio to the fastest is kept, and each call runs the group's
+  /// fastest member at the nearest timed row count: another kernel per M, the same bits.
+  Classes,
+  /// One algorithm per shape, timed at several row counts (the default of 2026-12-06).
+  Timed,
+  /// cuBLASLt's first single-pass proposal at 1024 rows (the plan before 2026-12-06).
+  Fixed,
+};
+/// "classes", "timed", "fixed".
+const char* bi_plan_name(BiPlan plan);
+/// The plan of a name of bi_plan_name; false for any other text.
+bool parse_bi_plan(std::string_view name, BiPlan& out);
+
 struct Switches {
   bool fused = true;  ///< BATCHLENS_FUSED=0: no fused kernel at all
   std::vector<std::string>
@@ -19,11 +38,9 @@ struct Switches {
   /// BATCHLENS_THREAD_CHOICE=0: a CPU model keeps LibTorch's threads (no measurement at load,
   /// setup/cpu_threads.h)
   bool thread_choice = true;
-  /// BATCHLENS_BI_PLAN=fixed: the batch-invariant CUDA GEMM takes cuBLASLt's first single-pass
-  /// proposal at 1024 rows and the K split of K alone (the plan before 2026-12-06) instead of
-  /// timing the candidates at several row counts (kernels/invariant_gemm_cuda.cpp). Either plan
-  /// is batch invariant; they differ in speed and, in batch-invariant mode, in the bits.
-  bool bi_plan_timed = true;
+  /// BATCHLENS_BI_PLAN=timed|fixed (BiPlan): how the batch-invariant CUDA GEMM picks its
+  /// algorithms; default BiPlan::Classes.
+  BiPlan bi_plan = BiPlan::Classes;
 
   /// Whether the fused kernel `name` may run (it is then still checked bitwise on the device).
   bool fused_kernel(std::string_view name) const;

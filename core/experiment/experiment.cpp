@@ -178,8 +178,8 @@ class SpecWriter {
       out_[key] = {{"fused", value.fused},
                    {"fused_off", value.fused_off},
                    {"cuda_graphs", value.cuda_graphs}};
-      if (!value.bi_plan_timed) {  // the batch-invariant GEMM's plan changes its bits
-        out_[key]["bi_plan"] = "fixed";
+      if (value.bi_plan != base::BiPlan::Classes) {  // the plan changes that mode's bits
+        out_[key]["bi_plan"] = base::bi_plan_name(value.bi_plan);
       }
     }
   }
@@ -257,8 +257,13 @@ class SpecReader {
       value.fused = w.at("fused").get<bool>();
       value.fused_off = w.at("fused_off").get<std::vector<std::string>>();
       value.cuda_graphs = w.at("cuda_graphs").get<bool>();
-      value.bi_plan_timed =
-          !(w.contains("bi_plan") && w.at("bi_plan").get<std::string>() == "fixed");
+      value.bi_plan = base::BiPlan::Classes;
+      if (w.contains("bi_plan") &&
+          !base::parse_bi_plan(w.at("bi_plan").get<std::string>(), value.bi_plan)) {
+        base::raise(base::ErrorCode::InvalidArgument,
+                    "switches.bi_plan: \"" + w.at("bi_plan").get<std::string>() +
+                        "\" is not a plan of the batch-invariant GEMM (classes, timed, fixed)");
+      }
     }
   }
   void field(const char* key, Composition& value) {

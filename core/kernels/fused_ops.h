@@ -13,6 +13,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "core/base/switches.h"
 #include "core/kernels/fused_kernels.h"
 
 namespace batchlens::kernels {
@@ -85,16 +86,16 @@ at::Tensor softcap(const at::Tensor& logits, double cap);
 /// F.linear(x, w) for ops::Strategy::BatchInvariant on CUDA: x [..., K], w [N, K] (rows
 /// contiguous, or the transpose of a contiguous [K, N] such as E^T), bf16 or fp32; returns
 /// [..., N] in x's dtype. Row r of the result does not depend on how many rows x has: K is cut
-/// into invariant_splits(K) chunks (a function of K only), each chunk's product runs one
-/// cuBLASLt algorithm pinned per shape (no split-K, no workspace), and the fp32 partials are
+/// into invariant_splits(K) chunks (a function of K only), each chunk's product runs a
+/// cuBLASLt algorithm of one bitwise class pinned per shape (no split-K, no workspace; the
+/// class's member may follow M, its bits do not), and the fp32 partials are
 /// added in chunk order and rounded once. invariant_gemm_cuda.cpp says why.
 at::Tensor invariant_linear(const at::Tensor& x, const at::Tensor& w);
 /// The chunk count of invariant_linear for a reduction of length k.
 int invariant_splits(std::int64_t k);
-/// How invariant_linear picks a shape's pinned algorithm, for the shapes not planned yet: timed
-/// at several row counts (true, the default) or cuBLASLt's first proposal at 1024 rows
-/// (base::Switches::bi_plan_timed, BATCHLENS_BI_PLAN=fixed). Either is batch invariant.
-void set_invariant_plan_timed(bool timed);
+/// How invariant_linear picks a shape's algorithms, for the shapes not planned yet
+/// (base::Switches::bi_plan, BATCHLENS_BI_PLAN): every plan is batch invariant.
+void set_invariant_plan(base::BiPlan plan);
 /// The algorithms invariant_linear has pinned so far, one line per shape ("" before the first).
 std::string invariant_linear_report();
 

@@ -42,7 +42,7 @@ at::Tensor invariant_linear(const at::Tensor& /*x*/, const at::Tensor& /*w*/) {
 int invariant_splits(std::int64_t /*k*/) {
   return 1;
 }
-void set_invariant_plan_timed(bool /*timed*/) {}
+void set_invariant_plan(base::BiPlan /*plan*/) {}
 
 std::string invariant_linear_report() {
   return {};

@@ -4,17 +4,24 @@
 // (tile, split-K count, stream-K) from M, so row 0 is reduced in another order at another batch
 // size. Here nothing that touches the order depends on M:
 //   - K is cut into invariant_splits(K) chunks, a count and boundaries that depend on K only;
-//   - every chunk's product is one pinned cuBLASLt algorithm per shape (N, chunk, layout, dtype),
+//   - every chunk's product runs cuBLASLt algorithms pinned per shape (N, chunk, layout, dtype),
 //     with split-K and out-of-place reductions excluded, so each output element is one in-order
-//     chain over its chunk whatever M is. The algorithm is chosen once per shape by timing
-//     cuBLASLt's single-pass proposals at several row counts (B = 1 to 32 on the 256-position
-//     canvas) and keeping the one whose worst ratio to the fastest is smallest: no later call's M
-//     takes part in the choice;
+//     chain over its chunk whatever M is. The plan (base::BiPlan) is chosen once per shape:
+//     cuBLASLt's single-pass proposals are timed at several row counts (B = 1 to 32 on the
+//     256-position canvas) and, by default (Classes), grouped by their bits: two algorithms
+//     whose outputs are bitwise equal at every timed row count on the same random input belong
+//     to one class (on Hopper the single-pass kernels differ in tiles and stages, and a tile
+//     does not change the order of an element's chain). The class whose fastest member at each
+//     row count is nearest the fastest of all is kept, and a call runs the member fastest at
+//     the timed row count nearest its M: the kernel may follow M, the bits do not. Timed keeps
+//     one algorithm (the smallest worst ratio), Fixed the first proposal at 1024 rows. No later
+//     call's M takes part in any choice;
 //   - the chunks' fp32 partials are added in chunk order and rounded once (sum_splits).
 // DiffusionGemma::batch_invariance measures it at load at the model's shapes for B = 1..64 and
 // refuses the strategy where row 0 differs.
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <iomanip>
@@ -127,9 +134,31 @@ struct Call {
   }
 };
 
+// A shape's algorithms: one (Timed, Fixed) or a bitwise class (Classes), algos[0] the member
+// that ran at every timed row count with the smallest worst ratio, the fallback.
 struct Plan {
-  cublasLtMatmulAlgo_t algo{};
+  std::vector<cublasLtMatmulAlgo_t> algos;
+  std::vector<std::int64_t> rows;  // the timed row counts, ascending (Classes only)
+  std::vector<std::size_t> pick;   // per timed row count: the index of its fastest member
   std::string text;
+
+  // The member for a call of `m` rows: the fastest at the timed row count nearest m (by ratio).
+  const cublasLtMatmulAlgo_t& for_rows(std::int64_t m) const {
+    if (rows.empty()) {
+      return algos.front();
+    }
+    std::size_t best = 0;
+    double best_gap = std::numeric_limits<double>::infinity();
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      const double gap = std::abs(std::log(static_cast<double>(std::max<std::int64_t>(m, 1)) /
+                                           static_cast<double>(rows[r])));
+      if (gap < best_gap) {
+        best = r;
+        best_gap = gap;
+      }
+    }
+    return algos[pick[best]];
+  }
 };
 
 std::mutex g_mutex;
@@ -191,9 +220,8 @@ std::string describe(const Shape& s, const cublasLtMatmulAlgo_t& algo) {
   return text.str();
 }
 
-// BATCHLENS_BI_PLAN=fixed (base::Switches::bi_plan_timed, set at load): the plan before
-// 2026-12-06, cuBLASLt's first proposal at kPlanRows rows.
-bool g_timed = true;
+// base::Switches::bi_plan (BATCHLENS_BI_PLAN), set at load.
+base::BiPlan g_plan = base::BiPlan::Classes;
 
 // The plan before timing: the first proposal at kPlanRows rows.
 Plan first_proposal(cublasLtHandle_t h, const Shape& s, const char* why) {
@@ -201,8 +229,11 @@ Plan first_proposal(cublasLtHandle_t h, const Shape& s, const char* why) {
   TORCH_CHECK(!found.empty(),
               "batch-invariant GEMM: cuBLASLt proposes no single-pass algorithm for N=", s.n,
               " K=", s.k, " (all split-K or needing a workspace)");
-  return {found.front(), describe(s, found.front()) + ", first proposal at " +
-                             std::to_string(kPlanRows) + " rows" + why};
+  return {{found.front()},
+          {},
+          {},
+          describe(s, found.front()) + ", first proposal at " + std::to_string(kPlanRows) +
+              " rows" + why};
 }
 
 // The row counts the candidates are timed at: B = 1, 4, 16 and 32 on the 26B-A4B canvas of 256
@@ -269,12 +300,15 @@ double time_product(cublasLtHandle_t h, const Shape& s, const cublasLtMatmulAlgo
 }
 
 // The plan of a shape, chosen by measurement: every candidate that cuBLASLt proposes at any of
-// the timed row counts is timed at each of them, and the one whose worst ratio to the fastest
-// candidate at the same row count is smallest is kept (then the smallest total time). Nothing
-// of the choice depends on the M of any later call: one algorithm serves every M, as before.
-// Under CUDA graph capture (no timing possible) the first proposal is kept.
+// the timed row counts is timed at each of them on one random input, and its output there is
+// compared bit for bit with the others'. Timed keeps the candidate whose worst ratio to the
+// fastest at the same row count is smallest (then the smallest total time); Classes groups the
+// candidates that ran everywhere with bitwise equal outputs at every row count and keeps the
+// class whose fastest member per row count has the smallest worst ratio, each row count served
+// by that member. Nothing of the choice depends on the M of any later call. Under CUDA graph
+// capture (no timing possible) the first proposal is kept.
 Plan choose(cublasLtHandle_t h, const Shape& s, const at::Tensor& w, cudaStream_t stream) {
-  if (!g_timed) {
+  if (g_plan == base::BiPlan::Fixed) {
     return first_proposal(h, s, " (BATCHLENS_BI_PLAN=fixed)");
   }
   cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
@@ -304,53 +338,169 @@ Plan choose(cublasLtHandle_t h, const Shape& s, const at::Tensor& w, cudaStream_
   const at::Tensor out = at::empty({m_max, s.n}, opts);
   const at::Tensor parts =
       s.splits > 1 ? at::empty({s.splits, m_max, s.n}, opts.dtype(at::kFloat)) : out;
-  // times[c][r]: candidate c at rows[r] (negative: refused there).
-  std::vector<std::vector<double>> times(candidates.size());
+  const std::size_t n_cand = candidates.size();
+  // times[c][r]: candidate c at rows[r] (negative: refused there); bits[c][r]: the first
+  // candidate whose output at rows[r] is bitwise equal to c's (c itself when none before).
+  std::vector<std::vector<double>> times(n_cand, std::vector<double>(rows.size(), -1.0));
+  std::vector<std::vector<std::size_t>> bits(n_cand, std::vector<std::size_t>(rows.size(), 0));
   std::vector<double> best(rows.size(), std::numeric_limits<double>::infinity());
-  for (std::size_t c = 0; c < candidates.size(); ++c) {
-    for (std::size_t r = 0; r < rows.size(); ++r) {
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    std::vector<std::pair<std::size_t, at::Tensor>> seen;  // (candidate, its output) per bit class
+    for (std::size_t c = 0; c < n_cand; ++c) {
       const double t = time_product(h, s, candidates[c], w, x, parts, out, rows[r], stream);
-      times[c].push_back(t);
-      if (t > 0.0) {
-        best[r] = std::min(best[r], t);
+      times[c][r] = t;
+      bits[c][r] = c;
+      if (t <= 0.0) {
+        continue;
+      }
+      best[r] = std::min(best[r], t);
+      // [M, N] of this row count (the split sum's result, or the single pass's)
+      const at::Tensor y = out.narrow(0, 0, rows[r]);
+      const auto same = std::find_if(seen.begin(), seen.end(), [&](const auto& e) {
+        return at::equal(e.second.view(s.bf16 ? at::kShort : at::kInt),
+                         y.view(s.bf16 ? at::kShort : at::kInt));
+      });
+      if (same != seen.end()) {
+        bits[c][r] = same->first;
+      } else {
+        seen.emplace_back(c, y.clone());
       }
     }
   }
-  std::size_t pick = candidates.size();
-  double pick_worst = std::numeric_limits<double>::infinity();
-  double pick_total = 0.0;
-  for (std::size_t c = 0; c < candidates.size(); ++c) {
-    double worst = 0.0;
-    double total = 0.0;
-    bool usable = true;
+  // A candidate's worst ratio to the fastest and its total, over the row counts; usable only
+  // when it ran at every one.
+  const auto score = [&](std::size_t c, double& worst, double& total) {
+    worst = 0.0;
+    total = 0.0;
     for (std::size_t r = 0; r < rows.size(); ++r) {
-      usable = usable && times[c][r] > 0.0;
+      if (times[c][r] <= 0.0) {
+        return false;
+      }
       worst = std::max(worst, times[c][r] / best[r]);
       total += times[c][r];
     }
-    if (usable && (worst < pick_worst || (worst == pick_worst && total < pick_total))) {
+    return true;
+  };
+  std::size_t pick = n_cand;
+  double pick_worst = std::numeric_limits<double>::infinity();
+  double pick_total = 0.0;
+  for (std::size_t c = 0; c < n_cand; ++c) {
+    double worst = 0.0;
+    double total = 0.0;
+    if (score(c, worst, total) &&
+        (worst < pick_worst || (worst == pick_worst && total < pick_total))) {
       pick = c;
       pick_worst = worst;
       pick_total = total;
     }
   }
-  if (pick == candidates.size()) {
+  if (pick == n_cand) {
     // None runs at every timed row count: the plan before timing, whose proposal at kPlanRows
     // rows has run at every M of the load-time proof.
     return first_proposal(h, s, " (no timed candidate ran at every row count)");
   }
   std::ostringstream text;
-  text << describe(s, candidates[pick]) << ", timed: " << candidates.size()
-       << " candidate(s) at M=";
-  for (std::size_t r = 0; r < rows.size(); ++r) {
-    text << (r == 0 ? "" : "/") << rows[r];
+  text << std::fixed << std::setprecision(3);
+  const auto times_text = [&](const std::vector<double>& t) {
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      text << (r == 0 ? "" : "/") << t[r];
+    }
+  };
+  const auto rows_text = [&]() {
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      text << (r == 0 ? "" : "/") << rows[r];
+    }
+  };
+  if (g_plan == base::BiPlan::Timed) {
+    text << describe(s, candidates[pick]) << ", timed: " << n_cand << " candidate(s) at M=";
+    rows_text();
+    text << ", ";
+    times_text(times[pick]);
+    text << " ms, worst x" << std::setprecision(2) << pick_worst << " of the fastest";
+    return {{candidates[pick]}, {}, {}, text.str()};
   }
-  text << ", " << std::fixed << std::setprecision(3);
-  for (std::size_t r = 0; r < rows.size(); ++r) {
-    text << (r == 0 ? "" : "/") << times[pick][r];
+  // Classes: the members of each class (candidates that ran everywhere, same bits everywhere),
+  // each class's fastest time per row count, and the class with the smallest worst ratio.
+  std::vector<std::vector<std::size_t>> classes;
+  for (std::size_t c = 0; c < n_cand; ++c) {
+    double worst = 0.0;
+    double total = 0.0;
+    if (!score(c, worst, total)) {
+      continue;
+    }
+    auto it = std::find_if(classes.begin(), classes.end(),
+                           [&](const auto& cls) { return bits[cls.front()] == bits[c]; });
+    if (it == classes.end()) {
+      classes.push_back({c});
+    } else {
+      it->push_back(c);
+    }
   }
-  text << " ms, worst x" << std::setprecision(2) << pick_worst << " of the fastest";
-  return {candidates[pick], text.str()};
+  std::size_t chosen = 0;
+  double chosen_worst = std::numeric_limits<double>::infinity();
+  std::vector<std::size_t> chosen_pick;
+  std::vector<double> chosen_times;
+  for (std::size_t k = 0; k < classes.size(); ++k) {
+    std::vector<std::size_t> fastest(rows.size(), classes[k].front());
+    std::vector<double> t(rows.size(), std::numeric_limits<double>::infinity());
+    double worst = 0.0;
+    for (std::size_t r = 0; r < rows.size(); ++r) {
+      for (const std::size_t c : classes[k]) {
+        if (times[c][r] < t[r]) {
+          t[r] = times[c][r];
+          fastest[r] = c;
+        }
+      }
+      worst = std::max(worst, t[r] / best[r]);
+    }
+    if (worst < chosen_worst) {
+      chosen = k;
+      chosen_worst = worst;
+      chosen_pick = fastest;
+      chosen_times = t;
+    }
+  }
+  // algos[0]: the class's member with the smallest worst ratio on its own (the fallback).
+  const std::vector<std::size_t>& members = classes[chosen];
+  std::size_t lead = members.front();
+  double lead_worst = std::numeric_limits<double>::infinity();
+  for (const std::size_t c : members) {
+    double worst = 0.0;
+    double total = 0.0;
+    if (score(c, worst, total) && worst < lead_worst) {
+      lead = c;
+      lead_worst = worst;
+    }
+  }
+  Plan plan;
+  plan.algos.push_back(candidates[lead]);
+  for (const std::size_t c : members) {
+    if (c != lead) {
+      plan.algos.push_back(candidates[c]);
+    }
+  }
+  plan.rows = rows;
+  for (const std::size_t c : chosen_pick) {
+    const auto at = std::find_if(plan.algos.begin(), plan.algos.end(), [&](const auto& a) {
+      return std::memcmp(a.data, candidates[c].data, sizeof(a.data)) == 0;
+    });
+    plan.pick.push_back(static_cast<std::size_t>(at - plan.algos.begin()));
+  }
+  text << describe(s, candidates[lead]) << ", class of " << members.size() << " bitwise-equal of "
+       << n_cand << " candidate(s) (" << classes.size() << " classes) at M=";
+  rows_text();
+  text << ": per M algo ";
+  for (std::size_t r = 0; r < rows.size(); ++r) {
+    text << (r == 0 ? "" : "/")
+         << algo_attr<std::int32_t>(candidates[chosen_pick[r]], CUBLASLT_ALGO_CONFIG_ID) << " tile "
+         << algo_attr<std::uint32_t>(candidates[chosen_pick[r]], CUBLASLT_ALGO_CONFIG_TILE_ID);
+  }
+  text << ", ";
+  times_text(chosen_times);
+  text << " ms, worst x" << std::setprecision(2) << chosen_worst << " of the fastest (one algo: x"
+       << pick_worst << ")";
+  plan.text = text.str();
+  return plan;
 }
 
 const Plan& plan_for(cublasLtHandle_t h, const Shape& s, const at::Tensor& w, cudaStream_t stream) {
@@ -418,10 +568,19 @@ at::Tensor invariant_linear(const at::Tensor& x, const at::Tensor& w) {
     cublasLtHandle_t h = handle_for(s.device);
     const Plan& plan = plan_for(h, s, wc, stream);
     const Call call(s, m);
-    lt_check(cublasLtMatmul(h, call.op, &alpha, wc.data_ptr(), call.a, x2.data_ptr(), call.b, &beta,
-                            parts.data_ptr(), call.d, parts.data_ptr(), call.d, &plan.algo, nullptr,
-                            0, stream),
-             "cublasLtMatmul");
+    const auto run = [&](const cublasLtMatmulAlgo_t& algo) {
+      return cublasLtMatmul(h, call.op, &alpha, wc.data_ptr(), call.a, x2.data_ptr(), call.b, &beta,
+                            parts.data_ptr(), call.d, parts.data_ptr(), call.d, &algo, nullptr, 0,
+                            stream);
+    };
+    const cublasLtMatmulAlgo_t& algo = plan.for_rows(m);
+    cublasStatus_t status = run(algo);
+    if (status != CUBLAS_STATUS_SUCCESS && &algo != &plan.algos.front()) {
+      // A member refused at this M (it ran at every timed one): the class's all-round member,
+      // the same bits.
+      status = run(plan.algos.front());
+    }
+    lt_check(status, "cublasLtMatmul");
   }
   if (s.splits > 1) {
     const int code =
@@ -433,9 +592,9 @@ at::Tensor invariant_linear(const at::Tensor& x, const at::Tensor& w) {
   return out.view(shape);
 }
 
-void set_invariant_plan_timed(bool timed) {
+void set_invariant_plan(base::BiPlan plan) {
   const std::lock_guard<std::mutex> lock(g_mutex);
-  g_timed = timed;
+  g_plan = plan;
 }
 
 std::string invariant_linear_report() {

@@ -337,7 +337,7 @@ base::Result<std::shared_ptr<const DiffusionGemma>> load_model(const ModelSource
     const at::Device device = parse_device(options.device);
     const at::ScalarType dtype = parse_dtype(options.dtype, device);
     const RunSettings settings{parse_experts(options.experts), options.switches};
-    kernels::set_invariant_plan_timed(options.switches.bi_plan_timed);
+    kernels::set_invariant_plan(options.switches.bi_plan);
     // Refused up front when it cannot fit, before anything large is allocated.
     const auto check = [&](const ModelConfig& config) {
       const MemoryEstimate estimate =

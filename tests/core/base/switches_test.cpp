@@ -27,7 +27,7 @@ TEST_F(SwitchesEnv, DefaultsAllowEverythingAndDescribeNothing) {
   EXPECT_TRUE(s.fused);
   EXPECT_TRUE(s.fused_off.empty());
   EXPECT_TRUE(s.cuda_graphs);
-  EXPECT_TRUE(s.bi_plan_timed);
+  EXPECT_EQ(s.bi_plan, BiPlan::Classes);
   EXPECT_TRUE(s.fused_kernel("diff"));
   EXPECT_EQ(s.describe(), "");
 }
@@ -45,9 +45,13 @@ TEST_F(SwitchesEnv, ReadsEachVariable) {
   EXPECT_EQ(s.describe(), "BATCHLENS_FUSED_OFF=diff,norm; BATCHLENS_CUDA_GRAPHS=0");
 
   set("BATCHLENS_BI_PLAN", "fixed");
-  EXPECT_FALSE(Switches::from_environment().bi_plan_timed);
+  EXPECT_EQ(Switches::from_environment().bi_plan, BiPlan::Fixed);
   EXPECT_EQ(Switches::from_environment().describe(),
             "BATCHLENS_FUSED_OFF=diff,norm; BATCHLENS_CUDA_GRAPHS=0; BATCHLENS_BI_PLAN=fixed");
+  set("BATCHLENS_BI_PLAN", "timed");
+  EXPECT_EQ(Switches::from_environment().bi_plan, BiPlan::Timed);
+  EXPECT_EQ(Switches::from_environment().describe(),
+            "BATCHLENS_FUSED_OFF=diff,norm; BATCHLENS_CUDA_GRAPHS=0; BATCHLENS_BI_PLAN=timed");
 
   set("BATCHLENS_FUSED", "0");
   const Switches off = Switches::from_environment();
@@ -58,12 +62,24 @@ TEST_F(SwitchesEnv, ReadsEachVariable) {
 TEST_F(SwitchesEnv, OnlyZeroTurnsThingsOff) {
   set("BATCHLENS_FUSED", "1");
   set("BATCHLENS_CUDA_GRAPHS", "yes");
-  set("BATCHLENS_BI_PLAN", "timed");
+  set("BATCHLENS_BI_PLAN", "yes");
   const Switches s = Switches::from_environment();
   EXPECT_TRUE(s.fused);
   EXPECT_TRUE(s.cuda_graphs);
-  EXPECT_TRUE(s.bi_plan_timed);
+  EXPECT_EQ(s.bi_plan, BiPlan::Classes);
   EXPECT_EQ(s.describe(), "");
+}
+
+TEST(BiPlan, NamesRoundTrip) {
+  for (const BiPlan p : {BiPlan::Classes, BiPlan::Timed, BiPlan::Fixed}) {
+    BiPlan back = BiPlan::Classes;
+    ASSERT_TRUE(parse_bi_plan(bi_plan_name(p), back)) << bi_plan_name(p);
+    EXPECT_EQ(back, p);
+  }
+  BiPlan untouched = BiPlan::Timed;
+  EXPECT_FALSE(parse_bi_plan("Fixed", untouched));
+  EXPECT_FALSE(parse_bi_plan("", untouched));
+  EXPECT_EQ(untouched, BiPlan::Timed);
 }
 
 }  // namespace

@@ -502,14 +502,24 @@ TEST(Experiment, SpecJsonKeepsSwitchesOnlyWhenSet) {
   EXPECT_EQ(back.value().load.switches.fused_off, std::vector<std::string>{"diff"});
   EXPECT_FALSE(back.value().load.switches.cuda_graphs);
   EXPECT_TRUE(back.value().load.switches.fused);
-  EXPECT_TRUE(back.value().load.switches.bi_plan_timed);
+  EXPECT_EQ(back.value().load.switches.bi_plan, base::BiPlan::Classes);
   EXPECT_FALSE(to_json(s)["switches"].contains("bi_plan"));
   // The batch-invariant GEMM's plan changes that mode's bits: kept when it is not the default.
-  s.load.switches.bi_plan_timed = false;
-  EXPECT_EQ(to_json(s)["switches"]["bi_plan"], "fixed");
-  const auto fixed = spec_from_json_text(to_json(s).dump());
-  ASSERT_TRUE(fixed.ok()) << fixed.error().message;
-  EXPECT_FALSE(fixed.value().load.switches.bi_plan_timed);
+  for (const base::BiPlan plan : {base::BiPlan::Fixed, base::BiPlan::Timed}) {
+    s.load.switches.bi_plan = plan;
+    EXPECT_EQ(to_json(s)["switches"]["bi_plan"], base::bi_plan_name(plan));
+    const auto again = spec_from_json_text(to_json(s).dump());
+    ASSERT_TRUE(again.ok()) << again.error().message;
+    EXPECT_EQ(again.value().load.switches.bi_plan, plan);
+  }
+  {
+    auto unknown = to_json(s);
+    unknown["switches"]["bi_plan"] = "fastest";
+    const auto refused = spec_from_json(unknown);
+    ASSERT_FALSE(refused.ok());
+    EXPECT_NE(refused.error().message.find("fastest"), std::string::npos)
+        << refused.error().message;
+  }
   auto doc = to_json(s);
   doc["switches"]["fused"] = "yes";
   const auto bad = spec_from_json(doc);
