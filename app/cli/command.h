@@ -27,6 +27,20 @@ constexpr const char* kExitCodesHelp =
     "text that is not UTF-8); 130 Ctrl-C; 143 SIGTERM. A file is either written complete or\n"
     "not at all: an interrupted write leaves neither the file nor a temporary.";
 
+/// The --help footer's list of the environment's switches (base::Switches): how BatchLens
+/// computes, never what, except the batch-invariant plan, which the experiment file records.
+constexpr const char* kEnvironmentHelp =
+    "Environment (read at start; an experiment file keeps what was set):\n"
+    "  BATCHLENS_CUDA_GRAPHS=0     denoising steps run eagerly (saves GPU memory)\n"
+    "  BATCHLENS_FUSED=0           no fused CUDA kernel (each is bitwise ATen's chain)\n"
+    "  BATCHLENS_FUSED_OFF=LIST    these fused kernels off: "
+    "norm,combine,gelu,softcap,route,diff,gemm\n"
+    "  BATCHLENS_THREAD_CHOICE=0   a CPU model keeps LibTorch's threads (no measurement at load)\n"
+    "  BATCHLENS_BI_PLAN=PLAN      the batch-invariant CUDA GEMM's algorithms: classes (default:\n"
+    "                              a bitwise class, its fastest member per M), timed (one\n"
+    "                              algorithm per shape), fixed (cuBLASLt's first at 1024 rows);\n"
+    "                              each is batch invariant, each gives that mode other bits";
+
 /// Parses a mode option's text with `parse` into `out`; on an unknown name prints
 /// "batchlens-cli COMMAND: <reason>", sets `exit_code` to kExitUsage and returns false.
 template <class T, class Parse>

@@ -23,7 +23,7 @@ int run(int argc, char** argv) {
       "--version", [] { return cli::version_text(); },
       "Print the version, LibTorch and the devices found, then exit");
   app.require_subcommand(0, 1);
-  app.footer(cli::kExitCodesHelp);
+  app.footer(std::string(cli::kExitCodesHelp) + "\n\n" + cli::kEnvironmentHelp);
 
   int exit_code = cli::kExitOk;
   cli::register_info(app, exit_code);

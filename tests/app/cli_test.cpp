@@ -35,6 +35,10 @@ TEST(Cli, HelpListsCommandsAndExitsZero) {
   EXPECT_NE(r.out.find("--version"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("Exit codes:"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("143 SIGTERM"), std::string::npos) << r.out;
+  for (const char* variable : {"BATCHLENS_CUDA_GRAPHS", "BATCHLENS_FUSED_OFF",
+                               "BATCHLENS_THREAD_CHOICE", "BATCHLENS_BI_PLAN"}) {
+    EXPECT_NE(r.out.find(variable), std::string::npos) << variable << "\n" << r.out;
+  }
 }
 
 TEST(Cli, UsageErrorsExitTwo) {
