@@ -104,12 +104,18 @@ std::string library_of(const at::Device& device, at::ScalarType dtype) {
   return "BLAS (" + std::string(at::hasMKL() ? "MKL" : "LibTorch's") + ")";
 }
 
-// One pass of `run`: prefill as the spec makes it (a mixed batch: `mixed`, padded, masked and
-// positioned as its engine does), then the decoder over a seeded canvas.
-EngineKernels capture_one(const model::DiffusionGemma& model, const ExperimentSpec& spec,
-                          const at::Tensor& prompt, const generation::PaddedPrompts* mixed,
-                          const PlannedRun& run, bool sc) {
-  const auto start = Clock::now();
+// The passes of `run`: prefill once as the spec makes it (a mixed batch: `mixed`, padded, masked
+// and positioned as its engine does), then one decoder pass over a seeded canvas for each of
+// `scs` (without, with self-conditioning: a decoder pass leaves the cache as it was). On CUDA the
+// passes run under the profiler; `warm` runs an unprofiled pass first (library handles and
+// heuristics caches made outside the trace: once per recording is enough, and the engines ran
+// these shapes before).
+std::vector<EngineKernels> capture_run(const model::DiffusionGemma& model,
+                                       const ExperimentSpec& spec, const at::Tensor& prompt,
+                                       const generation::PaddedPrompts* mixed,
+                                       const PlannedRun& run, const std::vector<bool>& scs,
+                                       bool warm, const base::CancelToken* cancel) {
+  auto start = Clock::now();
   const at::Device device = model.device();
   const std::int64_t b = run.batch_size;
   const std::int64_t c = model.config().canvas_length;
@@ -129,60 +135,74 @@ EngineKernels capture_one(const model::DiffusionGemma& model, const ExperimentSp
   } else {
     model.encode(prompt.expand({b, -1}).contiguous(), cache, plain);
   }
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(spec.seed + 0x9e3779b97f4a7c15ULL);
-  const at::Tensor canvas = at::randint(vocab, {1, c}, gen, at::TensorOptions().dtype(at::kLong))
-                                .to(device)
-                                .expand({b, -1})
-                                .contiguous();  // [B, C] int64
-  at::Tensor sc_logits;
-  if (sc) {
-    sc_logits = at::randn({1, c, vocab}, gen)
-                    .to(model.weights().embed.scalar_type())
-                    .to(device)
-                    .expand({b, -1, -1})
-                    .contiguous();  // [B, C, V] in the embedding's dtype, as the engine passes
-  }
-  Collector collector(device.is_cuda(), library_of(device, model.dtype()));
-  const model::ForwardContext observed{&run.policy, nullptr, /*check_id_range=*/false,
-                                       /*fused_kernels=*/true, &collector};
-  EngineKernels e;
-  e.run = run.id;
-  e.batch_size = static_cast<int>(b);
-  e.policy = ops::policy_text(run.policy);
-  e.self_conditioning = sc;
-  e.device = device.str();
-  if (device.is_cuda() && ops::kernel_profiler_available()) {
-    // A warm-up first: library handles and heuristics caches are made outside the trace.
-    (void)model.decode(canvas, cache, sc_logits, model::ForwardContext{&run.policy, nullptr, false},
-                       positions);
-    const std::vector<ops::KernelSeen> launched = ops::profile_marked_kernels(
-        [&] { (void)model.decode(canvas, cache, sc_logits, observed, positions); });
-    for (const ops::KernelSeen& k : launched) {
-      std::string family;
-      int layer = -1;
-      if (!parse_scope(k.scope, family, layer)) {
-        continue;  // elementwise work outside the op layer
-      }
-      OpKernels* op = collector.find(family, layer);
-      if (op == nullptr) {
-        continue;
-      }
-      auto same = std::find_if(op->kernels.begin(), op->kernels.end(), [&](const KernelLaunch& x) {
-        return x.name == k.name && x.grid == k.grid && x.block == k.block;
-      });
-      if (same == op->kernels.end()) {
-        op->kernels.push_back(KernelLaunch{k.name, k.grid, k.block, 0, 0.0});
-        same = op->kernels.end() - 1;
-      }
-      ++same->calls;
-      same->total_us += k.duration_us;
+  const bool profiled = device.is_cuda() && ops::kernel_profiler_available();
+  std::vector<EngineKernels> out;
+  for (const bool sc : scs) {
+    if (cancel != nullptr && cancel->cancelled()) {
+      base::raise(base::ErrorCode::Cancelled, "kernel provenance cancelled");
     }
-  } else {
-    (void)model.decode(canvas, cache, sc_logits, observed, positions);
+    auto gen = at::make_generator<at::CPUGeneratorImpl>(spec.seed + 0x9e3779b97f4a7c15ULL);
+    const at::Tensor canvas = at::randint(vocab, {1, c}, gen, at::TensorOptions().dtype(at::kLong))
+                                  .to(device)
+                                  .expand({b, -1})
+                                  .contiguous();  // [B, C] int64
+    at::Tensor sc_logits;
+    if (sc) {
+      sc_logits = at::randn({1, c, vocab}, gen)
+                      .to(model.weights().embed.scalar_type())
+                      .to(device)
+                      .expand({b, -1, -1})
+                      .contiguous();  // [B, C, V] in the embedding's dtype, as the engine passes
+    }
+    Collector collector(device.is_cuda(), library_of(device, model.dtype()));
+    const model::ForwardContext observed{&run.policy, nullptr, /*check_id_range=*/false,
+                                         /*fused_kernels=*/true, &collector};
+    EngineKernels e;
+    e.run = run.id;
+    e.batch_size = static_cast<int>(b);
+    e.policy = ops::policy_text(run.policy);
+    e.self_conditioning = sc;
+    e.device = device.str();
+    if (profiled) {
+      if (warm) {
+        (void)model.decode(canvas, cache, sc_logits,
+                           model::ForwardContext{&run.policy, nullptr, false}, positions);
+        warm = false;
+      }
+      const std::vector<ops::KernelSeen> launched = ops::profile_marked_kernels(
+          [&] { (void)model.decode(canvas, cache, sc_logits, observed, positions); });
+      for (const ops::KernelSeen& k : launched) {
+        std::string family;
+        int layer = -1;
+        if (!parse_scope(k.scope, family, layer)) {
+          continue;  // elementwise work outside the op layer
+        }
+        OpKernels* op = collector.find(family, layer);
+        if (op == nullptr) {
+          continue;
+        }
+        auto same =
+            std::find_if(op->kernels.begin(), op->kernels.end(), [&](const KernelLaunch& x) {
+              return x.name == k.name && x.grid == k.grid && x.block == k.block;
+            });
+        if (same == op->kernels.end()) {
+          op->kernels.push_back(KernelLaunch{k.name, k.grid, k.block, 0, 0.0});
+          same = op->kernels.end() - 1;
+        }
+        ++same->calls;
+        same->total_us += k.duration_us;
+      }
+    } else {
+      (void)model.decode(canvas, cache, sc_logits, observed, positions);
+    }
+    e.ops = std::move(collector.ops());
+    // The first pass's time includes the prefill.
+    const auto now = Clock::now();
+    e.seconds = std::chrono::duration<double>(now - start).count();
+    start = now;
+    out.push_back(std::move(e));
   }
-  e.ops = std::move(collector.ops());
-  e.seconds = std::chrono::duration<double>(Clock::now() - start).count();
-  return e;
+  return out;
 }
 
 }  // namespace
@@ -201,23 +221,23 @@ KernelProvenance capture_kernels(const setup::Session& session, const Experiment
   const at::Tensor prompt = at::tensor(prompt_ids, at::TensorOptions().dtype(at::kLong))
                                 .view({1, -1})
                                 .to(model.device());  // [1, L] int64
+  bool warm = true;
   for (const PlannedGroup& g : groups) {
     for (const PlannedRun& run : g.runs) {
       if (role_of_run(run.id) == RunRole::Repeat) {
         continue;  // the reference's engine again
       }
-      for (const bool sc : {false, true}) {
-        if (cancel != nullptr && cancel->cancelled()) {
-          base::raise(base::ErrorCode::Cancelled, "kernel provenance cancelled");
-        }
-        std::optional<generation::PaddedPrompts> mixed;
-        if (!companion_ids.empty() && run.batch_size > 1) {
-          mixed = generation::pad_left(generation::batch_rows(prompt_ids, companion_ids,
-                                                              run.batch_size, spec.composition.row),
-                                       session.model->config().text.pad_token_id);
-        }
-        k.engines.push_back(capture_one(model, spec, prompt, mixed ? &*mixed : nullptr, run, sc));
+      std::optional<generation::PaddedPrompts> mixed;
+      if (!companion_ids.empty() && run.batch_size > 1) {
+        mixed = generation::pad_left(
+            generation::batch_rows(prompt_ids, companion_ids, run.batch_size, spec.composition.row),
+            session.model->config().text.pad_token_id);
       }
+      for (EngineKernels& e : capture_run(model, spec, prompt, mixed ? &*mixed : nullptr, run,
+                                          {false, true}, warm, cancel)) {
+        k.engines.push_back(std::move(e));
+      }
+      warm = false;
     }
   }
   k.wall_s = std::chrono::duration<double>(Clock::now() - start).count();
