@@ -337,13 +337,17 @@ const StepTensors& GenerationEngine::step(probe::TapSink* taps) {
   const at::Tensor accepted_canvas = at::where(accepted, sampled, current_);
   const at::Tensor noise = streams_.randint(vocab, c);
   at::Tensor new_current = at::where(accepted.logical_not(), noise, accepted_canvas);
+  // The stopping criterion's entropy is the sampler's while `processed` is unchanged: the
+  // reference computes it again over [B, C, V], with the same bits.
+  at::Tensor stop_entropy = entropy;
   if (finished_.any().item<bool>()) {
     const at::Tensor f = finished_.unsqueeze(1);
     new_argmax = at::where(f, argmax_, new_argmax);
     new_current = at::where(f, current_, new_current);
     processed = at::where(f.unsqueeze(2), sc_logits_, processed);
+    stop_entropy = at::Tensor();
   }
-  finished_ = finished_ | stopping_(new_argmax, processed);
+  finished_ = finished_ | stopping_(new_argmax, processed, stop_entropy);
   sc_logits_ = processed.to(model_.weights().embed.scalar_type());
   current_ = new_current;
   argmax_ = new_argmax;

@@ -101,7 +101,8 @@ at::Tensor RandomStreams::multinomial(const at::Tensor& probs) {
 }
 
 at::Tensor StableConfidentStopping::operator()(const at::Tensor& argmax,
-                                               const at::Tensor& processed_logits) {
+                                               const at::Tensor& processed_logits,
+                                               const at::Tensor& entropy) {
   at::Tensor stable;
   if (stability_threshold_ == 0) {
     stable = at::ones({processed_logits.size(0)},
@@ -115,7 +116,9 @@ at::Tensor StableConfidentStopping::operator()(const at::Tensor& argmax,
     history_ = at::roll(history_, {-1}, {0});
     history_[-1] = argmax;
   }
-  const at::Tensor confident = token_entropy(processed_logits).mean(-1) < confidence_threshold_;
+  const at::Tensor confident =
+      (entropy.defined() ? entropy : token_entropy(processed_logits)).mean(-1) <
+      confidence_threshold_;
   return stable & confident;
 }
 

@@ -63,8 +63,11 @@ class StableConfidentStopping {
       : stability_threshold_(stability_threshold), confidence_threshold_(confidence_threshold) {}
   /// argmax [B, C] int64 and the processed (temperature-scaled) logits [B, C, V] -> bool [B]:
   /// the argmax equals each of the last `stability_threshold` argmax canvases AND the mean
-  /// entropy is below the confidence threshold.
-  at::Tensor operator()(const at::Tensor& argmax, const at::Tensor& processed_logits);
+  /// entropy is below the confidence threshold. `entropy` [B, C] fp32, when given, is
+  /// token_entropy(processed_logits) computed before (the sampler's): the reference computes it
+  /// twice, and the second pass over [B, C, V] gives the same bits.
+  at::Tensor operator()(const at::Tensor& argmax, const at::Tensor& processed_logits,
+                        const at::Tensor& entropy = {});
   /// Forgets the history (a new canvas).
   void reset() { history_ = at::Tensor(); }
 

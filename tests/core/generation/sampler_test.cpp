@@ -105,5 +105,23 @@ TEST(StableConfidentStopping, NeedsARepeatedArgmaxAndLowEntropy) {
   EXPECT_FALSE(stop(argmax + 1, sharp).item<bool>());  // history forgotten
 }
 
+// The sampler's entropy, passed in, decides as the criterion's own pass over the logits does;
+// the entropy given is what counts (the logits are not read again).
+TEST(StableConfidentStopping, TakesTheSamplersEntropy) {
+  at::manual_seed(7);
+  const at::Tensor argmax = at::tensor({3L, 1L, 2L, 0L}).view({2, 2});
+  at::Tensor logits = at::randn({2, 2, 6}) * 8.0;                   // [B, C, V]
+  const at::Tensor entropy = token_entropy(logits);                 // [B, C]
+  const double threshold = entropy.mean(-1).mean().item<double>();  // between the two rows
+  StableConfidentStopping own(0, threshold);
+  StableConfidentStopping given(0, threshold);
+  const at::Tensor a = own(argmax, logits);
+  const at::Tensor b = given(argmax, logits, entropy);
+  EXPECT_TRUE(at::equal(a, b));
+  EXPECT_NE(a[0].item<bool>(), a[1].item<bool>()) << entropy;
+  StableConfidentStopping zero(0, threshold);
+  EXPECT_TRUE(zero(argmax, logits, at::zeros_like(entropy)).all().item<bool>());
+}
+
 }  // namespace
 }  // namespace batchlens::generation
