@@ -864,7 +864,12 @@ void read_list(Reader& rd, const GroupReader& root, const std::string& name, std
 // kept there; then whether the groups are there.
 void read_root(Reader& rd, GroupReader& root, experiment::Provenance& p) {
   const std::string& file = rd.file();
-  if (H5Aexists(root.id(), "format") <= 0) {
+  const htri_t has_format = H5Aexists(root.id(), "format");
+  if (has_format < 0) {
+    base::corrupt(file + ": HDF5 cannot read the root group's attributes (damaged: " +
+                  hdf5_error_text() + ")");
+  }
+  if (has_format == 0) {
     base::raise(ErrorCode::FileUnrecognised,
                 file + " is an HDF5 file but not a BatchLens experiment (no format=\"" +
                     std::string(kFormat) + "\")");
@@ -1011,7 +1016,11 @@ ExperimentResult read_file(const std::string& file, std::uint64_t file_bytes) {
   if (!f.ok()) {
     base::corrupt(file + ": HDF5 cannot open it (truncated or damaged: " + hdf5_error_text() + ")");
   }
-  GroupReader root(rd, H5Gopen2(f.get(), "/", H5P_DEFAULT), "/");
+  const hid_t root_id = H5Gopen2(f.get(), "/", H5P_DEFAULT);
+  if (root_id < 0) {
+    base::corrupt(file + ": HDF5 cannot open its root group (damaged: " + hdf5_error_text() + ")");
+  }
+  GroupReader root(rd, root_id, "/");
   ExperimentResult r;
   read_root(rd, root, r.provenance);
   {

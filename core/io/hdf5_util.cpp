@@ -19,30 +19,12 @@ namespace batchlens::io {
 
 namespace {
 
-std::string& last_hdf5_error() {
-  static std::string text;  // HDF5 calls are serialised by hdf5_mutex()
-  return text;
-}
-
-herr_t record_hdf5_error(hid_t stack, void* /*data*/) {
-  std::vector<std::string> lines;
-  H5Ewalk2(
-      stack, H5E_WALK_DOWNWARD,
-      [](unsigned /*n*/, const H5E_error2_t* e, void* out) -> herr_t {
-        auto& v = *static_cast<std::vector<std::string>*>(out);
-        if (e->desc != nullptr && v.size() < 32) {
-          v.emplace_back(std::string(e->func_name != nullptr ? e->func_name : "") + ": " + e->desc);
-        }
-        return 0;
-      },
-      &lines);
-  std::string text = lines.empty() ? std::string() : lines.back();  // the innermost
-  for (const auto& l : lines) {
-    if (l.find("errno") != std::string::npos) {
-      text = l;
-    }
+// Collects an error stack's messages, outermost first (H5E_WALK_DOWNWARD).
+herr_t collect_hdf5_error(unsigned /*n*/, const H5E_error2_t* e, void* out) {
+  auto& v = *static_cast<std::vector<std::string>*>(out);
+  if (e->desc != nullptr && v.size() < 32) {
+    v.emplace_back(std::string(e->func_name != nullptr ? e->func_name : "") + ": " + e->desc);
   }
-  last_hdf5_error() = text;
   return 0;
 }
 
@@ -139,12 +121,12 @@ hid_t create_in_memory(const std::string& name) {
                      H5Pset_libver_bounds(fapl, H5F_LIBVER_V110, H5F_LIBVER_V110) >= 0 &&
                      H5Pset_fclose_degree(fapl, H5F_CLOSE_SEMI) >= 0;
   const hid_t fid = props ? H5Fcreate(name.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, fapl) : -1;
+  const std::string why = fid < 0 ? hdf5_error_text() : std::string();  // before the close below
   if (fapl >= 0) {
     H5Pclose(fapl);
   }
   if (fid < 0) {
-    base::raise(base::ErrorCode::IoFailed,
-                "cannot create the file in memory: " + hdf5_error_text());
+    base::raise(base::ErrorCode::IoFailed, "cannot create the file in memory: " + why);
   }
   return fid;
 }
@@ -290,12 +272,23 @@ std::mutex& hdf5_mutex() {
 void quiet_hdf5() {
   H5::Exception::dontPrint();
   H5PLset_loading_state(0);  // files never make this process load filter plugins
-  H5Eset_auto2(H5E_DEFAULT, record_hdf5_error, nullptr);
-  last_hdf5_error().clear();
+  // No automatic report at all: with any report function set (HDF5's printer, or one that does
+  // nothing), HDF5 1.10.8 leaves part of a damaged file open after a failed checksum
+  // ("incorrect metadata checksum after all read attempts") and prints "HDF5: infinite loop
+  // closing library" at exit. The reason is read from the error stack when asked for.
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
 }
 
 std::string hdf5_error_text() {
-  return last_hdf5_error().empty() ? std::string("no reason given") : last_hdf5_error();
+  std::vector<std::string> lines;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect_hdf5_error, &lines);  // clears nothing
+  std::string text = lines.empty() ? std::string() : lines.back();       // the innermost
+  for (const auto& l : lines) {
+    if (l.find("errno") != std::string::npos) {
+      text = l;
+    }
+  }
+  return text.empty() ? std::string("no reason given") : text;
 }
 
 template <>

@@ -22,14 +22,15 @@ namespace batchlens::io {
 /// this lock around every HDF5 call (the public write and read functions take it).
 std::mutex& hdf5_mutex();
 
-/// Routes HDF5's errors to a recorder instead of stderr, and keeps HDF5 from loading filter
-/// plugins that a file names. Call with hdf5_mutex() held, before a write or a read.
+/// Turns HDF5's automatic error report off (nothing on stderr; hdf5_error_text() reads the
+/// reason), and keeps HDF5 from loading filter plugins that a file names. Call with hdf5_mutex()
+/// held, before a write or a read.
 void quiet_hdf5();
 
-/// What HDF5 said when its last call failed, recorded at the moment of the failure (any later
-/// HDF5 call, e.g. a destructor's close, clears HDF5's error stack); the system's reason, e.g.
-/// "errno = 28, error message = 'No space left on device'", when HDF5 gave one. "no reason
-/// given" when nothing was recorded. Call with hdf5_mutex() held.
+/// What HDF5 said about the call that just failed: the innermost message of its error stack, or
+/// the system's reason, e.g. "errno = 28, error message = 'No space left on device'", when HDF5
+/// gave one; "no reason given" for an empty stack. Call it right after the failed call, before
+/// any other HDF5 call (a destructor's close too) clears the stack, with hdf5_mutex() held.
 std::string hdf5_error_text();
 
 /// Checks what an HDF5 C call returned; a failure raises IoFailed naming `what` and HDF5's

@@ -1,6 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // End-to-end tests of the batchlens-cli binary.
 #include <cstdio>
+#include <fstream>
+#include <iterator>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -102,18 +104,24 @@ TEST(Cli, ReproduceCommandOfASpecRunsThatSpec) {
 
 // issue #32: a run's text and a first divergence's tap name holding bytes that are not UTF-8
 // (another person's file) give JSON with U+FFFD in their place, not "internal error".
-TEST(Cli, SummaryJsonReplacesInvalidUtf8FromTheFile) {
+// `batchlens-cli run` of the tiny preset, B=1 vs B=2, 2 steps and 8 tokens, into `out`.
+void run_tiny(const ops::OpPolicy& policy, const std::string& out) {
   experiment::ExperimentSpec spec;
   spec.model.preset = "tiny";
   spec.batch_sizes = {2};
   spec.repeats = 0;
   spec.overrides.max_denoising_steps = 2;
   spec.overrides.max_new_tokens = 8;
-  spec.policy = ops::OpPolicy::emulation_profile("emulated_h200");
-  const std::string base = ::testing::TempDir() + "/bl_cli_utf8_" + std::to_string(::getpid());
-  std::string command = experiment::cli_run_command(spec, {}, base + ".h5");
+  spec.policy = policy;
+  std::string command = experiment::cli_run_command(spec, {}, out);
   command.replace(0, std::string("batchlens-cli").size(), BL_CLI_PATH);
   ASSERT_EQ(run_process({"/bin/sh", "-c", command}).exit_code, 0) << command;
+}
+
+TEST(Cli, SummaryJsonReplacesInvalidUtf8FromTheFile) {
+  const std::string base = ::testing::TempDir() + "/bl_cli_utf8_" + std::to_string(::getpid());
+  ASSERT_NO_FATAL_FAILURE(
+      run_tiny(ops::OpPolicy::emulation_profile("emulated_h200"), base + ".h5"));
   auto file = io::read_experiment(base + ".h5");
   ASSERT_TRUE(file.ok()) << file.error().message;
   experiment::ExperimentResult r = std::move(file).value();
@@ -130,6 +138,38 @@ TEST(Cli, SummaryJsonReplacesInvalidUtf8FromTheFile) {
   const auto doc = nlohmann::json::parse(json.out, nullptr, false);
   ASSERT_FALSE(doc.is_discarded()) << json.out;
   EXPECT_NE(json.out.find("\xEF\xBF\xBD"), std::string::npos);  // U+FFFD
+  std::remove((base + ".h5").c_str());
+  std::remove((base + "-bad.h5").c_str());
+}
+
+// issue #34: a file whose metadata fails HDF5's checksums (bytes flipped all through it) is
+// refused with its reason, and HDF5 has nothing left to complain about at exit (it printed
+// "HDF5: infinite loop closing library" while an automatic error report was set).
+TEST(Cli, AFileThatFailsHdf5ChecksumsLeavesNothingOpenAtExit) {
+  const std::string base = ::testing::TempDir() + "/bl_cli_checksum_" + std::to_string(::getpid());
+  ASSERT_NO_FATAL_FAILURE(run_tiny(ops::OpPolicy::default_policy(), base + ".h5"));
+  std::string bytes;
+  {
+    std::ifstream in(base + ".h5", std::ios::binary);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  ASSERT_GT(bytes.size(), 4096U);
+  for (std::size_t i = 512; i < bytes.size(); i += 97) {
+    bytes[i] = static_cast<char>(bytes[i] ^ 0x5A);
+  }
+  std::ofstream(base + "-bad.h5", std::ios::binary)
+      .write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+  const std::vector<std::vector<std::string>> commands = {
+      {BL_CLI_PATH, "summary", base + "-bad.h5"},
+      {BL_CLI_PATH, "repro", base + "-bad.h5", "--out", base + "-repro"}};
+  for (const auto& command_line : commands) {
+    const std::string& what = command_line[1];
+    const auto r = run_process(command_line);
+    EXPECT_EQ(r.exit_code, 1) << what << ": " << r.err;
+    EXPECT_NE(r.err.find("-bad.h5"), std::string::npos) << what << ": " << r.err;
+    EXPECT_EQ(r.err.find("infinite loop"), std::string::npos) << what << ": " << r.err;
+    EXPECT_EQ(r.err.find("HDF5-DIAG"), std::string::npos) << what << ": " << r.err;
+  }
   std::remove((base + ".h5").c_str());
   std::remove((base + "-bad.h5").c_str());
 }
