@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "core/base/named.h"
+
 namespace batchlens::base {
 
 const char* bi_plan_name(BiPlan plan) {
@@ -19,14 +21,9 @@ const char* bi_plan_name(BiPlan plan) {
   return "classes";
 }
 
-bool parse_bi_plan(std::string_view name, BiPlan& out) {
-  for (const BiPlan p : {BiPlan::Classes, BiPlan::Timed, BiPlan::Fixed}) {
-    if (name == bi_plan_name(p)) {
-      out = p;
-      return true;
-    }
-  }
-  return false;
+Result<BiPlan> parse_bi_plan(std::string_view name) {
+  return parse_named(name, {BiPlan::Classes, BiPlan::Timed, BiPlan::Fixed}, bi_plan_name,
+                     "batch-invariant GEMM plan");
 }
 
 bool Switches::fused_kernel(std::string_view name) const {
@@ -81,8 +78,10 @@ Switches Switches::from_environment() {
   s.cuda_graphs = !(graphs != nullptr && std::string_view(graphs) == "0");
   s.thread_choice = !(threads != nullptr && std::string_view(threads) == "0");
   // Any other value keeps the default, as for the other switches.
-  if (bi_plan == nullptr || !parse_bi_plan(bi_plan, s.bi_plan)) {
-    s.bi_plan = BiPlan::Classes;
+  if (bi_plan != nullptr) {
+    if (auto plan = parse_bi_plan(bi_plan); plan.ok()) {
+      s.bi_plan = plan.value();
+    }
   }
   return s;
 }

@@ -9,6 +9,8 @@
 #include <string_view>
 #include <vector>
 
+#include "core/base/error.h"
+
 namespace batchlens::base {
 
 /// How the batch-invariant CUDA GEMM picks each shape's cuBLASLt algorithm
@@ -27,8 +29,8 @@ enum class BiPlan {
 };
 /// "classes", "timed", "fixed".
 const char* bi_plan_name(BiPlan plan);
-/// The plan of a name of bi_plan_name; false for any other text.
-bool parse_bi_plan(std::string_view name, BiPlan& out);
+/// The plan of a name of bi_plan_name; InvalidArgument naming the three for any other text.
+Result<BiPlan> parse_bi_plan(std::string_view name);
 
 struct Switches {
   bool fused = true;  ///< BATCHLENS_FUSED=0: no fused kernel at all

@@ -258,11 +258,13 @@ class SpecReader {
       value.fused_off = w.at("fused_off").get<std::vector<std::string>>();
       value.cuda_graphs = w.at("cuda_graphs").get<bool>();
       value.bi_plan = base::BiPlan::Classes;
-      if (w.contains("bi_plan") &&
-          !base::parse_bi_plan(w.at("bi_plan").get<std::string>(), value.bi_plan)) {
-        base::raise(base::ErrorCode::InvalidArgument,
-                    "switches.bi_plan: \"" + w.at("bi_plan").get<std::string>() +
-                        "\" is not a plan of the batch-invariant GEMM (classes, timed, fixed)");
+      if (w.contains("bi_plan")) {
+        auto plan = base::parse_bi_plan(w.at("bi_plan").get<std::string>());
+        if (!plan.ok()) {
+          base::raise(base::ErrorCode::InvalidArgument,
+                      "switches.bi_plan: " + plan.error().message);
+        }
+        value.bi_plan = plan.value();
       }
     }
   }

@@ -72,14 +72,16 @@ TEST_F(SwitchesEnv, OnlyZeroTurnsThingsOff) {
 
 TEST(BiPlan, NamesRoundTrip) {
   for (const BiPlan p : {BiPlan::Classes, BiPlan::Timed, BiPlan::Fixed}) {
-    BiPlan back = BiPlan::Classes;
-    ASSERT_TRUE(parse_bi_plan(bi_plan_name(p), back)) << bi_plan_name(p);
-    EXPECT_EQ(back, p);
+    const auto back = parse_bi_plan(bi_plan_name(p));
+    ASSERT_TRUE(back.ok()) << bi_plan_name(p);
+    EXPECT_EQ(back.value(), p);
   }
-  BiPlan untouched = BiPlan::Timed;
-  EXPECT_FALSE(parse_bi_plan("Fixed", untouched));
-  EXPECT_FALSE(parse_bi_plan("", untouched));
-  EXPECT_EQ(untouched, BiPlan::Timed);
+  for (const char* bad : {"Fixed", ""}) {
+    const auto refused = parse_bi_plan(bad);
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_NE(refused.error().message.find("expected classes, timed or fixed"), std::string::npos)
+        << refused.error().message;
+  }
 }
 
 }  // namespace
