@@ -12,8 +12,10 @@
 #   2. the culprit finder with the prompt encoded as one batch (--prefill batched), its process
 #      time (/usr/bin/time);
 #   3. `run` B=1 vs B=4 free (kernel provenance on) and the lockstep sample's command, each timed;
-#   4. with the time left, issue #35's per-row sweep (scripts/gpu-mixed-sweeps.sh, $OUT/mixed/).
-# STEPS_ONLY ("cost culprit run sweep") picks the parts; DEADLINE_S (default 570) stops starting new
+#   4. (trace) the B=1 vs B=4 `run` and the lockstep sample under LibTorch's profiler
+#      (BATCHLENS_TRACE), summed up by tools/trace_summary.py;
+#   5. with the time left, issue #35's per-row sweep (scripts/gpu-mixed-sweeps.sh, $OUT/mixed/).
+# STEPS_ONLY ("cost culprit run sweep"; "trace" only when named) picks the parts; DEADLINE_S (default 570) stops starting new
 # ones. Everything lands in $OUT (issue37.tgz and run.log).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -115,6 +117,21 @@ timed() {  # NAME COMMAND...: the process's wall and peak memory in NAME.time
       --workaround issue_workaround --batch-sizes 2,4 --no-exact \
       --taps selfcond.soft_embed,router.scores,router.topk_ids,logits --out "$work/lockstep2.h5"
     grep "^time" "$work/run-lockstep-noexact.txt"
+  fi
+  if [[ "$parts" == *" trace "* ]] && [ "$(left)" -gt 60 ]; then
+    # Where a run's time goes: the B=1 vs B=4 command and the lockstep sample under LibTorch's
+    # profiler (BATCHLENS_TRACE; kernel provenance off, it profiles too), summed up by
+    # tools/trace_summary.py (the traces stay here: hundreds of MB).
+    BATCHLENS_TRACE=/tmp/trace-b4.json timed trace-b4 "$cli" run --preset 26b-a4b "${gpu[@]}" \
+      --batch-sizes 4 --repeats 0 --no-kernels --out "$work/trace-b4.h5"
+    python3 tools/trace_summary.py /tmp/trace-b4.json --top 40 >"$work/trace-b4-summary.txt" 2>&1
+    head -60 "$work/trace-b4-summary.txt"
+    BATCHLENS_TRACE=/tmp/trace-lockstep.json timed trace-lockstep "$cli" run --preset 26b-a4b \
+      "${gpu[@]}" --mode lockstep --workaround issue_workaround --batch-sizes 2,4 --no-kernels \
+      --taps selfcond.soft_embed,router.scores,router.topk_ids,logits --out "$work/trace-ls.h5"
+    python3 tools/trace_summary.py /tmp/trace-lockstep.json --top 40 \
+      >"$work/trace-lockstep-summary.txt" 2>&1
+    head -30 "$work/trace-lockstep-summary.txt"
   fi
   # What time is left: issue #35's per-row sweep (resumable; its folder comes back packed).
   if [[ "$parts" == *" sweep "* ]] && [ "$(left)" -gt 90 ]; then

@@ -39,7 +39,10 @@ constexpr const char* kEnvironmentHelp =
     "  BATCHLENS_BI_PLAN=PLAN      the batch-invariant CUDA GEMM's algorithms: classes (default:\n"
     "                              a bitwise class, its fastest member per M), timed (one\n"
     "                              algorithm per shape), fixed (cuBLASLt's first at 1024 rows);\n"
-    "                              each is batch invariant, each gives that mode other bits";
+    "                              each is batch invariant, each gives that mode other bits\n"
+    "  BATCHLENS_TRACE=FILE        run, culprit: the computation under LibTorch's profiler, a\n"
+    "                              Chrome trace in FILE (CUDA builds, with --no-kernels; not\n"
+    "                              kept in the file); tools/trace_summary.py sums it up";
 
 /// Parses a mode option's text with `parse` into `out`; on an unknown name prints
 /// "batchlens-cli COMMAND: <reason>", sets `exit_code` to kExitUsage and returns false.

@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <functional>
 #include <iomanip>
@@ -20,6 +21,7 @@
 #include "core/base/input.h"
 #include "core/base/sha256.h"
 #include "core/base/system_info.h"
+#include "core/compat/profile.h"
 #include "core/experiment/experiment.h"
 #include "core/experiment/runner.h"
 #include "core/io/experiment_file.h"
@@ -297,6 +299,40 @@ bool resolve_spec(SpecOptions& o, const char* command, int& exit_code, bool file
 
 // Runs `compute` under Ctrl-C cancellation with progress, prints the summary and writes the
 // file (or rescues it); sets the exit code.
+namespace {
+
+// BATCHLENS_TRACE=FILE: the computation under LibTorch's profiler (host ops and CUDA kernels), a
+// Chrome trace written to FILE (tools/trace_summary.py reads it). Kernel provenance runs a
+// profiler of its own, so the two do not mix.
+base::Result<experiment::ExperimentResult> traced(
+    const SpecOptions& o,
+    const std::function<base::Result<experiment::ExperimentResult>()>& compute) {
+  const char* path = std::getenv("BATCHLENS_TRACE");  // NOLINT(concurrency-mt-unsafe): read-only
+  if (path == nullptr || *path == '\0') {
+    return compute();
+  }
+  if (!compat::profiler_available()) {
+    return base::Error{base::ErrorCode::DeviceUnavailable,
+                       "BATCHLENS_TRACE: this build has no kernel profiler (CUDA builds only)"};
+  }
+  if (o.spec.kernels) {
+    return base::Error{base::ErrorCode::InvalidArgument,
+                       "BATCHLENS_TRACE: kernel provenance profiles too; add --no-kernels"};
+  }
+  base::Result<experiment::ExperimentResult> result = base::Error{};
+  auto written = base::guarded([&] {
+    compat::profile_to_file(path, [&] { result = compute(); });
+    std::fprintf(stderr, "batchlens: trace written to %s\n", path);
+    return true;
+  });
+  if (!written.ok() && result.ok()) {
+    return written.error();
+  }
+  return result;
+}
+
+}  // namespace
+
 void compute_and_write(
     const SpecOptions& o,
     const std::function<base::Result<experiment::ExperimentResult>(const experiment::RunControl&)>&
@@ -312,7 +348,7 @@ void compute_and_write(
     experiment::RunControl control;
     control.cancel = sigint.token();
     control.progress = progress_reporter(o.progress);
-    result = compute(control);
+    result = traced(o, [&] { return compute(control); });
   }
   if (o.progress != "json") {
     std::fprintf(stderr, "\n");

@@ -12,6 +12,7 @@
 
 #include "core/base/cancel.h"
 #include "core/base/system_info.h"
+#include "core/compat/torch_compat.h"
 #include "core/experiment/plan.h"
 #include "core/experiment/run_vocabulary.h"
 #include "core/generation/engine.h"
@@ -109,12 +110,14 @@ std::string library_of(const at::Device& device, at::ScalarType dtype) {
 // `scs` (without, with self-conditioning: a decoder pass leaves the cache as it was). On CUDA the
 // passes run under the profiler; `warm` runs an unprofiled pass first (library handles and
 // heuristics caches made outside the trace: once per recording is enough, and the engines ran
-// these shapes before).
+// these shapes before). `sc_one` is the self-conditioning input's row, drawn at the first use
+// and kept for the recording's other engines.
 std::vector<EngineKernels> capture_run(const model::DiffusionGemma& model,
                                        const ExperimentSpec& spec, const at::Tensor& prompt,
                                        const generation::PaddedPrompts* mixed,
                                        const PlannedRun& run, const std::vector<bool>& scs,
-                                       bool warm, const base::CancelToken* cancel) {
+                                       bool warm, at::Tensor& sc_one,
+                                       const base::CancelToken* cancel) {
   auto start = Clock::now();
   const at::Device device = model.device();
   const std::int64_t b = run.batch_size;
@@ -148,11 +151,15 @@ std::vector<EngineKernels> capture_run(const model::DiffusionGemma& model,
                                   .contiguous();  // [B, C] int64
     at::Tensor sc_logits;
     if (sc) {
-      sc_logits = at::randn({1, c, vocab}, gen)
-                      .to(model.weights().embed.scalar_type())
-                      .to(device)
-                      .expand({b, -1, -1})
-                      .contiguous();  // [B, C, V] in the embedding's dtype, as the engine passes
+      if (!sc_one.defined()) {
+        // Drawn on the device, once per recording: [1, C, V] is 67 M values for a 262,144-token
+        // vocabulary, a third of a second on a host's generator for each engine.
+        sc_one = at::randn({1, c, vocab}, compat::make_generator(device, spec.seed),
+                           at::TensorOptions().dtype(at::kFloat).device(device))
+                     .to(model.weights().embed.scalar_type());  // [1, C, V]
+      }
+      // [B, C, V] in the embedding's dtype, as the engine passes
+      sc_logits = sc_one.expand({b, -1, -1}).contiguous();
     }
     Collector collector(device.is_cuda(), library_of(device, model.dtype()));
     const model::ForwardContext observed{&run.policy, nullptr, /*check_id_range=*/false,
@@ -222,6 +229,7 @@ KernelProvenance capture_kernels(const setup::Session& session, const Experiment
                                 .view({1, -1})
                                 .to(model.device());  // [1, L] int64
   bool warm = true;
+  at::Tensor sc_one;  // [1, C, V], drawn once
   for (const PlannedGroup& g : groups) {
     for (const PlannedRun& run : g.runs) {
       if (role_of_run(run.id) == RunRole::Repeat) {
@@ -234,7 +242,7 @@ KernelProvenance capture_kernels(const setup::Session& session, const Experiment
             session.model->config().text.pad_token_id);
       }
       for (EngineKernels& e : capture_run(model, spec, prompt, mixed ? &*mixed : nullptr, run,
-                                          {false, true}, warm, cancel)) {
+                                          {false, true}, warm, sc_one, cancel)) {
         k.engines.push_back(std::move(e));
       }
       warm = false;
