@@ -2,6 +2,8 @@
 #include "core/setup/front_door.h"
 
 #include <chrono>
+#include <functional>
+#include <future>
 #include <map>
 #include <mutex>
 #include <system_error>
@@ -153,15 +155,22 @@ void check_vocabulary(const std::vector<std::int64_t>& ids, const model::Diffusi
   }
 }
 
-// Loads the model into `s` (source and tokenizer already set).
-void load_into(Session& s, model::LoadOptions load) {
-  const auto start = std::chrono::steady_clock::now();
+// Loads the model into `s` (source and tokenizer already set). `settle`, when given, waits for
+// the session's other work before a CPU's threads are measured (not counted in load_s).
+void load_into(Session& s, model::LoadOptions load, const std::function<void()>& settle = {}) {
+  using Clock = std::chrono::steady_clock;
+  auto start = Clock::now();
   s.model = take(model::load_model(s.source, load));
+  s.load_s = std::chrono::duration<double>(Clock::now() - start).count();
+  if (settle) {
+    settle();
+  }
   if (s.model->device().is_cpu() && load.switches.thread_choice) {
     // Before the runs, in the thread that will run them (OpenMP's threads are per thread).
+    start = Clock::now();
     s.threads_report = choose_cpu_threads(*s.model).report;
+    s.load_s += std::chrono::duration<double>(Clock::now() - start).count();
   }
-  s.load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   s.config_json = base::dump_json_lossy(model::to_json(s.model->config()), 2);
   load.progress = nullptr;
   load.cancel = nullptr;
@@ -246,19 +255,53 @@ base::Result<Session> open_model(const model::ModelSource& source, model::LoadOp
   });
 }
 
+namespace {
+
+// At most one token per byte of the text the tokenizer reads (a byte-level piece, a byte
+// fallback and an unknown piece each cover at least one), and the few it adds.
+std::int64_t prompt_token_bound(const Prompt& prompt) {
+  if (!prompt.ids.empty()) {
+    return static_cast<std::int64_t>(prompt.ids.size());
+  }
+  const std::size_t bytes =
+      prompt.chat_template ? text::chat_prompt(prompt.text).size() : prompt.text.size();
+  return static_cast<std::int64_t>(bytes) + 8;
+}
+
+}  // namespace
+
 base::Result<Session> open_session(const model::ModelSource& source, model::LoadOptions load,
                                    const Prompt& prompt,
                                    const generation::GenerationOverrides& overrides) {
   return base::guarded([&]() -> Session {
     Session s;
     s.source = source;
-    const auto start = std::chrono::steady_clock::now();
-    s.inputs = take(prepare(source, prompt, overrides));
-    s.prepare_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    // The tokenizer and the prompt's ids (a preset's 262,144 pieces: half a second, issue #37)
+    // are made on a thread of their own while the model loads. The load's memory check takes
+    // the prompt's length from above; a prompt that cannot be read stops the load, and its
+    // error is the one reported.
+    load.workload.new_tokens = take(generation_config_for(source, overrides)).max_new_tokens;
+    load.workload.prompt_tokens = prompt_token_bound(prompt);
+    base::CancelToken stop(load.cancel);
+    load.cancel = &stop;
+    std::future<base::Result<Inputs>> pending = std::async(std::launch::async, [&] {
+      const auto start = std::chrono::steady_clock::now();
+      auto in = prepare(source, prompt, overrides);
+      s.prepare_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (!in.ok()) {
+        stop.cancel();
+      }
+      return in;
+    });
+    const auto loaded = base::guarded([&] {
+      load_into(s, std::move(load), [&] { pending.wait(); });
+      return true;
+    });
+    s.inputs = take(pending.get());
+    if (!loaded.ok()) {
+      throw base::ErrorException(loaded.error());
+    }
     s.tokenizer = s.inputs.tokenizer;
-    load.workload.prompt_tokens = static_cast<std::int64_t>(s.inputs.prompt_ids.size());
-    load.workload.new_tokens = s.inputs.generation.max_new_tokens;
-    load_into(s, std::move(load));
     check_vocabulary(s.inputs.prompt_ids, *s.model);
     return s;
   });

@@ -13,10 +13,12 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "core/base/cancel.h"
 #include "core/base/error.h"
 #include "core/model/config.h"
 #include "core/model/diffusion_gemma.h"
 #include "core/model/weights.h"
+#include "core/setup/front_door.h"
 #include "core/setup/random_model.h"
 
 #include <sys/stat.h>
@@ -222,6 +224,55 @@ TEST_F(SaveModelTest, AFailureMidwayLeavesNothing) {
   const fs::path dir = root_ / "sharded";
   ASSERT_FALSE(setup::save_random_model("tiny", 3, dir, 1 << 16, 0).ok());
   EXPECT_EQ(entries(root_), 0);
+}
+
+// issue #37: open_session makes the prompt's ids on a thread of its own while the model loads.
+TEST_F(SaveModelTest, ASessionMakesThePromptBesideTheLoad) {
+  const fs::path dir = root_ / "ckpt";
+  ASSERT_TRUE(setup::save_random_model("tiny", 3, dir).ok());
+  const ModelSource source{{}, dir, 0};
+  setup::Prompt prompt;
+  prompt.text = "Hello there";
+  auto session = setup::open_session(source, LoadOptions{}, prompt, {});
+  ASSERT_TRUE(session.ok()) << session.error().message;
+  const auto alone = setup::prepare(source, prompt, {});
+  ASSERT_TRUE(alone.ok()) << alone.error().message;
+  EXPECT_EQ(session.value().inputs.prompt_ids, alone.value().prompt_ids);
+  EXPECT_NE(session.value().model, nullptr);
+  EXPECT_NE(session.value().tokenizer, nullptr);
+  EXPECT_EQ(session.value().load.cancel, nullptr) << "no token of the call is kept";
+
+  // A prompt that cannot be read stops the load, and its error is the one reported (not the
+  // load's "cancelled").
+  fs::remove(dir / "tokenizer.json");
+  session = setup::open_session(source, LoadOptions{}, prompt, {});
+  ASSERT_FALSE(session.ok());
+  EXPECT_EQ(session.error().code, ErrorCode::FileNotFound) << session.error().message;
+  EXPECT_NE(session.error().message.find("tokenizer.json"), std::string::npos);
+
+  // The caller's cancel still reaches the load.
+  base::CancelToken cancel;
+  cancel.cancel();
+  LoadOptions cancelled;
+  cancelled.cancel = &cancel;
+  prompt.ids = {2, 5, 7};
+  session = setup::open_session(source, cancelled, prompt, {});
+  ASSERT_FALSE(session.ok());
+  EXPECT_EQ(session.error().code, ErrorCode::Cancelled) << session.error().message;
+}
+
+TEST(CancelToken, AChildSeesItsParentButNotTheOtherWay) {
+  base::CancelToken parent;
+  base::CancelToken child(&parent);
+  EXPECT_FALSE(child.cancelled());
+  child.cancel();
+  EXPECT_TRUE(child.cancelled());
+  EXPECT_FALSE(parent.cancelled());
+  child.reset();
+  parent.cancel();
+  EXPECT_TRUE(child.cancelled());
+  child.reset();  // its own flag only
+  EXPECT_TRUE(child.cancelled());
 }
 
 TEST_F(SaveModelTest, ReadOnlyParentLeavesNothing) {
