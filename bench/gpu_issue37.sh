@@ -13,9 +13,11 @@
 #      time (/usr/bin/time);
 #   3. `run` B=1 vs B=4 free (kernel provenance on) and the lockstep sample's command, each timed;
 #   4. (trace) the B=1 vs B=4 `run` and the lockstep sample under LibTorch's profiler
-#      (BATCHLENS_TRACE), summed up by tools/trace_summary.py;
+#      (BATCHLENS_TRACE), summed up by tools/trace_summary.py; (fused) the fused kernels accepted
+#      and a fused pass against the unfused one; (gputests) the gpu tests of GPU_TESTS_REGEX;
+#      (parity) tools/parity/run_parity.sh for PARITY_PRESETS (default mid 26b-a4b);
 #   5. with the time left, issue #35's per-row sweep (scripts/gpu-mixed-sweeps.sh, $OUT/mixed/).
-# STEPS_ONLY ("cost culprit run sweep"; "trace" only when named) picks the parts; DEADLINE_S (default 570) stops starting new
+# STEPS_ONLY ("cost culprit run sweep"; trace, fused, gputests, parity only when named) picks the parts; DEADLINE_S (default 570) stops starting new
 # ones. Everything lands in $OUT (issue37.tgz and run.log).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -132,6 +134,35 @@ timed() {  # NAME COMMAND...: the process's wall and peak memory in NAME.time
     python3 tools/trace_summary.py /tmp/trace-lockstep.json --top 40 \
       >"$work/trace-lockstep-summary.txt" 2>&1
     head -30 "$work/trace-lockstep-summary.txt"
+  fi
+  if [[ "$parts" == *" fused "* ]] && [ "$(left)" -gt 60 ]; then
+    # The fused kernels this device accepted (checked bitwise against ATen at load), and one
+    # pass with them against the unfused eager pass, B = 1 and 4.
+    for bs in 1 4; do
+      "$cli" forward --preset 26b-a4b "${gpu[@]}" --rows "$bs" --repeat 5 --cuda-graph \
+        >"$work/forward-b$bs.txt" 2>&1
+      grep "fused\|graph" "$work/forward-b$bs.txt"
+    done
+  fi
+  if [[ "$parts" == *" gputests "* ]] && [ "$(left)" -gt 120 ]; then
+    # The gpu-labelled tests named by GPU_TESTS_REGEX (default: the fused kernels').
+    GPU_TESTS_REGEX=${GPU_TESTS_REGEX:-FusedLayer} scripts/gpu-build.sh --gpu-tests \
+      /tmp/batchlens-gpu-tests >"$work/gputests.log" 2>&1
+    stamp "gpu tests rc=$?"
+    grep -E "^\[  (PASSED|FAILED) |^\[       OK|^\[  FAILED|tests passed|Failure" \
+      "$work/gputests.log" | head -30
+  fi
+  if [[ "$parts" == *" parity "* ]] && [ "$(left)" -gt 120 ]; then
+    # tools/parity: the forward pass against transformers 5.17, every tap (PARITY_PRESETS).
+    for preset in ${PARITY_PRESETS:-mid 26b-a4b}; do
+      [ "$(left)" -gt 90 ] || break
+      BL_CLI="$cli" timeout "$(( $(left) - 20 ))" tools/parity/run_parity.sh \
+        "resources/models/$preset.json" "/tmp/parity-$preset" grouped_mm >/dev/null 2>&1
+      stamp "parity $preset rc=$?"
+      cp "/tmp/parity-$preset/parity_report.md" "$work/parity-$preset.md" 2>/dev/null
+      grep -A3 "^## Summary" "$work/parity-$preset.md" 2>/dev/null
+      rm -rf "/tmp/parity-$preset"
+    done
   fi
   # What time is left: issue #35's per-row sweep (resumable; its folder comes back packed).
   if [[ "$parts" == *" sweep "* ]] && [ "$(left)" -gt 90 ]; then

@@ -60,6 +60,34 @@ __global__ void square_kernel(const T* x, float* out, std::int64_t count) {
   }
 }
 
+// ref: x.float().pow(2).mean(-1) as ATen's reduce_kernel<512, 1, ReduceOp<float, MeanOps>>
+// computes it where mean_sq_fits (fused_kernels.h says the order). One warp per row.
+template <typename T>
+__global__ void mean_sq_kernel(const T* x, float* out, std::int64_t rows, int n, float factor) {
+  constexpr int kLanes = 32;
+  const int lane = static_cast<int>(threadIdx.x) % kLanes;
+  const std::int64_t warps_per_block = blockDim.x / kLanes;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * warps_per_block;
+  for (std::int64_t row = blockIdx.x * warps_per_block + threadIdx.x / kLanes; row < rows;
+       row += stride) {
+    const T* r = x + row * n;
+    float acc[4] = {0.0F, 0.0F, 0.0F, 0.0F};
+    for (int v = lane; v * 4 + 3 < n; v += kLanes) {
+      for (int i = 0; i < 4; ++i) {
+        const float e = load(r, v * 4 + i);
+        acc[i] = __fadd_rn(acc[i], __fmul_rn(e, e));  // the square ATen stored, then added
+      }
+    }
+    float sum = __fadd_rn(__fadd_rn(__fadd_rn(acc[0], acc[1]), acc[2]), acc[3]);
+    for (int offset = 1; offset < kLanes; offset <<= 1) {
+      sum = __fadd_rn(sum, __shfl_down_sync(0xffffffffU, sum, offset));
+    }
+    if (lane == 0) {
+      out[row] = __fmul_rn(sum, factor);  // MeanOps::project
+    }
+  }
+}
+
 template <typename T>
 struct Norm {
   const T* x;
@@ -508,6 +536,27 @@ int norm_apply(const NormArgs& args, void* stream) {
     norm_kernel<<<grid, kThreads, 0, s>>>(typed<__nv_bfloat16>(args));
   } else {
     norm_kernel<<<grid, kThreads, 0, s>>>(typed<float>(args));
+  }
+  return status();
+}
+
+int mean_sq(Elem elem, const void* x, float* out, std::int64_t rows, std::int64_t n,
+            void* stream) {
+  if (rows < 1 || n < 4 || n % 4 != 0 || n > (1 << 30)) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  auto* s = static_cast<cudaStream_t>(stream);
+  // ATen's factor: float(outputs) / numel, the int64 numel converted to float.
+  const float factor = static_cast<float>(rows) / static_cast<float>(rows * n);
+  constexpr int kWarps = kThreads / 32;
+  const std::int64_t want = (rows + kWarps - 1) / kWarps;
+  const unsigned blocks = static_cast<unsigned>(want > 65535 * 32 ? 65535 * 32 : want);
+  if (elem == Elem::BF16) {
+    mean_sq_kernel<<<blocks, kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(x), out, rows,
+                                               static_cast<int>(n), factor);
+  } else {
+    mean_sq_kernel<<<blocks, kThreads, 0, s>>>(static_cast<const float*>(x), out, rows,
+                                               static_cast<int>(n), factor);
   }
   return status();
 }

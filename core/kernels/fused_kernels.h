@@ -39,6 +39,14 @@ struct NormArgs {
 /// out[i] = float(x[i]) * float(x[i]) (fp32). Returns the CUDA error code (0 = success).
 int square(Elem elem, const void* x, float* out, std::int64_t count, void* stream);
 int norm_apply(const NormArgs& args, void* stream);
+/// out[r] = the mean over j < n of float(x[r, j])^2 (fp32), summed in the order of ATen's reduce
+/// kernel (Reduce.cuh) for a mean over the contiguous innermost dimension of `rows` x `n` fp32
+/// squares where it vectorises the input by 4 and gives each row one warp (mean_sq_fits): lane l
+/// adds the 4-element vectors l, l + 32, ... into four accumulators, combines them in order,
+/// the lanes combine by shuffles down at offsets 1, 2, 4, 8, 16, and lane 0's sum is multiplied
+/// by float(rows) / float(rows * n), MeanOps' factor. One launch instead of ATen's square and
+/// mean; checked bitwise against them on the device before use (model/fused_layer.cpp).
+int mean_sq(Elem elem, const void* x, float* out, std::int64_t rows, std::int64_t n, void* stream);
 /// inv[perm[i]] = i for i < count (int64).
 int inverse_permutation(const std::int64_t* perm, std::int64_t* inv, std::int64_t count,
                         void* stream);

@@ -24,6 +24,23 @@ bool built();
 /// x.to(float).pow(2): fp32, contiguous, shaped like x. x: contiguous bf16 or fp32 CUDA tensor.
 at::Tensor square(const at::Tensor& x);
 
+/// Whether ATen reduces x.float().pow(2).mean(-1) of `rows` rows of width `n` with the layout
+/// mean_sq() reproduces (setReduceConfig: the input vectorised by 4 when n > 128, 32 lanes and
+/// 16 rows per block when rows >= 16, one warp per row while ceil(n / 32) < 256; fp32 squares
+/// under 2^31 bytes, indexed in 32 bits), with rows * n exact in fp32 (the factor's divisor).
+inline bool mean_sq_fits(std::int64_t rows, std::int64_t n) {
+  if (n < 1 || rows < 16 || rows > (std::int64_t{1} << 29) / n) {
+    return false;  // ATen splits inputs of 2^31 bytes and more into 32-bit-indexed parts
+  }
+  const std::int64_t numel = rows * n;
+  const bool exact = static_cast<std::int64_t>(static_cast<float>(numel)) == numel;
+  return n % 4 == 0 && n > 128 && (n + 31) / 32 < 256 && exact;
+}
+
+/// x.float().pow(2).mean(-1, keepdim=True) with ATen's bits where mean_sq_fits (one kernel):
+/// [..., 1] fp32. x: contiguous bf16 or fp32 CUDA tensor.
+at::Tensor mean_sq(const at::Tensor& x);
+
 /// The RMSNorm tail and what follows it elementwise, in this order (each optional step as
 /// ATen computes it, rounding to x's dtype after every op):
 ///   y = (x.float() * pow(mean_sq + eps, -0.5)) [* weight.float()]  -> x.dtype

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // Built when LibTorch has CUDA: the tensor side of the fused kernels (fused_kernels.cu).
 #include <string>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAGuard.h>
@@ -57,6 +58,20 @@ at::Tensor square(const at::Tensor& x) {
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = at::empty(x.sizes(), x.options().dtype(at::kFloat));
   check(cuda::square(elem, x.data_ptr(), out.data_ptr<float>(), x.numel(), stream_of(x)), "square");
+  return out;
+}
+
+at::Tensor mean_sq(const at::Tensor& x) {
+  const cuda::Elem elem = elem_of(x, "mean_sq");
+  const std::int64_t n = x.dim() > 0 ? x.size(-1) : 1;
+  const std::int64_t rows = n > 0 ? x.numel() / n : 0;
+  TORCH_CHECK(mean_sq_fits(rows, n), "fused mean_sq: ", rows, " rows of ", n,
+              " are not reduced by ATen in the layout this kernel reproduces");
+  const c10::cuda::CUDAGuard guard(x.device());
+  std::vector<std::int64_t> shape(x.sizes().begin(), x.sizes().end());
+  shape.back() = 1;
+  at::Tensor out = at::empty(shape, x.options().dtype(at::kFloat));  // [..., 1] fp32
+  check(cuda::mean_sq(elem, x.data_ptr(), out.data_ptr<float>(), rows, n, stream_of(x)), "mean_sq");
   return out;
 }
 

@@ -16,6 +16,9 @@ bool built() {
 at::Tensor square(const at::Tensor& /*x*/) {
   unavailable();
 }
+at::Tensor mean_sq(const at::Tensor& /*x*/) {
+  unavailable();
+}
 NormResult norm_apply(const NormApply& /*args*/) {
   unavailable();
 }

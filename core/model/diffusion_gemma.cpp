@@ -168,9 +168,23 @@ class Pass {
              (t.is_contiguous() && t.scalar_type() == x.scalar_type() && t.device() == x.device());
     });
   }
-  // x.float().pow(2).mean(-1, keepdim=True): the square fused, the mean ATen's own kernel.
-  static at::Tensor mean_sq(const at::Tensor& x) {
+  // x.float().pow(2).mean(-1, keepdim=True): one kernel with ATen's reduction order where it
+  // was checked and the shape fits; else the square fused and the mean ATen's own kernel.
+  at::Tensor mean_sq(const at::Tensor& x) const {
+    const std::int64_t n = x.size(-1);
+    if (use_.mean && kernels::mean_sq_fits(x.numel() / n, n)) {
+      return kernels::mean_sq(x);
+    }
     return kernels::square(x).mean(-1, /*keepdim=*/true);
+  }
+  // The mean of squares of a fused norm's result: from the squares it wrote (want_square), or
+  // of the result itself (the same bits: the squares are float(result)^2).
+  bool squares_wanted(const at::Tensor& x) const {
+    const std::int64_t n = x.size(-1);
+    return !(use_.mean && kernels::mean_sq_fits(x.numel() / n, n));
+  }
+  at::Tensor mean_of(const kernels::NormResult& r) const {
+    return r.square.defined() ? r.square.mean(-1, /*keepdim=*/true) : mean_sq(r.out);
   }
   kernels::NormApply tail(const at::Tensor& x, const at::Tensor& ms,
                           const at::Tensor& weight) const {
@@ -494,10 +508,10 @@ class Pass {
     if (fuse_norm(h, {lw.post_attention_layernorm, residual})) {
       kernels::NormApply a = tail(h, mean_sq(h), lw.post_attention_layernorm);
       a.residual = residual;
-      a.want_square = true;
+      a.want_square = squares_wanted(h);
       kernels::NormResult r = kernels::norm_apply(a);
       x = r.out;
-      x_ms = r.square.mean(-1, /*keepdim=*/true);
+      x_ms = mean_of(r);
     } else {
       h = rms_norm(h, lw.post_attention_layernorm, eps);
       x = residual + h;
@@ -527,10 +541,9 @@ class Pass {
       // x *= layer_scalar: two kernels (and ATen's two means).
       kernels::NormApply a = tail(h2, mean_sq(h2), lw.post_feedforward_layernorm_2);
       a.residual = h1;
-      a.want_square = true;
+      a.want_square = squares_wanted(h2);
       const kernels::NormResult r = kernels::norm_apply(a);
-      kernels::NormApply b =
-          tail(r.out, r.square.mean(-1, /*keepdim=*/true), lw.post_feedforward_layernorm);
+      kernels::NormApply b = tail(r.out, mean_of(r), lw.post_feedforward_layernorm);
       b.residual = residual;
       b.layer_scalar = layer_scalar;
       x = kernels::norm_apply(b).out;

@@ -161,6 +161,22 @@ bool check_norm(Check& c, std::int64_t n, double eps, double scalar, std::string
   return true;
 }
 
+// The mean of squares in one kernel against ATen's square and mean, for rows of width n at
+// several row counts (a block's 16 rows, a partial last block, many blocks).
+bool check_mean(Check& c, std::int64_t n, std::string& why) {
+  for (const std::int64_t rows : {16, 1031, 8192}) {
+    if (!kernels::mean_sq_fits(rows, n)) {
+      continue;
+    }
+    const at::Tensor x = c.normal({rows, n}, 3.0);
+    if (!bits_equal(kernels::mean_sq(x), x.to(at::kFloat).pow(2).mean(-1, /*keepdim=*/true))) {
+      why = "width " + std::to_string(n) + ", " + std::to_string(rows) + " rows";
+      return false;
+    }
+  }
+  return true;
+}
+
 // The lanes layout whose sum order equals ATen's at two token counts, or 0.
 int check_combine(Check& c, std::int64_t top_k, std::int64_t hidden) {
   std::vector<int> lanes = {1, 2, 4, 8, 16, 32};
@@ -257,6 +273,9 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
   f.norm = check_norm(c, text.hidden_size, text.rms_norm_eps, scalar, why) &&
            check_norm(c, text.head_dim, text.rms_norm_eps, scalar, why) &&
            check_norm(c, text.global_head_dim, text.rms_norm_eps, scalar, why);
+  std::string mean_why;
+  f.mean = f.norm && check_mean(c, text.hidden_size, mean_why) &&
+           check_mean(c, text.head_dim, mean_why) && check_mean(c, text.global_head_dim, mean_why);
   if (text.num_experts > 0) {
     f.combine_lanes = check_combine(c, text.top_k_experts, text.hidden_size);
     f.combine = f.combine_lanes > 0;
@@ -281,7 +300,11 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
     return std::string(ok ? "yes" : "no (differs from ATen)");
   };
   f.report = "fused kernels (checked bitwise against ATen on " + device.str() + "): norm " +
-             (f.norm ? "yes" : "no (differs from ATen: " + why + ")") + ", moe combine " +
+             (f.norm ? "yes" : "no (differs from ATen: " + why + ")") + ", mean of squares " +
+             (f.mean   ? "yes"
+              : f.norm ? "no (differs from ATen: " + mean_why + ")"
+                       : "no (with the norm only)") +
+             ", moe combine " +
              (f.combine ? "yes (" + std::to_string(f.combine_lanes) + " lanes)" : said(false)) +
              ", gelu*up " +
              (f.gelu ? std::string(f.gelu_contract ? "yes (fma)" : "yes") : said(false)) +
@@ -289,6 +312,7 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
   // BATCHLENS_FUSED_OFF=name,name: leave checked kernels unused (to bisect, and to measure each).
   if (!switches.fused_off.empty()) {
     f.norm = f.norm && switches.fused_kernel("norm");
+    f.mean = f.mean && f.norm && switches.fused_kernel("mean");
     f.combine = f.combine && switches.fused_kernel("combine");
     f.gelu = f.gelu && switches.fused_kernel("gelu");
     f.softcap = f.softcap && switches.fused_kernel("softcap");

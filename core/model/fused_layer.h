@@ -18,6 +18,7 @@ namespace batchlens::model {
 /// The fused kernels a model uses, each checked bitwise against its ATen chain on the device.
 struct FusedKernels {
   bool norm = false;      ///< RMSNorm tails (+ RoPE, router scaling, residual, layer scalar)
+  bool mean = false;      ///< their mean of squares in one kernel (ATen's reduction order)
   bool combine = false;   ///< the experts' weighted sum over top-k
   int combine_lanes = 0;  ///< ATen's reduction layout the combine matched
   bool gelu = false;      ///< gelu_tanh(gate) * up
@@ -30,14 +31,14 @@ struct FusedKernels {
   std::string report;         ///< one human-readable line: what is used, what not and why
 
   /// Any of the CUDA kernels (cpu_gemm is not one).
-  bool any() const { return norm || combine || gelu || softcap || route; }
+  bool any() const { return norm || mean || combine || gelu || softcap || route; }
 };
 
 /// Checks each fused kernel on `device` against the ATen chain, on seeded random data with the
 /// model's widths (hidden size, both head dims, top-k, a slice of the vocabulary), and returns
 /// those that matched bitwise. All false off CUDA, in builds without the kernels, or when
 /// `switches` turn them off (BATCHLENS_FUSED=0); those `switches` name (BATCHLENS_FUSED_OFF=
-/// norm,combine,gelu,softcap,route) are left unused. On a CPU in bf16 where LibTorch computes
+/// norm,mean,combine,gelu,softcap,route) are left unused. On a CPU in bf16 where LibTorch computes
 /// bf16 matmuls with ATen's own kernel, checks the CPU GEMM instead (kernels::check_cpu_gemm at
 /// the model's reduction lengths; BATCHLENS_FUSED_OFF=gemm leaves it unused). Synchronises with
 /// the device (call it at load).

@@ -12,6 +12,7 @@
 
 #include "core/base/error.h"
 #include "core/compat/torch_compat.h"
+#include "core/kernels/fused_ops.h"
 #include "core/ops/policy.h"
 #include "tests/core/kernels/aten_bf16_gemm.h"
 #include "tests/support/naive_model.h"
@@ -399,6 +400,22 @@ TEST(DiffusionGemma, FusedKernelsAreCudaOnlyAndChangeNothingOnCpu) {
   off.fused_kernels = false;
   EXPECT_TRUE(
       at::equal(m.decode(canvas, cache, at::Tensor(), off), m.decode(canvas, cache, at::Tensor())));
+}
+
+// The one-kernel mean of squares stands in for ATen's only where ATen reduces in the layout it
+// reproduces (issue #37): vectorised by 4 (width > 128, a multiple of 4), one warp per row
+// (16 rows or more, ceil(width / 32) < 256), 32-bit indexing and an exact fp32 element count.
+TEST(FusedKernels, MeanOfSquaresFitsOnlyAtensOneWarpLayout) {
+  EXPECT_TRUE(kernels::mean_sq_fits(256, 2816));       // B=1, hidden
+  EXPECT_TRUE(kernels::mean_sq_fits(4096, 256));       // B=1, q heads x head_dim
+  EXPECT_TRUE(kernels::mean_sq_fits(16, 8160));        // ceil(8160 / 32) = 255
+  EXPECT_FALSE(kernels::mean_sq_fits(16, 8164));       // 256 values per lane: warps share a row
+  EXPECT_FALSE(kernels::mean_sq_fits(15, 2816));       // under 16 rows: wider blocks
+  EXPECT_FALSE(kernels::mean_sq_fits(256, 128));       // not vectorised
+  EXPECT_FALSE(kernels::mean_sq_fits(256, 2818));      // not a multiple of 4
+  EXPECT_FALSE(kernels::mean_sq_fits(1 << 20, 2816));  // over 2^31 bytes of squares
+  EXPECT_FALSE(kernels::mean_sq_fits(0, 2816));
+  EXPECT_FALSE(kernels::mean_sq_fits(16, 0));
 }
 
 // Where LibTorch computes bf16 matmuls with ATen's own kernel (CPUs without AVX-512), the model

@@ -49,11 +49,39 @@ TEST(FusedLayerGpu, EveryKernelMatchesAtenOnThisDeviceForTheShippedShapes) {
     const FusedKernels f = check_fused_kernels(c.text, at::Device(at::kCUDA, 0), at::kBFloat16);
     std::cout << name << ": " << f.report << "\n";
     EXPECT_TRUE(f.norm) << name << ": " << f.report;
+    EXPECT_TRUE(f.mean) << name << ": " << f.report;
     EXPECT_TRUE(f.combine) << name << ": " << f.report;
     EXPECT_TRUE(f.gelu) << name << ": " << f.report;
     EXPECT_TRUE(f.softcap) << name << ": " << f.report;
     EXPECT_TRUE(f.route) << name << ": " << f.report;
   }
+}
+
+// The mean of squares in one kernel has ATen's bits at every row count the models reach (B = 1
+// to 32 of a 256-token canvas, times the heads for q/k norms) and widths they use, bf16 and fp32;
+// a plain sum in another order does not (so the load-time check can tell them apart).
+TEST(FusedLayerGpu, MeanOfSquaresHasAtensBitsAtEveryRowCount) {
+  ASSERT_TRUE(at::hasCUDA());
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(29);
+  int other_order_differs = 0;
+  for (const std::int64_t n : {256, 512, 704, 2816}) {
+    for (const std::int64_t rows : {16, 17, 255, 256, 1024, 4096, 8192, 65536}) {
+      if (!kernels::mean_sq_fits(rows, n)) {
+        continue;
+      }
+      for (const auto dtype : {at::kBFloat16, at::kFloat}) {
+        const at::Tensor x = (at::randn({rows, n}, gen, at::TensorOptions().dtype(at::kFloat)) * 3)
+                                 .to(at::kCUDA, dtype);
+        const at::Tensor expected = x.to(at::kFloat).pow(2).mean(-1, /*keepdim=*/true);
+        EXPECT_EQ(differing(kernels::mean_sq(x), expected), 0)
+            << n << " wide, " << rows << " rows, " << dtype;
+        const at::Tensor other =
+            x.to(at::kFloat).pow(2).to(at::kDouble).sum(-1, true).div(n).to(at::kFloat);
+        other_order_differs += differing(other, expected) > 0 ? 1 : 0;
+      }
+    }
+  }
+  EXPECT_GT(other_order_differs, 0);
 }
 
 // The combine check can tell summation orders apart: on real widths, some lanes layouts give
