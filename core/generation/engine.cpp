@@ -153,8 +153,8 @@ void GenerationEngine::start(const PaddedPrompts& prompts) {
                       : prompts.ids.to(device);  // [B, L]
   // Prefill. ref: generate -> _prepare_encoder_inputs + encoder (is_prefill), with the 2D
   // attention_mask of a left-padded batch.
-  static const std::string kPrefillScope = "engine.prefill";
-  const compat::ProfilerScope scope(&kPrefillScope);  // for a profiler's trace
+  static const std::string prefill_scope_name = "engine.prefill";
+  const compat::ProfilerScope scope(&prefill_scope_name);  // for a profiler's trace
   model::TokenLayout layout;
   if (!identical) {
     layout = prefill_layout(prompts, options_.positions, device);
@@ -288,8 +288,8 @@ bool GenerationEngine::canvas_done() const {
 void GenerationEngine::begin_canvas() {
   const std::int64_t b = options_.batch_size;
   const std::int64_t c = model_.config().canvas_length;
-  static const std::string kCommitScope = "engine.commit";
-  const compat::ProfilerScope scope(&kCommitScope);  // for a profiler's trace
+  static const std::string commit_scope_name = "engine.commit";
+  const compat::ProfilerScope scope(&commit_scope_name);  // for a profiler's trace
   if (canvas_ >= 0) {
     // Commit: the last canvas is encoded causally and appended to the cache, at the positions
     // it was decoded at. ref: _prepare_kwargs_for_next_canvas (encoder_position_ids)
@@ -329,16 +329,16 @@ const StepTensors& GenerationEngine::step(probe::TapSink* taps) {
                                   /*fused_kernels=*/true, options_.observer};
   const at::Tensor canvas_in = current_;
   // Named ranges for a profiler's trace (BATCHLENS_TRACE); nothing when none listens.
-  static const std::string kDecodeScope = "engine.decode";
-  static const std::string kSampleScope = "engine.sample";
+  static const std::string decode_scope_name = "engine.decode";
+  static const std::string sample_scope_name = "engine.sample";
   at::Tensor raw;  // [B, C, V]
   {
-    const compat::ProfilerScope scope(&kDecodeScope);
+    const compat::ProfilerScope scope(&decode_scope_name);
     raw = use_graph_ && sc_logits_.defined()
               ? graph_decode(canvas_in, taps)
               : model_.decode(canvas_in, cache_, sc_logits_, ctx, canvas_positions_);
   }
-  const compat::ProfilerScope sample_scope(&kSampleScope);
+  const compat::ProfilerScope sample_scope(&sample_scope_name);
   const at::Tensor temp = temperature(cur_step_, gc.sampler, device);
   at::Tensor processed = raw / temp;
   const at::Tensor probs = at::softmax(processed, -1, at::kFloat);
