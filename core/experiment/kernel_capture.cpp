@@ -12,10 +12,10 @@
 
 #include "core/base/cancel.h"
 #include "core/base/system_info.h"
-#include "core/compat/torch_compat.h"
 #include "core/experiment/plan.h"
 #include "core/experiment/run_vocabulary.h"
 #include "core/generation/engine.h"
+#include "core/generation/sampler.h"
 #include "core/model/diffusion_gemma.h"
 #include "core/ops/op_observer.h"
 #include "core/ops/op_profile.h"
@@ -154,8 +154,8 @@ std::vector<EngineKernels> capture_run(const model::DiffusionGemma& model,
       if (!sc_one.defined()) {
         // Drawn on the device, once per recording: [1, C, V] is 67 M values for a 262,144-token
         // vocabulary, a third of a second on a host's generator for each engine.
-        sc_one = at::randn({1, c, vocab}, compat::make_generator(device, spec.seed),
-                           at::TensorOptions().dtype(at::kFloat).device(device))
+        sc_one = generation::RandomStreams(generation::RngMode::Shared, spec.seed, 1, device)
+                     .normal({1, c, vocab})
                      .to(model.weights().embed.scalar_type());  // [1, C, V]
       }
       // [B, C, V] in the embedding's dtype, as the engine passes

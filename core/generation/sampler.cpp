@@ -84,6 +84,11 @@ at::Tensor RandomStreams::randint(std::int64_t high, std::int64_t length) {
   return at::cat(parts, 0);
 }
 
+at::Tensor RandomStreams::normal(at::IntArrayRef shape) {
+  const auto& gen = generators_.front();
+  return at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat).device(gen.device()));
+}
+
 at::Tensor RandomStreams::multinomial(const at::Tensor& probs) {
   if (mode_ == RngMode::Shared) {
     return at::multinomial(probs, 1, /*replacement=*/false, generators_.front());

@@ -45,6 +45,9 @@ class RandomStreams {
   /// One draw per row of probs [rows * C, V] (rows laid out by logical row), as
   /// torch.multinomial(probs, 1). Returns int64 [rows * C, 1].
   at::Tensor multinomial(const at::Tensor& probs);
+  /// Standard normal fp32 values of `shape` on the streams' device, from the first stream
+  /// (inputs that only need to be seeded, such as kernel provenance's self-conditioning).
+  at::Tensor normal(at::IntArrayRef shape);
 
   /// The seed of row r's generator in per-row mode.
   static std::uint64_t row_seed(std::uint64_t seed, std::int64_t row);

@@ -77,6 +77,20 @@ TEST(RandomStreams, PerRowStreamsAreTheSameAtEveryBatchSize) {
   EXPECT_NE(RandomStreams::row_seed(42, 1), RandomStreams::row_seed(42, 2));
 }
 
+TEST(RandomStreams, NormalValuesAreSeededFp32OnTheStreamsDevice) {
+  RandomStreams a(RngMode::Shared, 7, 1, at::kCPU);
+  RandomStreams b(RngMode::Shared, 7, 1, at::kCPU);
+  RandomStreams other(RngMode::Shared, 8, 1, at::kCPU);
+  const at::Tensor x = a.normal({1, 4, 64});
+  EXPECT_EQ(x.sizes(), (std::vector<std::int64_t>{1, 4, 64}));
+  EXPECT_EQ(x.scalar_type(), at::kFloat);
+  EXPECT_TRUE(x.device().is_cpu());
+  EXPECT_TRUE(at::equal(x, b.normal({1, 4, 64})));
+  EXPECT_FALSE(at::equal(x, other.normal({1, 4, 64})));
+  EXPECT_FALSE(at::equal(x, a.normal({1, 4, 64})));  // the stream moves on
+  EXPECT_NEAR(a.normal({4096}).std().item<double>(), 1.0, 0.1);
+}
+
 TEST(RandomStreams, SharedStreamMakesRowZeroDependOnBatchSize) {
   const std::int64_t v = 1000;
   const std::int64_t c = 16;
