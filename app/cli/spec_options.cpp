@@ -297,8 +297,6 @@ bool resolve_spec(SpecOptions& o, const char* command, int& exit_code, bool file
   return preflight(spec, o.out, exit_code);
 }
 
-// Runs `compute` under Ctrl-C cancellation with progress, prints the summary and writes the
-// file (or rescues it); sets the exit code.
 namespace {
 
 // BATCHLENS_TRACE=FILE: the computation under LibTorch's profiler (host ops and CUDA kernels), a
@@ -333,6 +331,8 @@ base::Result<experiment::ExperimentResult> traced(
 
 }  // namespace
 
+// Runs `compute` under Ctrl-C cancellation with progress, prints the summary and writes the
+// file (or rescues it); sets the exit code.
 void compute_and_write(
     const SpecOptions& o,
     const std::function<base::Result<experiment::ExperimentResult>(const experiment::RunControl&)>&
