@@ -9,6 +9,7 @@
 #include <functional>
 #include <iomanip>
 #include <iostream>
+#include <optional>
 #include <sstream>
 
 #include "app/cli/cli_progress.h"
@@ -317,14 +318,28 @@ base::Result<experiment::ExperimentResult> traced(
     return base::Error{base::ErrorCode::InvalidArgument,
                        "BATCHLENS_TRACE: kernel provenance profiles too; add --no-kernels"};
   }
-  base::Result<experiment::ExperimentResult> result = base::Error{};
-  auto written = base::guarded([&] {
-    compat::profile_to_file(path, [&] { result = compute(); });
-    std::fprintf(stderr, "batchlens: trace written to %s\n", path);
+  // Complete or not at all, like every file BatchLens writes; a folder it cannot write to is
+  // refused before the computation starts.
+  std::optional<base::AtomicFile> file;
+  const auto opened = base::guarded([&] {
+    file.emplace(path);
     return true;
   });
-  if (!written.ok() && result.ok()) {
-    return written.error();
+  if (!opened.ok()) {
+    return base::Error{opened.error().code, "BATCHLENS_TRACE: " + opened.error().message};
+  }
+  base::Result<experiment::ExperimentResult> result = base::Error{};
+  const auto written = base::guarded([&] {
+    compat::profile_to_file(file->temp_path().string(), [&] { result = compute(); });
+    file->commit();
+    return true;
+  });
+  if (written.ok()) {
+    std::fprintf(stderr, "batchlens: trace written to %s\n", path);
+  } else if (result.ok()) {
+    // The run's result is kept: only its trace is lost.
+    std::fprintf(stderr, "batchlens: no trace written to %s (%s)\n", path,
+                 written.error().message.c_str());
   }
   return result;
 }

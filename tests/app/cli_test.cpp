@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <fstream>
 #include <iterator>
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -38,7 +40,7 @@ TEST(Cli, HelpListsCommandsAndExitsZero) {
   EXPECT_NE(r.out.find("Exit codes:"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("143 SIGTERM"), std::string::npos) << r.out;
   for (const char* variable : {"BATCHLENS_CUDA_GRAPHS", "BATCHLENS_FUSED_OFF",
-                               "BATCHLENS_THREAD_CHOICE", "BATCHLENS_BI_PLAN"}) {
+                               "BATCHLENS_THREAD_CHOICE", "BATCHLENS_BI_PLAN", "BATCHLENS_TRACE"}) {
     EXPECT_NE(r.out.find(variable), std::string::npos) << variable << "\n" << r.out;
   }
 }
@@ -73,6 +75,37 @@ TEST(Cli, CostProfileOnACpuSaysWhyAndCulpritHorizonIsChecked) {
                                 "--out", "/tmp/never-written.h5"});
   EXPECT_EQ(bad.exit_code, 2);
   EXPECT_NE(bad.err.find("horizon-ticks"), std::string::npos) << bad.err;
+}
+
+// issue #37: BATCHLENS_TRACE where it cannot be honoured (a build without a kernel profiler, or
+// kernel provenance on, which profiles too) is refused before any work: exit 1, the reason,
+// neither the trace nor the experiment file written.
+TEST(Cli, TraceSwitchIsRefusedBeforeAnyWorkWhereItCannotBeHonoured) {
+  const std::string base = "/tmp/bl_cli_trace_" + std::to_string(::getpid());
+  for (const bool kernels : {true, false}) {
+    std::vector<std::string> argv = {"/usr/bin/env", "BATCHLENS_TRACE=" + base + ".json",
+                                     BL_CLI_PATH,    "run",
+                                     "--preset",     "tiny",
+                                     "--steps",      "2",
+                                     "--out",        base + ".h5"};
+    if (!kernels) {
+      argv.emplace_back("--no-kernels");
+    }
+    const auto r = run_process(argv);
+    if (r.exit_code == 0) {
+      // A CUDA build with the profiler traces a run without kernel provenance.
+      ASSERT_FALSE(kernels) << r.err;
+      EXPECT_TRUE(std::ifstream(base + ".json").good());
+    } else {
+      EXPECT_EQ(r.exit_code, 1) << r.err;
+      EXPECT_NE(r.err.find("BATCHLENS_TRACE"), std::string::npos) << r.err;
+      EXPECT_NE(r.err.find(kernels ? "profil" : "no kernel profiler"), std::string::npos) << r.err;
+      EXPECT_FALSE(std::ifstream(base + ".json").good());
+      EXPECT_FALSE(std::ifstream(base + ".h5").good());
+    }
+    std::remove((base + ".json").c_str());
+    std::remove((base + ".h5").c_str());
+  }
 }
 
 // issue #16: the report's "Reproduce" command, run by a shell, runs the same experiment.
