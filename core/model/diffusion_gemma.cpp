@@ -171,18 +171,16 @@ class Pass {
   // x.float().pow(2).mean(-1, keepdim=True): one kernel with ATen's reduction order where it
   // was checked and the shape fits; else the square fused and the mean ATen's own kernel.
   at::Tensor mean_sq(const at::Tensor& x) const {
-    const std::int64_t n = x.size(-1);
-    if (use_.mean && kernels::mean_sq_fits(x.numel() / n, n)) {
-      return kernels::mean_sq(x);
-    }
-    return kernels::square(x).mean(-1, /*keepdim=*/true);
+    return mean_fused(x) ? kernels::mean_sq(x) : kernels::square(x).mean(-1, /*keepdim=*/true);
   }
-  // The mean of squares of a fused norm's result: from the squares it wrote (want_square), or
-  // of the result itself (the same bits: the squares are float(result)^2).
-  bool squares_wanted(const at::Tensor& x) const {
+  bool mean_fused(const at::Tensor& x) const {
     const std::int64_t n = x.size(-1);
-    return !(use_.mean && kernels::mean_sq_fits(x.numel() / n, n));
+    return use_.mean && kernels::mean_sq_fits(x.numel() / n, n);
   }
+  // The mean of squares of a fused norm's result: from the squares it wrote (want_square, asked
+  // only where the one-kernel mean does not apply), or of the result itself (the same bits: the
+  // squares are float(result)^2).
+  bool squares_wanted(const at::Tensor& x) const { return !mean_fused(x); }
   at::Tensor mean_of(const kernels::NormResult& r) const {
     return r.square.defined() ? r.square.mean(-1, /*keepdim=*/true) : mean_sq(r.out);
   }
