@@ -33,7 +33,8 @@ struct DeviceKernel {
 
 /// Runs `work` under the profiler and returns its device kernels in launch order, each mapped
 /// to the ProfilerScope (name starting with `scope_prefix`) that was open on the launching
-/// thread. Throws c10::Error where unavailable (profiler_available() false).
+/// thread; kernels still queued when `work` returns are waited for. Throws c10::Error where
+/// unavailable (profiler_available() false).
 std::vector<DeviceKernel> profile_kernels(const std::function<void()>& work,
                                           const std::string& scope_prefix);
 

@@ -10,6 +10,7 @@
 
 #include <nlohmann/json.hpp>
 #include <torch/csrc/autograd/profiler_kineto.h>
+#include <torch/cuda.h>
 
 #include "core/compat/profile.h"
 
@@ -30,6 +31,12 @@ void profile_to_file(const std::string& path, const std::function<void()>& work)
   prof::enableProfiler(config, activities);
   try {
     work();
+    // The kernels still queued when `work` returns would be missing from the trace: the
+    // profiler stops collecting at disableProfiler (the 26B-A4B pass at B=4 lost its last six
+    // layers and lm_head that way).
+    if (torch::cuda::is_available()) {
+      torch::cuda::synchronize();
+    }
   } catch (...) {
     (void)prof::disableProfiler();
     throw;

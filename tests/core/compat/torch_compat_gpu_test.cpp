@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include "core/compat/device_graph.h"
+#include "core/compat/profile.h"
 #include "core/compat/torch_compat.h"
 
 namespace batchlens::compat {
@@ -40,6 +41,30 @@ TEST(TorchCompatGpu, NativeSdpaMatchesMathPathOnCuda) {
   EXPECT_EQ(native.scalar_type(), at::kBFloat16);
   const double diff = (native.to(at::kFloat) - math.to(at::kFloat)).abs().max().item<double>();
   EXPECT_LT(diff, 2e-2) << "max |native - math| = " << diff;
+}
+
+// Work that leaves the device far behind the host (large GEMMs launched without a wait) still
+// shows every kernel: the profile of the 26B-A4B pass at B=4 once lost its last layers so.
+TEST(ProfilerGpu, KernelsStillQueuedWhenTheWorkReturnsAreInTheProfile) {
+  ASSERT_TRUE(at::hasCUDA());
+  const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kFloat);
+  const at::Tensor a = at::randn({4096, 4096}, opts);
+  constexpr int kLaunches = 64;
+  static const std::string scope_name = "bl/test/0";
+  const std::vector<DeviceKernel> seen = profile_kernels(
+      [&] {
+        const ProfilerScope scope(&scope_name);
+        at::Tensor x = a;
+        for (int i = 0; i < kLaunches; ++i) {
+          x = at::mm(x, a);  // ~1 ms each: the host is done long before the device
+        }
+      },
+      "bl/");
+  int in_scope = 0;
+  for (const DeviceKernel& k : seen) {
+    in_scope += k.scope == scope_name && k.duration_us > 0.0 ? 1 : 0;
+  }
+  EXPECT_GE(in_scope, kLaunches) << seen.size() << " kernels seen";
 }
 
 TEST(TorchCompatGpu, GroupedMmIsAvailableOnHopper) {
