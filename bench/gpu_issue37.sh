@@ -9,7 +9,8 @@
 #      (profiled: --profile; COST_PROFILE=0 skips it) and 32 with the batch-invariant GEMM's
 #      default plan (bitwise classes), then the same with BATCHLENS_BI_PLAN=$COST_ALT (default
 #      timed: one algorithm per shape; fixed: the first proposal at 1024 rows; none: skipped),
-#      and with COST_OFF=LIST the default kernels again with BATCHLENS_FUSED_OFF=LIST;
+#      and for each LIST of COST_OFF ("LIST LIST ...") the default kernels again with
+#      BATCHLENS_FUSED_OFF=LIST;
 #   2. the culprit finder with the prompt encoded as one batch (--prefill batched), its process
 #      time (/usr/bin/time);
 #   3. `run` B=1 vs B=4 free (kernel provenance on) and the lockstep sample's command, each timed;
@@ -93,13 +94,13 @@ timed() {  # NAME COMMAND...: the process's wall and peak memory in NAME.time
       timed "cost-classes-$tag" "$cli" cost --preset 26b-a4b "${gpu[@]}" --repeat 20 \
         --batch-sizes "$bs" "${extra[@]}" --policies default --policies batch_invariant
       grep -A3 "^policy" "$work/cost-classes-$tag.txt"
-      if [ -n "${COST_OFF:-}" ]; then
-        # The same process's default pass with these fused kernels left unused (the baseline
-        # of a fused kernel's gain, on the same machine).
-        BATCHLENS_FUSED_OFF=$COST_OFF timed "cost-off-$tag" "$cli" cost --preset 26b-a4b \
+      for off in ${COST_OFF:-}; do
+        # The default pass with these fused kernels left unused (the baseline of a fused
+        # kernel's gain, on the same machine).
+        BATCHLENS_FUSED_OFF=$off timed "cost-off-${off//,/-}-$tag" "$cli" cost --preset 26b-a4b \
           "${gpu[@]}" --repeat 20 --batch-sizes "$bs" --policies default
-        grep -A2 "^policy" "$work/cost-off-$tag.txt"
-      fi
+        grep -A2 "^policy" "$work/cost-off-${off//,/-}-$tag.txt"
+      done
       alt=${COST_ALT:-timed}
       [ "$alt" = none ] && continue
       BATCHLENS_BI_PLAN=$alt timed "cost-$alt-$tag" "$cli" cost --preset 26b-a4b "${gpu[@]}" \

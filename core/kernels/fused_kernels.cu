@@ -7,6 +7,8 @@
 //   __float2bfloat16_rn, which is what c10::BFloat16's conversion compiles to on CUDA;
 // - rsqrtf and tanhf are the CUDA math library's, as in ATen's rsqrt and gelu kernels.
 // core/kernels/fused_ops_cuda.cpp checks every kernel against ATen on the device before use.
+#include <cstddef>
+
 #include <cub/block/block_radix_sort.cuh>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -161,6 +163,116 @@ __global__ void norm_kernel(Norm<T> a) {
   for (std::int64_t row = blockIdx.y; row < a.rows; row += gridDim.y) {
     const float r = rsqrtf(__fadd_rn(a.mean_sq[row], a.eps));
     tail_element(a, row, d, r);
+  }
+}
+
+// Four consecutive elements in one access (8 bytes of bf16, 16 of fp32): the vectorised tail.
+struct alignas(8) Bf16x4 {
+  __nv_bfloat162 lo;
+  __nv_bfloat162 hi;
+};
+__device__ __forceinline__ void load4(const float* p, std::int64_t i, float (&v)[4]) {
+  const float4 q = *reinterpret_cast<const float4*>(p + i);
+  v[0] = q.x;
+  v[1] = q.y;
+  v[2] = q.z;
+  v[3] = q.w;
+}
+__device__ __forceinline__ void load4(const __nv_bfloat16* p, std::int64_t i, float (&v)[4]) {
+  const Bf16x4 q = *reinterpret_cast<const Bf16x4*>(p + i);
+  v[0] = __bfloat162float(q.lo.x);
+  v[1] = __bfloat162float(q.lo.y);
+  v[2] = __bfloat162float(q.hi.x);
+  v[3] = __bfloat162float(q.hi.y);
+}
+__device__ __forceinline__ void store4(float* p, std::int64_t i, const float (&v)[4]) {
+  *reinterpret_cast<float4*>(p + i) = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ __forceinline__ void store4(__nv_bfloat16* p, std::int64_t i, const float (&v)[4]) {
+  Bf16x4 q;
+  q.lo.x = __float2bfloat16_rn(v[0]);
+  q.lo.y = __float2bfloat16_rn(v[1]);
+  q.hi.x = __float2bfloat16_rn(v[2]);
+  q.hi.y = __float2bfloat16_rn(v[3]);
+  *reinterpret_cast<Bf16x4*>(p + i) = q;
+}
+
+// normed() for elements d0..d0+3 of a row.
+template <typename T>
+__device__ __forceinline__ void normed4(const Norm<T>& a, std::int64_t base, int d0, float r,
+                                        float (&v)[4]) {
+  load4(a.x, base + d0, v);
+  float w[4] = {1.0F, 1.0F, 1.0F, 1.0F};
+  if (a.weight != nullptr) {
+    load4(a.weight, d0, w);
+  }
+  for (int i = 0; i < 4; ++i) {
+    float y = __fmul_rn(v[i], r);
+    if (a.weight != nullptr) {
+      y = __fmul_rn(y, w[i]);
+    }
+    v[i] = round_to(a.x, y);
+  }
+}
+
+// The tail (tail_element's operations, in its order) four elements per thread with vector
+// loads and stores, over rows x n flattened; where norm_vec_fits (n % 4 == 0, n % 8 == 0 with
+// RoPE so that a quad and its partner sit on one side of the half, every pointer aligned).
+template <typename T>
+__global__ void norm_vec_kernel(Norm<T> a) {
+  const int quads = a.n / 4;
+  const std::int64_t count = a.rows * quads;
+  for (std::int64_t q = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; q < count;
+       q += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
+    const std::int64_t row = q / quads;
+    const int d0 = static_cast<int>(q - row * quads) * 4;
+    const float r = rsqrtf(__fadd_rn(a.mean_sq[row], a.eps));
+    const std::int64_t base = row * a.n;
+    float v[4];
+    normed4(a, base, d0, r, v);
+    if (a.cos != nullptr) {
+      const int half = a.n / 2;
+      float partner[4];
+      normed4(a, base, d0 < half ? d0 + half : d0 - half, r, partner);
+      const std::int64_t s = (row / a.heads) % a.seq;
+      float c[4];
+      float sn[4];
+      load4(a.cos, s * a.n + d0, c);
+      load4(a.sin, s * a.n + d0, sn);
+      for (int i = 0; i < 4; ++i) {
+        const float rotated = d0 < half ? -partner[i] : partner[i];
+        const float xc = round_to(a.x, __fmul_rn(v[i], c[i]));
+        const float rs = round_to(a.x, __fmul_rn(rotated, sn[i]));
+        v[i] = round_to(a.x, __fadd_rn(xc, rs));
+      }
+    }
+    if (a.scale != nullptr) {
+      float sc[4];
+      load4(a.scale, d0, sc);
+      for (int i = 0; i < 4; ++i) {
+        v[i] = round_to(a.x, __fmul_rn(v[i], sc[i]));
+        v[i] = round_to(a.x, __fmul_rn(v[i], a.scalar));
+      }
+    }
+    if (a.residual != nullptr) {
+      float res[4];
+      load4(a.residual, base + d0, res);
+      for (int i = 0; i < 4; ++i) {
+        v[i] = round_to(a.x, __fadd_rn(res[i], v[i]));
+      }
+    }
+    if (a.layer_scalar != nullptr) {
+      const float ls = load(a.layer_scalar, 0);
+      for (int i = 0; i < 4; ++i) {
+        v[i] = round_to(a.x, __fmul_rn(v[i], ls));
+      }
+    }
+    store4(a.out, base + d0, v);
+    if (a.square != nullptr) {
+      const float sq[4] = {__fmul_rn(v[0], v[0]), __fmul_rn(v[1], v[1]), __fmul_rn(v[2], v[2]),
+                           __fmul_rn(v[3], v[3])};
+      store4(a.square, base + d0, sq);
+    }
   }
 }
 
@@ -526,11 +638,31 @@ Norm<T> typed(const NormArgs& a) {
 
 }  // namespace
 
+bool norm_vec_fits(const NormArgs& a) {
+  const std::size_t quad = a.elem == Elem::BF16 ? 8 : 16;
+  const auto aligned = [&](const void* p, std::size_t bytes) {
+    return p == nullptr || reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
+  };
+  return a.n % 4 == 0 && (a.rope_cos == nullptr || a.n % 8 == 0) && aligned(a.x, quad) &&
+         aligned(a.weight, quad) && aligned(a.rope_cos, quad) && aligned(a.rope_sin, quad) &&
+         aligned(a.scale, quad) && aligned(a.residual, quad) && aligned(a.out, quad) &&
+         aligned(a.square, 16);
+}
+
 int norm_apply(const NormArgs& args, void* stream) {
   if (args.rows < 0 || args.n < 1 || args.n > (1 << 30) || args.mean_sq == nullptr) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
   auto* s = static_cast<cudaStream_t>(stream);
+  if (args.vectorized && norm_vec_fits(args)) {
+    const std::int64_t blocks = blocks_for(args.rows * (args.n / 4));
+    if (args.elem == Elem::BF16) {
+      norm_vec_kernel<<<blocks, kThreads, 0, s>>>(typed<__nv_bfloat16>(args));
+    } else {
+      norm_vec_kernel<<<blocks, kThreads, 0, s>>>(typed<float>(args));
+    }
+    return status();
+  }
   const dim3 grid = rows_grid(args.n, args.rows);
   if (args.elem == Elem::BF16) {
     norm_kernel<<<grid, kThreads, 0, s>>>(typed<__nv_bfloat16>(args));

@@ -34,7 +34,14 @@ struct NormArgs {
   const void* layer_scalar = nullptr;  ///< [1]
   void* out = nullptr;                 ///< [rows, n]
   float* square = nullptr;             ///< [rows, n] fp32, optional
+  /// Four elements per thread with vector loads and stores where norm_vec_fits (the same
+  /// operations per element, so the same bits).
+  bool vectorized = false;
 };
+
+/// The vectorised tail applies: n % 4 == 0 (n % 8 == 0 with RoPE) and every pointer aligned
+/// to four elements.
+bool norm_vec_fits(const NormArgs& args);
 
 /// out[i] = float(x[i]) * float(x[i]) (fp32). Returns the CUDA error code (0 = success).
 int square(Elem elem, const void* x, float* out, std::int64_t count, void* stream);

@@ -61,6 +61,7 @@ struct NormApply {
   at::Tensor residual;      ///< like x, or undefined
   at::Tensor layer_scalar;  ///< one element, or undefined
   bool want_square = false;
+  bool vectorized = false;  ///< four elements per thread where the shape and pointers allow
 };
 
 struct NormResult {

@@ -109,6 +109,7 @@ NormResult norm_apply(const NormApply& a) {
     result.square = at::empty(x.sizes(), x.options().dtype(at::kFloat));
     k.square = result.square.data_ptr<float>();
   }
+  k.vectorized = a.vectorized;
   check(cuda::norm_apply(k, stream_of(x)), "norm");
   return result;
 }

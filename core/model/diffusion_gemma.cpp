@@ -191,6 +191,7 @@ class Pass {
     a.mean_sq = ms;
     a.eps = t_.rms_norm_eps;
     a.weight = weight;
+    a.vectorized = use_.norm_vec;
     return a;
   }
 

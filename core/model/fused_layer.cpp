@@ -98,7 +98,8 @@ class Check {
 };
 
 // The RMSNorm tail in every combination the model uses, for rows of width n.
-bool check_norm(Check& c, std::int64_t n, double eps, double scalar, std::string& why) {
+bool check_norm(Check& c, std::int64_t n, double eps, double scalar, bool vectorized,
+                std::string& why) {
   namespace fused = kernels;
   const at::Tensor x = c.normal({2, 8, 4, n}, 2.0);  // [B, S, H, D]
   const at::Tensor w = c.normal({n}, 0.5) + 1.0;
@@ -113,6 +114,7 @@ bool check_norm(Check& c, std::int64_t n, double eps, double scalar, std::string
     a.x = x;
     a.mean_sq = ms;
     a.eps = eps;
+    a.vectorized = vectorized;
     set(a);
     return fused::norm_apply(a);
   };
@@ -154,7 +156,8 @@ bool check_norm(Check& c, std::int64_t n, double eps, double scalar, std::string
   };
   for (const auto& [name, ok] : cases) {
     if (!ok) {
-      why = std::string(name) + ", width " + std::to_string(n);
+      why = std::string(name) + ", width " + std::to_string(n) +
+            (vectorized ? ", four per thread" : "");
       return false;
     }
   }
@@ -270,9 +273,14 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
   Check c(device, dtype);
   const double scalar = std::pow(static_cast<double>(text.hidden_size), -0.5);
   std::string why;
-  f.norm = check_norm(c, text.hidden_size, text.rms_norm_eps, scalar, why) &&
-           check_norm(c, text.head_dim, text.rms_norm_eps, scalar, why) &&
-           check_norm(c, text.global_head_dim, text.rms_norm_eps, scalar, why);
+  const auto norms_match = [&](bool vectorized, std::string& why_not) {
+    return check_norm(c, text.hidden_size, text.rms_norm_eps, scalar, vectorized, why_not) &&
+           check_norm(c, text.head_dim, text.rms_norm_eps, scalar, vectorized, why_not) &&
+           check_norm(c, text.global_head_dim, text.rms_norm_eps, scalar, vectorized, why_not);
+  };
+  f.norm = norms_match(false, why);
+  std::string vec_why;
+  f.norm_vec = f.norm && norms_match(true, vec_why);
   std::string mean_why;
   f.mean = f.norm && check_mean(c, text.hidden_size, mean_why) &&
            check_mean(c, text.head_dim, mean_why) && check_mean(c, text.global_head_dim, mean_why);
@@ -300,7 +308,11 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
     return std::string(ok ? "yes" : "no (differs from ATen)");
   };
   f.report = "fused kernels (checked bitwise against ATen on " + device.str() + "): norm " +
-             (f.norm ? "yes" : "no (differs from ATen: " + why + ")") + ", mean of squares " +
+             (f.norm ? "yes" : "no (differs from ATen: " + why + ")") +
+             (f.norm_vec ? " (four per thread)"
+              : f.norm   ? " (one per thread: four per thread differs: " + vec_why + ")"
+                         : "") +
+             ", mean of squares " +
              (f.mean   ? "yes"
               : f.norm ? "no (differs from ATen: " + mean_why + ")"
                        : "no (with the norm only)") +
@@ -312,6 +324,7 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
   // BATCHLENS_FUSED_OFF=name,name: leave checked kernels unused (to bisect, and to measure each).
   if (!switches.fused_off.empty()) {
     f.norm = f.norm && switches.fused_kernel("norm");
+    f.norm_vec = f.norm_vec && f.norm && switches.fused_kernel("normvec");
     f.mean = f.mean && f.norm && switches.fused_kernel("mean");
     f.combine = f.combine && switches.fused_kernel("combine");
     f.gelu = f.gelu && switches.fused_kernel("gelu");

@@ -18,6 +18,7 @@ namespace batchlens::model {
 /// The fused kernels a model uses, each checked bitwise against its ATen chain on the device.
 struct FusedKernels {
   bool norm = false;      ///< RMSNorm tails (+ RoPE, router scaling, residual, layer scalar)
+  bool norm_vec = false;  ///< the tails four elements per thread (vector loads and stores)
   bool mean = false;      ///< their mean of squares in one kernel (ATen's reduction order)
   bool combine = false;   ///< the experts' weighted sum over top-k
   int combine_lanes = 0;  ///< ATen's reduction layout the combine matched
@@ -38,10 +39,10 @@ struct FusedKernels {
 /// model's widths (hidden size, both head dims, top-k, a slice of the vocabulary), and returns
 /// those that matched bitwise. All false off CUDA, in builds without the kernels, or when
 /// `switches` turn them off (BATCHLENS_FUSED=0); those `switches` name (BATCHLENS_FUSED_OFF=
-/// norm,mean,combine,gelu,softcap,route) are left unused. On a CPU in bf16 where LibTorch computes
-/// bf16 matmuls with ATen's own kernel, checks the CPU GEMM instead (kernels::check_cpu_gemm at
-/// the model's reduction lengths; BATCHLENS_FUSED_OFF=gemm leaves it unused). Synchronises with
-/// the device (call it at load).
+/// norm,normvec,mean,combine,gelu,softcap,route) are left unused. On a CPU in bf16 where LibTorch
+/// computes bf16 matmuls with ATen's own kernel, checks the CPU GEMM instead
+/// (kernels::check_cpu_gemm at the model's reduction lengths; BATCHLENS_FUSED_OFF=gemm leaves it
+/// unused). Synchronises with the device (call it at load).
 FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& device,
                                  at::ScalarType dtype, const base::Switches& switches = {});
 

@@ -2,6 +2,7 @@
 // GPU tests (label gpu) of the fused elementwise kernels: run on the H200 machine by
 // scripts/gpu-build.sh, never in CI.
 #include <cstdlib>
+#include <functional>
 #include <iostream>
 #include <string>
 
@@ -49,6 +50,7 @@ TEST(FusedLayerGpu, EveryKernelMatchesAtenOnThisDeviceForTheShippedShapes) {
     const FusedKernels f = check_fused_kernels(c.text, at::Device(at::kCUDA, 0), at::kBFloat16);
     std::cout << name << ": " << f.report << "\n";
     EXPECT_TRUE(f.norm) << name << ": " << f.report;
+    EXPECT_TRUE(f.norm_vec) << name << ": " << f.report;
     EXPECT_TRUE(f.mean) << name << ": " << f.report;
     EXPECT_TRUE(f.combine) << name << ": " << f.report;
     EXPECT_TRUE(f.gelu) << name << ": " << f.report;
@@ -82,6 +84,73 @@ TEST(FusedLayerGpu, MeanOfSquaresHasAtensBitsAtEveryRowCount) {
     }
   }
   EXPECT_GT(other_order_differs, 0);
+}
+
+// The tail four elements per thread gives the bits of one per thread at the row counts and widths
+// the models reach, with every operand (RoPE, router scaling, residual, layer scalar, squares);
+// and a view one element off alignment still runs (one per thread) with the same bits.
+TEST(FusedLayerGpu, NormFourPerThreadEqualsOnePerThread) {
+  ASSERT_TRUE(at::hasCUDA());
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(31);
+  const auto cuda = [&](std::vector<std::int64_t> shape, double scale, double shift,
+                        at::ScalarType dtype) {
+    return (at::randn(shape, gen, at::TensorOptions().dtype(at::kFloat)) * scale + shift)
+        .to(at::kCUDA, dtype);
+  };
+  for (const auto dtype : {at::kBFloat16, at::kFloat}) {
+    for (const std::int64_t n : {256, 512, 2816}) {
+      for (const std::int64_t tokens : {256, 1024, 8192}) {
+        const std::int64_t heads = n == 2816 ? 1 : 8;
+        const at::Tensor x = cuda({1, tokens, heads, n}, 2.0, 0.0, dtype);
+        const at::Tensor ms = x.to(at::kFloat).pow(2).mean(-1, /*keepdim=*/true);
+        const at::Tensor cos = cuda({1, tokens, n}, 0.6, 0.0, dtype);
+        const at::Tensor sin = cuda({1, tokens, n}, 0.6, 0.0, dtype);
+        const at::Tensor w = cuda({n}, 0.5, 1.0, dtype);
+        const at::Tensor residual = cuda({1, tokens, heads, n}, 4.0, 0.0, dtype);
+        const at::Tensor layer_scalar = cuda({1}, 0.3, 0.7, dtype);
+        const auto both = [&](const char* what,
+                              const std::function<void(kernels::NormApply&)>& set) {
+          kernels::NormApply a;
+          a.x = x;
+          a.mean_sq = ms;
+          a.eps = 1e-6;
+          set(a);
+          const kernels::NormResult one = kernels::norm_apply(a);
+          a.vectorized = true;
+          const kernels::NormResult four = kernels::norm_apply(a);
+          EXPECT_EQ(differing(four.out, one.out), 0)
+              << what << ", " << n << " wide, " << tokens << " tokens, " << dtype;
+          if (one.square.defined()) {
+            EXPECT_EQ(differing(four.square, one.square), 0) << what << " squares";
+          }
+        };
+        both("rope", [&](kernels::NormApply& a) {
+          a.weight = w;
+          a.rope_cos = cos;
+          a.rope_sin = sin;
+        });
+        both("router scaling", [&](kernels::NormApply& a) {
+          a.scale = w;
+          a.scalar = 0.0188;
+        });
+        both("residual, layer scalar, squares", [&](kernels::NormApply& a) {
+          a.weight = w;
+          a.residual = residual;
+          a.layer_scalar = layer_scalar;
+          a.want_square = true;
+        });
+      }
+    }
+    // One element off a four-element boundary: the launcher falls back, the bits stay.
+    const at::Tensor flat = cuda({1024 * 2816 + 1}, 2.0, 0.0, dtype);
+    const at::Tensor x = flat.narrow(0, 1, 1024 * 2816).view({1024, 2816});
+    kernels::NormApply a;
+    a.x = x;
+    a.mean_sq = x.to(at::kFloat).pow(2).mean(-1, /*keepdim=*/true);
+    const at::Tensor one = kernels::norm_apply(a).out;
+    a.vectorized = true;
+    EXPECT_EQ(differing(kernels::norm_apply(a).out, one), 0) << "misaligned, " << dtype;
+  }
 }
 
 // The combine check can tell summation orders apart: on real widths, some lanes layouts give
@@ -176,13 +245,14 @@ TEST(FusedLayerGpu, SwitchesLeaveNamedKernelsUnused) {
   ASSERT_TRUE(at::hasCUDA());
   const ModelConfig cfg = preset("demo");
   base::Switches switches;
-  switches.fused_off = {"norm", "route"};
+  switches.fused_off = {"normvec", "route"};
   const FusedKernels f =
       check_fused_kernels(cfg.text, at::Device(at::kCUDA, 0), at::kBFloat16, switches);
-  EXPECT_FALSE(f.norm);
+  EXPECT_TRUE(f.norm) << f.report;
+  EXPECT_FALSE(f.norm_vec);
   EXPECT_FALSE(f.route);
   EXPECT_TRUE(f.softcap) << f.report;
-  EXPECT_NE(f.report.find("turned off by BATCHLENS_FUSED_OFF=norm,route"), std::string::npos)
+  EXPECT_NE(f.report.find("turned off by BATCHLENS_FUSED_OFF=normvec,route"), std::string::npos)
       << f.report;
 }
 
