@@ -41,6 +41,37 @@ __device__ __forceinline__ float round_to(const __nv_bfloat16* /*tag*/, float v)
   return __bfloat162float(__float2bfloat16_rn(v));
 }
 
+// Four consecutive elements in one access (8 bytes of bf16, 16 of fp32): the vectorised tail.
+struct alignas(8) Bf16x4 {
+  __nv_bfloat162 lo;
+  __nv_bfloat162 hi;
+};
+__device__ __forceinline__ void load4(const float* p, std::int64_t i, float (&v)[4]) {
+  const float4 q = *reinterpret_cast<const float4*>(p + i);
+  v[0] = q.x;
+  v[1] = q.y;
+  v[2] = q.z;
+  v[3] = q.w;
+}
+__device__ __forceinline__ void load4(const __nv_bfloat16* p, std::int64_t i, float (&v)[4]) {
+  const Bf16x4 q = *reinterpret_cast<const Bf16x4*>(p + i);
+  v[0] = __bfloat162float(q.lo.x);
+  v[1] = __bfloat162float(q.lo.y);
+  v[2] = __bfloat162float(q.hi.x);
+  v[3] = __bfloat162float(q.hi.y);
+}
+__device__ __forceinline__ void store4(float* p, std::int64_t i, const float (&v)[4]) {
+  *reinterpret_cast<float4*>(p + i) = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ __forceinline__ void store4(__nv_bfloat16* p, std::int64_t i, const float (&v)[4]) {
+  Bf16x4 q;
+  q.lo.x = __float2bfloat16_rn(v[0]);
+  q.lo.y = __float2bfloat16_rn(v[1]);
+  q.hi.x = __float2bfloat16_rn(v[2]);
+  q.hi.y = __float2bfloat16_rn(v[3]);
+  *reinterpret_cast<Bf16x4*>(p + i) = q;
+}
+
 std::int64_t blocks_for(std::int64_t count) {
   const std::int64_t b = (count + kThreads - 1) / kThreads;
   return b < 1 ? 1 : (b > 65535LL * 32 ? 65535LL * 32 : b);
@@ -64,7 +95,9 @@ __global__ void square_kernel(const T* x, float* out, std::int64_t count) {
 
 // ref: x.float().pow(2).mean(-1) as ATen's reduce_kernel<512, 1, ReduceOp<float, MeanOps>>
 // computes it where mean_sq_fits (fused_kernels.h says the order). One warp per row.
-template <typename T>
+// kQuads: each lane's four elements in one vector load (x aligned to four elements); the same
+// values in the same order.
+template <typename T, bool kQuads>
 __global__ void mean_sq_kernel(const T* x, float* out, std::int64_t rows, int n, float factor) {
   constexpr int kLanes = 32;
   const int lane = static_cast<int>(threadIdx.x) % kLanes;
@@ -75,9 +108,16 @@ __global__ void mean_sq_kernel(const T* x, float* out, std::int64_t rows, int n,
     const T* r = x + row * n;
     float acc[4] = {0.0F, 0.0F, 0.0F, 0.0F};
     for (int v = lane; v * 4 + 3 < n; v += kLanes) {
+      float e[4];
+      if (kQuads) {
+        load4(r, v * 4, e);
+      } else {
+        for (int i = 0; i < 4; ++i) {
+          e[i] = load(r, v * 4 + i);
+        }
+      }
       for (int i = 0; i < 4; ++i) {
-        const float e = load(r, v * 4 + i);
-        acc[i] = __fadd_rn(acc[i], __fmul_rn(e, e));  // the square ATen stored, then added
+        acc[i] = __fadd_rn(acc[i], __fmul_rn(e[i], e[i]));  // the square ATen stored, then added
       }
     }
     float sum = __fadd_rn(__fadd_rn(__fadd_rn(acc[0], acc[1]), acc[2]), acc[3]);
@@ -164,37 +204,6 @@ __global__ void norm_kernel(Norm<T> a) {
     const float r = rsqrtf(__fadd_rn(a.mean_sq[row], a.eps));
     tail_element(a, row, d, r);
   }
-}
-
-// Four consecutive elements in one access (8 bytes of bf16, 16 of fp32): the vectorised tail.
-struct alignas(8) Bf16x4 {
-  __nv_bfloat162 lo;
-  __nv_bfloat162 hi;
-};
-__device__ __forceinline__ void load4(const float* p, std::int64_t i, float (&v)[4]) {
-  const float4 q = *reinterpret_cast<const float4*>(p + i);
-  v[0] = q.x;
-  v[1] = q.y;
-  v[2] = q.z;
-  v[3] = q.w;
-}
-__device__ __forceinline__ void load4(const __nv_bfloat16* p, std::int64_t i, float (&v)[4]) {
-  const Bf16x4 q = *reinterpret_cast<const Bf16x4*>(p + i);
-  v[0] = __bfloat162float(q.lo.x);
-  v[1] = __bfloat162float(q.lo.y);
-  v[2] = __bfloat162float(q.hi.x);
-  v[3] = __bfloat162float(q.hi.y);
-}
-__device__ __forceinline__ void store4(float* p, std::int64_t i, const float (&v)[4]) {
-  *reinterpret_cast<float4*>(p + i) = make_float4(v[0], v[1], v[2], v[3]);
-}
-__device__ __forceinline__ void store4(__nv_bfloat16* p, std::int64_t i, const float (&v)[4]) {
-  Bf16x4 q;
-  q.lo.x = __float2bfloat16_rn(v[0]);
-  q.lo.y = __float2bfloat16_rn(v[1]);
-  q.hi.x = __float2bfloat16_rn(v[2]);
-  q.hi.y = __float2bfloat16_rn(v[3]);
-  *reinterpret_cast<Bf16x4*>(p + i) = q;
 }
 
 // normed() for elements d0..d0+3 of a row.
@@ -683,12 +692,26 @@ int mean_sq(Elem elem, const void* x, float* out, std::int64_t rows, std::int64_
   constexpr int kWarps = kThreads / 32;
   const std::int64_t want = (rows + kWarps - 1) / kWarps;
   const unsigned blocks = static_cast<unsigned>(want > 65535 * 32 ? 65535 * 32 : want);
+  const bool quads =
+      reinterpret_cast<std::uintptr_t>(x) % (elem == Elem::BF16 ? 8U : 16U) == 0;
   if (elem == Elem::BF16) {
-    mean_sq_kernel<<<blocks, kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(x), out, rows,
-                                               static_cast<int>(n), factor);
+    const auto* xb = static_cast<const __nv_bfloat16*>(x);
+    if (quads) {
+      mean_sq_kernel<__nv_bfloat16, true>
+          <<<blocks, kThreads, 0, s>>>(xb, out, rows, static_cast<int>(n), factor);
+    } else {
+      mean_sq_kernel<__nv_bfloat16, false>
+          <<<blocks, kThreads, 0, s>>>(xb, out, rows, static_cast<int>(n), factor);
+    }
   } else {
-    mean_sq_kernel<<<blocks, kThreads, 0, s>>>(static_cast<const float*>(x), out, rows,
-                                               static_cast<int>(n), factor);
+    const auto* xf = static_cast<const float*>(x);
+    if (quads) {
+      mean_sq_kernel<float, true><<<blocks, kThreads, 0, s>>>(xf, out, rows, static_cast<int>(n),
+                                                              factor);
+    } else {
+      mean_sq_kernel<float, false><<<blocks, kThreads, 0, s>>>(xf, out, rows, static_cast<int>(n),
+                                                               factor);
+    }
   }
   return status();
 }

@@ -84,6 +84,15 @@ TEST(FusedLayerGpu, MeanOfSquaresHasAtensBitsAtEveryRowCount) {
     }
   }
   EXPECT_GT(other_order_differs, 0);
+  // A view one element off a four-element boundary (its lanes load element by element): the
+  // reference squares into a fresh tensor, so the order and the bits are the same.
+  for (const auto dtype : {at::kBFloat16, at::kFloat}) {
+    const at::Tensor flat =
+        (at::randn({1024 * 2816 + 1}, gen, at::TensorOptions()) * 3).to(at::kCUDA, dtype);
+    const at::Tensor x = flat.narrow(0, 1, 1024 * 2816).view({1024, 2816});
+    EXPECT_EQ(differing(kernels::mean_sq(x), x.to(at::kFloat).pow(2).mean(-1, /*keepdim=*/true)), 0)
+        << "misaligned, " << dtype;
+  }
 }
 
 // The tail four elements per thread gives the bits of one per thread at the row counts and widths
