@@ -41,11 +41,16 @@ __device__ __forceinline__ float round_to(const __nv_bfloat16* /*tag*/, float v)
   return __bfloat162float(__float2bfloat16_rn(v));
 }
 
-// Four consecutive elements in one access (8 bytes of bf16, 16 of fp32): the vectorised tail.
-struct alignas(8) Bf16x4 {
-  __nv_bfloat162 lo;
-  __nv_bfloat162 hi;
-};
+// Four consecutive elements in one access (8 bytes of bf16, 16 of fp32): the vectorised tail
+// and the mean of squares. bf16 travels as raw bits in a uint2 (a struct of two
+// __nv_bfloat162 is copied member by member, two 4-byte accesses); element 0 is the low half
+// (little-endian), and bf16 -> fp32 is exact: the bf16 bits are the fp32's upper 16.
+__device__ __forceinline__ float bf16_bits_to_float(short b) {
+  return __uint_as_float(static_cast<unsigned>(static_cast<unsigned short>(b)) << 16);
+}
+__device__ __forceinline__ unsigned float_to_bf16_bits(float v) {
+  return static_cast<unsigned>(__bfloat16_as_ushort(__float2bfloat16_rn(v)));
+}
 __device__ __forceinline__ void load4(const float* p, std::int64_t i, float (&v)[4]) {
   const float4 q = *reinterpret_cast<const float4*>(p + i);
   v[0] = q.x;
@@ -54,22 +59,20 @@ __device__ __forceinline__ void load4(const float* p, std::int64_t i, float (&v)
   v[3] = q.w;
 }
 __device__ __forceinline__ void load4(const __nv_bfloat16* p, std::int64_t i, float (&v)[4]) {
-  const Bf16x4 q = *reinterpret_cast<const Bf16x4*>(p + i);
-  v[0] = __bfloat162float(q.lo.x);
-  v[1] = __bfloat162float(q.lo.y);
-  v[2] = __bfloat162float(q.hi.x);
-  v[3] = __bfloat162float(q.hi.y);
+  const uint2 q = *reinterpret_cast<const uint2*>(p + i);
+  v[0] = bf16_bits_to_float(static_cast<short>(q.x));  // the low 16 bits
+  v[1] = bf16_bits_to_float(static_cast<short>(q.x >> 16));
+  v[2] = bf16_bits_to_float(static_cast<short>(q.y));
+  v[3] = bf16_bits_to_float(static_cast<short>(q.y >> 16));
 }
 __device__ __forceinline__ void store4(float* p, std::int64_t i, const float (&v)[4]) {
   *reinterpret_cast<float4*>(p + i) = make_float4(v[0], v[1], v[2], v[3]);
 }
 __device__ __forceinline__ void store4(__nv_bfloat16* p, std::int64_t i, const float (&v)[4]) {
-  Bf16x4 q;
-  q.lo.x = __float2bfloat16_rn(v[0]);
-  q.lo.y = __float2bfloat16_rn(v[1]);
-  q.hi.x = __float2bfloat16_rn(v[2]);
-  q.hi.y = __float2bfloat16_rn(v[3]);
-  *reinterpret_cast<Bf16x4*>(p + i) = q;
+  uint2 q;
+  q.x = float_to_bf16_bits(v[0]) | (float_to_bf16_bits(v[1]) << 16);
+  q.y = float_to_bf16_bits(v[2]) | (float_to_bf16_bits(v[3]) << 16);
+  *reinterpret_cast<uint2*>(p + i) = q;
 }
 
 std::int64_t blocks_for(std::int64_t count) {
@@ -107,6 +110,9 @@ __global__ void mean_sq_kernel(const T* x, float* out, std::int64_t rows, int n,
        row += stride) {
     const T* r = x + row * n;
     float acc[4] = {0.0F, 0.0F, 0.0F, 0.0F};
+    // Unrolled so that several loads are in flight per lane (a row of 2816 is 22 rounds); each
+    // accumulator still adds in the same order.
+#pragma unroll 4
     for (int v = lane; v * 4 + 3 < n; v += kLanes) {
       float e[4];
       if (kQuads) {
@@ -523,9 +529,6 @@ __device__ void diff_float(const Bits* a, const Bits* b, std::int64_t n, Load lo
   }
 }
 
-__device__ __forceinline__ float bf16_bits_to_float(short b) {
-  return __uint_as_float(static_cast<unsigned>(static_cast<unsigned short>(b)) << 16);
-}
 __device__ __forceinline__ float f16_bits_to_float(short b) {
   return __half2float(__short_as_half(b));
 }
@@ -689,7 +692,10 @@ int mean_sq(Elem elem, const void* x, float* out, std::int64_t rows, std::int64_
   auto* s = static_cast<cudaStream_t>(stream);
   // ATen's factor: float(outputs) / numel, the int64 numel converted to float.
   const float factor = static_cast<float>(rows) / static_cast<float>(rows * n);
-  constexpr int kWarps = kThreads / 32;
+  // Two warps (rows) per block: a pass's 256 hidden-size rows (B=1) spread over 128 blocks, not
+  // 32 SMs' worth of 8-warp blocks; the order within a row does not depend on it.
+  constexpr int kMeanThreads = 64;
+  constexpr int kWarps = kMeanThreads / 32;
   const std::int64_t want = (rows + kWarps - 1) / kWarps;
   const unsigned blocks = static_cast<unsigned>(want > 65535 * 32 ? 65535 * 32 : want);
   const bool quads =
@@ -698,18 +704,18 @@ int mean_sq(Elem elem, const void* x, float* out, std::int64_t rows, std::int64_
     const auto* xb = static_cast<const __nv_bfloat16*>(x);
     if (quads) {
       mean_sq_kernel<__nv_bfloat16, true>
-          <<<blocks, kThreads, 0, s>>>(xb, out, rows, static_cast<int>(n), factor);
+          <<<blocks, kMeanThreads, 0, s>>>(xb, out, rows, static_cast<int>(n), factor);
     } else {
       mean_sq_kernel<__nv_bfloat16, false>
-          <<<blocks, kThreads, 0, s>>>(xb, out, rows, static_cast<int>(n), factor);
+          <<<blocks, kMeanThreads, 0, s>>>(xb, out, rows, static_cast<int>(n), factor);
     }
   } else {
     const auto* xf = static_cast<const float*>(x);
     if (quads) {
-      mean_sq_kernel<float, true><<<blocks, kThreads, 0, s>>>(xf, out, rows, static_cast<int>(n),
+      mean_sq_kernel<float, true><<<blocks, kMeanThreads, 0, s>>>(xf, out, rows, static_cast<int>(n),
                                                               factor);
     } else {
-      mean_sq_kernel<float, false><<<blocks, kThreads, 0, s>>>(xf, out, rows, static_cast<int>(n),
+      mean_sq_kernel<float, false><<<blocks, kMeanThreads, 0, s>>>(xf, out, rows, static_cast<int>(n),
                                                                factor);
     }
   }
