@@ -16,7 +16,7 @@
 #   3. `run` B=1 vs B=4 free (kernel provenance on) and the lockstep sample's command, each timed;
 #   4. (trace) the B=1 vs B=4 `run` and the lockstep sample under LibTorch's profiler
 #      (BATCHLENS_TRACE), summed up by tools/trace_summary.py; (fused) the fused kernels accepted
-#      and a fused pass against the unfused one; (gputests) the gpu tests of GPU_TESTS_REGEX;
+#      and a fused pass against the unfused one; (gputests) the gpu tests GPU_TESTS_FILTER names (GoogleTest);
 #      (parity) tools/parity/run_parity.sh for PARITY_PRESETS (default mid 26b-a4b);
 #   5. with the time left, issue #35's per-row sweep (scripts/gpu-mixed-sweeps.sh, $OUT/mixed/).
 # STEPS_ONLY ("cost culprit run sweep"; trace, fused, gputests, parity only when named) picks the parts; DEADLINE_S (default 570) stops starting new
@@ -154,8 +154,8 @@ timed() {  # NAME COMMAND...: the process's wall and peak memory in NAME.time
     done
   fi
   if [[ "$parts" == *" gputests "* ]] && [ "$(left)" -gt 120 ]; then
-    # The gpu-labelled tests named by GPU_TESTS_REGEX (default: the fused kernels').
-    GPU_TESTS_REGEX=${GPU_TESTS_REGEX:-FusedLayer} scripts/gpu-build.sh --gpu-tests \
+    # The gpu tests the GoogleTest filter GPU_TESTS_FILTER names (default: the fused kernels').
+    GPU_TESTS_FILTER=${GPU_TESTS_FILTER:-FusedLayer*} scripts/gpu-build.sh --gpu-tests \
       /tmp/batchlens-gpu-tests >"$work/gputests.log" 2>&1
     stamp "gpu tests rc=$?"
     grep -E "^\[  (PASSED|FAILED) |^\[       OK|^\[  FAILED|tests passed|Failure" \

@@ -8,7 +8,8 @@
 #   --cli        build only core + batchlens-cli (no tests, no ctest): what the experiment and
 #                benchmark scripts need, in about half the time.
 #   --gpu-tests  build core + batchlens-cli + the gpu test suite and run only the gpu label
-#                (GPU_TESTS_REGEX=... : only the gpu tests whose names match).
+#                (GPU_TESTS_FILTER=... : only the gpu tests this GoogleTest filter names, e.g.
+#                "FusedLayer*:ProfilerGpu*"; ctest's names are the suites' shards, not the tests).
 # Warnings are not errors here (BATCHLENS_WERROR=ON to make them so): a newer LibTorch or
 # compiler on the server must not stop an experiment; CI builds with -Werror.
 # Logs go to $OUT when set (the device tool), else to BUILD_DIR.
@@ -65,8 +66,11 @@ echo "gpu-build: configure + build took $(( $(date +%s) - start )) s"
 
 "$build/app/batchlens-cli" --version | tee "$logs/version.txt"
 if [ "$gpu_only" = 1 ]; then
-  ctest --test-dir "$build" --output-on-failure -L gpu ${GPU_TESTS_REGEX:+-R "$GPU_TESTS_REGEX"} 2>&1 |
-    tee "$logs/ctest.log"
+  if [ -n "${GPU_TESTS_FILTER:-}" ]; then
+    "$build/tests/batchlens_gpu_tests" --gtest_filter="$GPU_TESTS_FILTER" 2>&1 | tee "$logs/ctest.log"
+  else
+    ctest --test-dir "$build" --output-on-failure -L gpu 2>&1 | tee "$logs/ctest.log"
+  fi
 elif [ "$cli_only" = 0 ]; then
   ctest --test-dir "$build" --output-on-failure -j 4 2>&1 | tee "$logs/ctest.log"
 fi
