@@ -17,15 +17,28 @@ import numpy as np
 import torch
 
 
-def tree(lanes):
-    """Shuffle-down combine at offsets 1, 2, 4, ...: lane 0's sum (fp32 per add)."""
+def tree(lanes, descending=False):
+    """Shuffle-down combine at offsets 1, 2, 4, ... (or 16, 8, ...): lane 0's sum (fp32 adds)."""
     vals = list(lanes)
+    offsets = []
     offset = 1
     while offset < len(vals):
+        offsets.append(offset)
+        offset <<= 1
+    for offset in reversed(offsets) if descending else offsets:
         vals = [np.float32(vals[i] + vals[i + offset]) if i + offset < len(vals) else vals[i]
                 for i in range(len(vals))]
-        offset <<= 1
     return vals[0]
+
+
+def block_x(lanes):
+    """Wider than a warp: shared-memory halving (offsets width/2 .. 32), then a warp's tree."""
+    vals = list(lanes)
+    offset = len(vals) // 2
+    while offset >= 32:
+        vals = [np.float32(vals[i] + vals[i + offset]) for i in range(offset)]
+        offset >>= 1
+    return tree(vals[:32])
 
 
 def combine(accs):
@@ -35,7 +48,7 @@ def combine(accs):
     return total
 
 
-def vectorized(sq, lanes, vec):
+def vectorized(sq, lanes, vec, descending=False, wide=False):
     """Lane l adds vectors l, l + lanes, ... (vec elements each) into vec accumulators."""
     n = len(sq)
     per_lane = []
@@ -50,7 +63,7 @@ def vectorized(sq, lanes, vec):
         if tail < n:
             accs[0] = np.float32(accs[0] + sq[tail])
         per_lane.append(combine(accs))
-    return tree(per_lane)
+    return block_x(per_lane) if wide else tree(per_lane, descending)
 
 
 def strided(sq, lanes, vt0):
@@ -78,15 +91,21 @@ CANDIDATES = {
     "32 lanes, strided, 8 accumulators": lambda sq: strided(sq, 32, 8),
     "32 lanes, strided, 2 accumulators": lambda sq: strided(sq, 32, 2),
     "16 lanes, vectors of 4": lambda sq: vectorized(sq, 16, 4),
-    "64 lanes, vectors of 4": lambda sq: vectorized(sq, 64, 4),
+    "64 lanes (one block row), vectors of 4": lambda sq: vectorized(sq, 64, 4, wide=True),
+    "128 lanes (one block row), vectors of 4": lambda sq: vectorized(sq, 128, 4, wide=True),
+    "256 lanes (one block row), vectors of 4": lambda sq: vectorized(sq, 256, 4, wide=True),
+    "512 lanes (one block row), vectors of 4": lambda sq: vectorized(sq, 512, 4, wide=True),
+    "32 lanes, vectors of 4, tree 16 8 4 2 1": lambda sq: vectorized(sq, 32, 4, True),
+    "a float64 sum": lambda sq: np.float32(np.sum(sq, dtype=np.float64)),
+    "numpy's pairwise fp32 sum": lambda sq: np.sum(sq, dtype=np.float32),
 }
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--widths", default="256,704,2816")
-    p.add_argument("--rows", default="16,256,1031")
-    p.add_argument("--samples", type=int, default=4, help="rows checked per shape")
+    p.add_argument("--rows", default="1,4,8,16,17,256,1031")
+    p.add_argument("--samples", type=int, default=8, help="rows checked per shape")
     args = p.parse_args()
     torch.manual_seed(0)
     print(f"torch {torch.__version__}, {torch.cuda.get_device_name()}")
