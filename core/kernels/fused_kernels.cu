@@ -99,8 +99,9 @@ __global__ void square_kernel(const T* x, float* out, std::int64_t count) {
 // ref: x.float().pow(2).mean(-1) as ATen's reduce_kernel<512, 1, ReduceOp<float, MeanOps>>
 // computes it where mean_sq_fits (fused_kernels.h says the order). One warp per row.
 // kQuads: each lane's four elements in one vector load (x aligned to four elements); the same
-// values in the same order.
-template <typename T, bool kQuads>
+// values in the same order. kDescending: the lanes' shuffles at offsets 16, 8, 4, 2, 1 instead of
+// 1, 2, 4, 8, 16 (MeanOrder).
+template <typename T, bool kQuads, bool kDescending>
 __global__ void mean_sq_kernel(const T* x, float* out, std::int64_t rows, int n, float factor) {
   constexpr int kLanes = 32;
   const int lane = static_cast<int>(threadIdx.x) % kLanes;
@@ -127,7 +128,8 @@ __global__ void mean_sq_kernel(const T* x, float* out, std::int64_t rows, int n,
       }
     }
     float sum = __fadd_rn(__fadd_rn(__fadd_rn(acc[0], acc[1]), acc[2]), acc[3]);
-    for (int offset = 1; offset < kLanes; offset <<= 1) {
+    for (int step = 0; step < 5; ++step) {
+      const int offset = kDescending ? (kLanes >> 1) >> step : 1 << step;
       sum = __fadd_rn(sum, __shfl_down_sync(0xffffffffU, sum, offset));
     }
     if (lane == 0) {
@@ -684,8 +686,33 @@ int norm_apply(const NormArgs& args, void* stream) {
   return status();
 }
 
+namespace {
+template <bool kDescending>
+void launch_mean_sq(Elem elem, const void* x, float* out, std::int64_t rows, int n, float factor,
+                    unsigned blocks, unsigned threads, cudaStream_t s) {
+  const bool quads = reinterpret_cast<std::uintptr_t>(x) % (elem == Elem::BF16 ? 8U : 16U) == 0;
+  if (elem == Elem::BF16) {
+    const auto* xb = static_cast<const __nv_bfloat16*>(x);
+    if (quads) {
+      mean_sq_kernel<__nv_bfloat16, true, kDescending>
+          <<<blocks, threads, 0, s>>>(xb, out, rows, n, factor);
+    } else {
+      mean_sq_kernel<__nv_bfloat16, false, kDescending>
+          <<<blocks, threads, 0, s>>>(xb, out, rows, n, factor);
+    }
+  } else {
+    const auto* xf = static_cast<const float*>(x);
+    if (quads) {
+      mean_sq_kernel<float, true, kDescending><<<blocks, threads, 0, s>>>(xf, out, rows, n, factor);
+    } else {
+      mean_sq_kernel<float, false, kDescending><<<blocks, threads, 0, s>>>(xf, out, rows, n, factor);
+    }
+  }
+}
+}  // namespace
+
 int mean_sq(Elem elem, const void* x, float* out, std::int64_t rows, std::int64_t n,
-            void* stream) {
+            MeanOrder order, void* stream) {
   if (rows < 1 || n < 4 || n % 4 != 0 || n > (1 << 30)) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
@@ -697,27 +724,11 @@ int mean_sq(Elem elem, const void* x, float* out, std::int64_t rows, std::int64_
   constexpr int kMeanThreads = 64;
   constexpr int kWarps = kMeanThreads / 32;
   const std::int64_t want = (rows + kWarps - 1) / kWarps;
-  const unsigned blocks = static_cast<unsigned>(want > 65535 * 32 ? 65535 * 32 : want);
-  const bool quads =
-      reinterpret_cast<std::uintptr_t>(x) % (elem == Elem::BF16 ? 8U : 16U) == 0;
-  if (elem == Elem::BF16) {
-    const auto* xb = static_cast<const __nv_bfloat16*>(x);
-    if (quads) {
-      mean_sq_kernel<__nv_bfloat16, true>
-          <<<blocks, kMeanThreads, 0, s>>>(xb, out, rows, static_cast<int>(n), factor);
-    } else {
-      mean_sq_kernel<__nv_bfloat16, false>
-          <<<blocks, kMeanThreads, 0, s>>>(xb, out, rows, static_cast<int>(n), factor);
-    }
+  const auto blocks = static_cast<unsigned>(want > 65535 * 32 ? 65535 * 32 : want);
+  if (order == MeanOrder::ShufflesDown) {
+    launch_mean_sq<true>(elem, x, out, rows, static_cast<int>(n), factor, blocks, kMeanThreads, s);
   } else {
-    const auto* xf = static_cast<const float*>(x);
-    if (quads) {
-      mean_sq_kernel<float, true><<<blocks, kMeanThreads, 0, s>>>(xf, out, rows, static_cast<int>(n),
-                                                              factor);
-    } else {
-      mean_sq_kernel<float, false><<<blocks, kMeanThreads, 0, s>>>(xf, out, rows, static_cast<int>(n),
-                                                               factor);
-    }
+    launch_mean_sq<false>(elem, x, out, rows, static_cast<int>(n), factor, blocks, kMeanThreads, s);
   }
   return status();
 }

@@ -13,6 +13,10 @@
 namespace batchlens::kernels::cuda {
 
 enum class Elem { F32, BF16 };
+/// How the 32 lanes of a row combine their sums in mean_sq: shuffles down at offsets 1, 2, 4, 8,
+/// 16 (Reduce.cuh's block_x_reduce as read for fused_kernels.cu) or at 16, 8, 4, 2, 1. The load
+/// check tries each and keeps the one with ATen's bits on this device and LibTorch.
+enum class MeanOrder { ShufflesUp, ShufflesDown };
 
 /// Arguments of the RMSNorm tail (see fused_ops.h NormApply). Pointers of element type `elem`
 /// unless said otherwise; null = not used.
@@ -50,10 +54,13 @@ int norm_apply(const NormArgs& args, void* stream);
 /// kernel (Reduce.cuh) for a mean over the contiguous innermost dimension of `rows` x `n` fp32
 /// squares where it vectorises the input by 4 and gives each row one warp (mean_sq_fits): lane l
 /// adds the 4-element vectors l, l + 32, ... into four accumulators, combines them in order,
-/// the lanes combine by shuffles down at offsets 1, 2, 4, 8, 16, and lane 0's sum is multiplied
+/// the lanes combine by shuffles down at offsets 1, 2, 4, 8, 16 (MeanOrder::ShufflesUp; or 16,
+/// 8, 4, 2, 1: ShufflesDown), and lane 0's sum is multiplied
 /// by float(rows) / float(rows * n), MeanOps' factor. One launch instead of ATen's square and
-/// mean; checked bitwise against them on the device before use (model/fused_layer.cpp).
-int mean_sq(Elem elem, const void* x, float* out, std::int64_t rows, std::int64_t n, void* stream);
+/// mean; checked bitwise against them on the device before use (model/fused_layer.cpp), in each
+/// MeanOrder until one matches.
+int mean_sq(Elem elem, const void* x, float* out, std::int64_t rows, std::int64_t n,
+            MeanOrder order, void* stream);
 /// inv[perm[i]] = i for i < count (int64).
 int inverse_permutation(const std::int64_t* perm, std::int64_t* inv, std::int64_t count,
                         void* stream);

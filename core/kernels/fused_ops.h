@@ -37,9 +37,10 @@ inline bool mean_sq_fits(std::int64_t rows, std::int64_t n) {
   return n % 4 == 0 && n > 128 && (n + 31) / 32 < 256 && exact;
 }
 
-/// x.float().pow(2).mean(-1, keepdim=True) with ATen's bits where mean_sq_fits (one kernel):
-/// [..., 1] fp32. x: contiguous bf16 or fp32 CUDA tensor.
-at::Tensor mean_sq(const at::Tensor& x);
+/// x.float().pow(2).mean(-1, keepdim=True) with ATen's bits where mean_sq_fits and `order` is
+/// the one ATen's kernel has here (FusedKernels::mean_order, found at load): [..., 1] fp32.
+/// x: contiguous bf16 or fp32 CUDA tensor.
+at::Tensor mean_sq(const at::Tensor& x, cuda::MeanOrder order);
 
 /// The RMSNorm tail and what follows it elementwise, in this order (each optional step as
 /// ATen computes it, rounding to x's dtype after every op):

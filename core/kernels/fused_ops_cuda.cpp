@@ -61,7 +61,7 @@ at::Tensor square(const at::Tensor& x) {
   return out;
 }
 
-at::Tensor mean_sq(const at::Tensor& x) {
+at::Tensor mean_sq(const at::Tensor& x, cuda::MeanOrder order) {
   const cuda::Elem elem = elem_of(x, "mean_sq");
   const std::int64_t n = x.dim() > 0 ? x.size(-1) : 1;
   const std::int64_t rows = n > 0 ? x.numel() / n : 0;
@@ -71,7 +71,8 @@ at::Tensor mean_sq(const at::Tensor& x) {
   std::vector<std::int64_t> shape(x.sizes().begin(), x.sizes().end());
   shape.back() = 1;
   at::Tensor out = at::empty(shape, x.options().dtype(at::kFloat));  // [..., 1] fp32
-  check(cuda::mean_sq(elem, x.data_ptr(), out.data_ptr<float>(), rows, n, stream_of(x)), "mean_sq");
+  check(cuda::mean_sq(elem, x.data_ptr(), out.data_ptr<float>(), rows, n, order, stream_of(x)),
+        "mean_sq");
   return out;
 }
 

@@ -16,7 +16,7 @@ bool built() {
 at::Tensor square(const at::Tensor& /*x*/) {
   unavailable();
 }
-at::Tensor mean_sq(const at::Tensor& /*x*/) {
+at::Tensor mean_sq(const at::Tensor& /*x*/, cuda::MeanOrder /*order*/) {
   unavailable();
 }
 NormResult norm_apply(const NormApply& /*args*/) {

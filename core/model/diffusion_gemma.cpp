@@ -171,7 +171,8 @@ class Pass {
   // x.float().pow(2).mean(-1, keepdim=True): one kernel with ATen's reduction order where it
   // was checked and the shape fits; else the square fused and the mean ATen's own kernel.
   at::Tensor mean_sq(const at::Tensor& x) const {
-    return mean_fused(x) ? kernels::mean_sq(x) : kernels::square(x).mean(-1, /*keepdim=*/true);
+    return mean_fused(x) ? kernels::mean_sq(x, use_.mean_order)
+                         : kernels::square(x).mean(-1, /*keepdim=*/true);
   }
   bool mean_fused(const at::Tensor& x) const {
     const std::int64_t n = x.size(-1);

@@ -166,13 +166,14 @@ bool check_norm(Check& c, std::int64_t n, double eps, double scalar, bool vector
 
 // The mean of squares in one kernel against ATen's square and mean, for rows of width n at
 // several row counts (a block's 16 rows, a partial last block, many blocks).
-bool check_mean(Check& c, std::int64_t n, std::string& why) {
+bool check_mean(Check& c, std::int64_t n, kernels::cuda::MeanOrder order, std::string& why) {
   for (const std::int64_t rows : {16, 1031, 8192}) {
     if (!kernels::mean_sq_fits(rows, n)) {
       continue;
     }
     const at::Tensor x = c.normal({rows, n}, 3.0);
-    if (!bits_equal(kernels::mean_sq(x), x.to(at::kFloat).pow(2).mean(-1, /*keepdim=*/true))) {
+    if (!bits_equal(kernels::mean_sq(x, order),
+                    x.to(at::kFloat).pow(2).mean(-1, /*keepdim=*/true))) {
       why = "width " + std::to_string(n) + ", " + std::to_string(rows) + " rows";
       return false;
     }
@@ -281,9 +282,21 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
   f.norm = norms_match(false, why);
   std::string vec_why;
   f.norm_vec = f.norm && norms_match(true, vec_why);
+  // The first order of the lanes' sums that gives ATen's bits at every width (the reason is the
+  // first order's, which is the one read from Reduce.cuh).
   std::string mean_why;
-  f.mean = f.norm && check_mean(c, text.hidden_size, mean_why) &&
-           check_mean(c, text.head_dim, mean_why) && check_mean(c, text.global_head_dim, mean_why);
+  for (const auto order :
+       {kernels::cuda::MeanOrder::ShufflesUp, kernels::cuda::MeanOrder::ShufflesDown}) {
+    std::string why_not;
+    if (f.norm && check_mean(c, text.hidden_size, order, why_not) &&
+        check_mean(c, text.head_dim, order, why_not) &&
+        check_mean(c, text.global_head_dim, order, why_not)) {
+      f.mean = true;
+      f.mean_order = order;
+      break;
+    }
+    mean_why = mean_why.empty() ? why_not : mean_why;
+  }
   if (text.num_experts > 0) {
     f.combine_lanes = check_combine(c, text.top_k_experts, text.hidden_size);
     f.combine = f.combine_lanes > 0;
@@ -313,7 +326,9 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
               : f.norm   ? " (one per thread: four per thread differs: " + vec_why + ")"
                          : "") +
              ", mean of squares " +
-             (f.mean   ? "yes"
+             (f.mean   ? std::string(f.mean_order == kernels::cuda::MeanOrder::ShufflesUp
+                                         ? "yes (shuffles 1 to 16)"
+                                         : "yes (shuffles 16 to 1)")
               : f.norm ? "no (differs from ATen: " + mean_why + ")"
                        : "no (with the norm only)") +
              ", moe combine " +

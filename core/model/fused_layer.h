@@ -20,6 +20,7 @@ struct FusedKernels {
   bool norm = false;      ///< RMSNorm tails (+ RoPE, router scaling, residual, layer scalar)
   bool norm_vec = false;  ///< the tails four elements per thread (vector loads and stores)
   bool mean = false;      ///< their mean of squares in one kernel (ATen's reduction order)
+  kernels::cuda::MeanOrder mean_order = kernels::cuda::MeanOrder::ShufflesUp;  ///< the one matched
   bool combine = false;   ///< the experts' weighted sum over top-k
   int combine_lanes = 0;  ///< ATen's reduction layout the combine matched
   bool gelu = false;      ///< gelu_tanh(gate) * up
