@@ -158,7 +158,7 @@ timed() {  # NAME COMMAND...: the process's wall and peak memory in NAME.time
     GPU_TESTS_FILTER=${GPU_TESTS_FILTER:-FusedLayer*} scripts/gpu-build.sh --gpu-tests \
       /tmp/batchlens-gpu-tests >"$work/gputests.log" 2>&1
     stamp "gpu tests rc=$?"
-    grep -E "^\[  (PASSED|FAILED) |^\[       OK|^\[  FAILED|tests passed|Failure" \
+    grep -E "^\[  (PASSED|FAILED) |^\[       OK|^\[  FAILED|tests passed|Failure|mean of squares" \
       "$work/gputests.log" | head -30
   fi
   if [[ "$parts" == *" parity "* ]] && [ "$(left)" -gt 120 ]; then
