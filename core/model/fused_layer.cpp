@@ -165,12 +165,15 @@ bool check_norm(Check& c, std::int64_t n, double eps, double scalar, bool vector
 }
 
 // The mean of squares in one kernel against ATen's square and mean, for rows of width n at
-// several row counts (a block's 16 rows, a partial last block, many blocks).
-bool check_mean(Check& c, std::int64_t n, kernels::cuda::MeanOrder order, std::string& why) {
+// several row counts (a block's 16 rows, a partial last block, many blocks); `checked` counts
+// the shapes compared (none where the width is not one the kernel takes).
+bool check_mean(Check& c, std::int64_t n, kernels::cuda::MeanOrder order, std::string& why,
+                int& checked) {
   for (const std::int64_t rows : {16, 1031, 8192}) {
     if (!kernels::mean_sq_fits(rows, n)) {
       continue;
     }
+    ++checked;
     const at::Tensor x = c.normal({rows, n}, 3.0);
     if (!bits_equal(kernels::mean_sq(x, order),
                     x.to(at::kFloat).pow(2).mean(-1, /*keepdim=*/true))) {
@@ -288,14 +291,20 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
   for (const auto order :
        {kernels::cuda::MeanOrder::ShufflesUp, kernels::cuda::MeanOrder::ShufflesDown}) {
     std::string why_not;
-    if (f.norm && check_mean(c, text.hidden_size, order, why_not) &&
-        check_mean(c, text.head_dim, order, why_not) &&
-        check_mean(c, text.global_head_dim, order, why_not)) {
+    int checked = 0;
+    const bool same = f.norm && check_mean(c, text.hidden_size, order, why_not, checked) &&
+                      check_mean(c, text.head_dim, order, why_not, checked) &&
+                      check_mean(c, text.global_head_dim, order, why_not, checked);
+    if (same && checked == 0) {
+      mean_why = "no width of this model is one it takes";  // nothing told the orders apart
+      break;
+    }
+    if (same) {
       f.mean = true;
       f.mean_order = order;
       break;
     }
-    mean_why = mean_why.empty() ? why_not : mean_why;
+    mean_why = mean_why.empty() ? "differs from ATen: " + why_not : mean_why;
   }
   if (text.num_experts > 0) {
     f.combine_lanes = check_combine(c, text.top_k_experts, text.hidden_size);
@@ -329,7 +338,7 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
              (f.mean   ? std::string(f.mean_order == kernels::cuda::MeanOrder::ShufflesUp
                                          ? "yes (shuffles 1 to 16)"
                                          : "yes (shuffles 16 to 1)")
-              : f.norm ? "no (differs from ATen: " + mean_why + ")"
+              : f.norm ? "no (" + mean_why + ")"
                        : "no (with the norm only)") +
              ", moe combine " +
              (f.combine ? "yes (" + std::to_string(f.combine_lanes) + " lanes)" : said(false)) +

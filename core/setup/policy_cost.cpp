@@ -151,7 +151,8 @@ std::string kernel_kind(const std::string& kernel_name) {
   std::transform(name.begin(), name.end(), name.begin(),
                  [](unsigned char ch) { return static_cast<char>(std::tolower(ch)); });
   static const std::vector<std::pair<std::vector<const char*>, const char*>> rules = {
-      {{"norm_kernel", "square_kernel", "inverse_kernel", "rms", "norm"}, "RMSNorm (+RoPE)"},
+      {{"norm_kernel", "square_kernel", "mean_sq", "inverse_kernel", "rms", "norm"},
+       "RMSNorm (+RoPE)"},
       {{"combine_kernel"}, "expert combine"},
       {{"route_kernel", "sort", "topk", "radix", "scan", "histogram", "histc", "cumsum", "index",
         "gather", "scatter"},

@@ -51,7 +51,8 @@ TEST(FusedLayerGpu, EveryKernelMatchesAtenOnThisDeviceForTheShippedShapes) {
     std::cout << name << ": " << f.report << "\n";
     EXPECT_TRUE(f.norm) << name << ": " << f.report;
     EXPECT_TRUE(f.norm_vec) << name << ": " << f.report;
-    EXPECT_TRUE(f.mean) << name << ": " << f.report;
+    // The demo's widths (128 and under) are none the one-kernel mean takes: nothing to check.
+    EXPECT_EQ(f.mean, std::string(name) != "demo") << name << ": " << f.report;
     EXPECT_TRUE(f.combine) << name << ": " << f.report;
     EXPECT_TRUE(f.gelu) << name << ": " << f.report;
     EXPECT_TRUE(f.softcap) << name << ": " << f.report;

@@ -152,6 +152,10 @@ TEST(PolicyCost, KernelKindsComeFromKernelNames) {
   EXPECT_EQ(kernel_kind("void batchlens::kernels::cuda::(anonymous namespace)::norm_kernel<"
                         "__nv_bfloat16>(...)"),
             "RMSNorm (+RoPE)");
+  // The norms' one-kernel mean of squares ("other" in the H200 profile of 2026-12-07).
+  EXPECT_EQ(kernel_kind("void batchlens::kernels::cuda::(anonymous namespace)::mean_sq_kernel<"
+                        "__nv_bfloat16, true, true>(...)"),
+            "RMSNorm (+RoPE)");
   EXPECT_EQ(kernel_kind("void at::native::(anonymous namespace)::cunn_SoftMaxForward<8, float>"),
             "softmax");
   EXPECT_EQ(kernel_kind("void batchlens::kernels::cuda::route_kernel(long const*, int)"),
