@@ -14,8 +14,10 @@ namespace batchlens::kernels::cuda {
 
 enum class Elem { F32, BF16 };
 /// How the 32 lanes of a row combine their sums in mean_sq: shuffles down at offsets 1, 2, 4, 8,
-/// 16 (Reduce.cuh's block_x_reduce as read for fused_kernels.cu) or at 16, 8, 4, 2, 1. The load
-/// check tries each and keeps the one with ATen's bits on this device and LibTorch.
+/// 16 (Reduce.cuh's block_x_reduce in older releases, and in ROCm builds still) or at 16, 8, 4,
+/// 2, 1 (PyTorch 2.11's CUDA build: "offset decreasing for better numerics matching Triton",
+/// read from the H200's headers on 2026-12-07). The load check tries each and keeps the one with
+/// ATen's bits on this device and LibTorch.
 enum class MeanOrder { ShufflesUp, ShufflesDown };
 
 /// Arguments of the RMSNorm tail (see fused_ops.h NormApply). Pointers of element type `elem`
