@@ -304,7 +304,10 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
       f.mean_order = order;
       break;
     }
-    mean_why = mean_why.empty() ? "differs from ATen: " + why_not : mean_why;
+    if (mean_why.empty()) {
+      mean_why = "differs from ATen: ";
+      mean_why += why_not;
+    }
   }
   if (text.num_experts > 0) {
     f.combine_lanes = check_combine(c, text.top_k_experts, text.hidden_size);
