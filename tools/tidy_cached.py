@@ -42,6 +42,15 @@ def read(path):
 # against every check: 2-3x faster on this code (issue #31). BL_CLANG_TIDY picks another.
 TIDY = os.environ.get("BL_CLANG_TIDY", "clang-tidy-22")
 
+# The static analyzer's budget per top-level function: 75,000 exploded-graph nodes (clang's
+# "shallow" value; "deep", the default, is 225,000). The functions that exhaust the deep budget
+# took two thirds of this step's time on the 2-core CI (core/analysis/culprit.cpp: 26 s in all,
+# 4 s of it parsing; 12 s with this budget), and the step was the longest of a CI run that went
+# over its 45 minutes on an AVX2-only VM (docs/build.md). .clang-tidy's CheckOptions cannot set
+# it: clang-tidy hands them to the analyzer after its budgets are read.
+ANALYZER_ARGS = ["--extra-arg=-Xclang", "--extra-arg=-analyzer-config",
+                 "--extra-arg=-Xclang", "--extra-arg=max-nodes=75000"]
+
 
 def environment_key():
     version = subprocess.run([TIDY, "--version"], capture_output=True).stdout
@@ -155,17 +164,21 @@ def main():
     for f in files:
         seen = {}
         project_headers(f, build, seen)
-        parts = [env_key, os.path.relpath(f, ROOT), sha(read(f)), commands.get(f, "no command")]
+        parts = [env_key, os.path.relpath(f, ROOT), sha(read(f)), commands.get(f, "no command"),
+                 " ".join(ANALYZER_ARGS)]
         parts += tidy_configs(f)
         parts += sorted(os.path.relpath(h, ROOT).replace(os.path.relpath(build, ROOT), "<build>")
                         + ":" + d for h, d in seen.items())
         keys[f] = sha("\n".join(parts).encode())
         if not (use_cache and os.path.exists(os.path.join(cache, keys[f][:2], keys[f]))):
             todo.append(f)
+    # The largest files first (the slowest to check, roughly): a long one started last would
+    # leave the other jobs idle at the end.
+    todo.sort(key=lambda f: -os.path.getsize(f))
 
     def check(f):
         t0 = time.monotonic()
-        p = subprocess.run([TIDY, "-p", database, "--quiet", f], capture_output=True)
+        p = subprocess.run([TIDY, "-p", database, "--quiet", *ANALYZER_ARGS, f], capture_output=True)
         out = p.stdout.decode(errors="replace")
         clean = p.returncode == 0 and not re.search(r"(warning|error):", out)
         return f, clean, out, time.monotonic() - t0
