@@ -96,11 +96,46 @@ __global__ void square_kernel(const T* x, float* out, std::int64_t count) {
   }
 }
 
-// ref: x.float().pow(2).mean(-1) as ATen's reduce_kernel<512, 1, ReduceOp<float, MeanOps>>
-// computes it where mean_sq_fits (fused_kernels.h says the order). One warp per row.
-// kQuads: each lane's four elements in one vector load (x aligned to four elements); the same
-// values in the same order. kDescending: the lanes' shuffles at offsets 16, 8, 4, 2, 1 instead of
-// 1, 2, 4, 8, 16 (MeanOrder).
+// One lane's share of a row's sum of squares in ATen's order (reduce_kernel<512, 1,
+// ReduceOp<float, MeanOps>> where mean_sq_fits; fused_kernels.h says the order): the 4-element
+// vectors lane, lane + 32, ... into four accumulators, combined in order. kQuads: each vector in
+// one load (the row aligned to four elements); the same values in the same order.
+template <typename T, bool kQuads>
+__device__ __forceinline__ float lane_sum_sq(const T* r, int n, int lane) {
+  constexpr int kLanes = 32;
+  float acc[4] = {0.0F, 0.0F, 0.0F, 0.0F};
+  // Unrolled so that several loads are in flight per lane (a row of 2816 is 22 rounds); each
+  // accumulator still adds in the same order.
+#pragma unroll 4
+  for (int v = lane; v * 4 + 3 < n; v += kLanes) {
+    float e[4];
+    if (kQuads) {
+      load4(r, v * 4, e);
+    } else {
+      for (int i = 0; i < 4; ++i) {
+        e[i] = load(r, v * 4 + i);
+      }
+    }
+    for (int i = 0; i < 4; ++i) {
+      acc[i] = __fadd_rn(acc[i], __fmul_rn(e[i], e[i]));  // the square ATen stored, then added
+    }
+  }
+  return __fadd_rn(__fadd_rn(__fadd_rn(acc[0], acc[1]), acc[2]), acc[3]);
+}
+
+// The 32 lanes' sums combined by shuffles down (lane 0 holds the row's sum). kDescending: at
+// offsets 16, 8, 4, 2, 1 instead of 1, 2, 4, 8, 16 (MeanOrder).
+template <bool kDescending>
+__device__ __forceinline__ float warp_sum(float sum) {
+  constexpr int kLanes = 32;
+  for (int step = 0; step < 5; ++step) {
+    const int offset = kDescending ? (kLanes >> 1) >> step : 1 << step;
+    sum = __fadd_rn(sum, __shfl_down_sync(0xffffffffU, sum, offset));
+  }
+  return sum;
+}
+
+// ref: x.float().pow(2).mean(-1) as ATen computes it where mean_sq_fits. One warp per row.
 template <typename T, bool kQuads, bool kDescending>
 __global__ void mean_sq_kernel(const T* x, float* out, std::int64_t rows, int n, float factor) {
   constexpr int kLanes = 32;
@@ -109,29 +144,7 @@ __global__ void mean_sq_kernel(const T* x, float* out, std::int64_t rows, int n,
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * warps_per_block;
   for (std::int64_t row = blockIdx.x * warps_per_block + threadIdx.x / kLanes; row < rows;
        row += stride) {
-    const T* r = x + row * n;
-    float acc[4] = {0.0F, 0.0F, 0.0F, 0.0F};
-    // Unrolled so that several loads are in flight per lane (a row of 2816 is 22 rounds); each
-    // accumulator still adds in the same order.
-#pragma unroll 4
-    for (int v = lane; v * 4 + 3 < n; v += kLanes) {
-      float e[4];
-      if (kQuads) {
-        load4(r, v * 4, e);
-      } else {
-        for (int i = 0; i < 4; ++i) {
-          e[i] = load(r, v * 4 + i);
-        }
-      }
-      for (int i = 0; i < 4; ++i) {
-        acc[i] = __fadd_rn(acc[i], __fmul_rn(e[i], e[i]));  // the square ATen stored, then added
-      }
-    }
-    float sum = __fadd_rn(__fadd_rn(__fadd_rn(acc[0], acc[1]), acc[2]), acc[3]);
-    for (int step = 0; step < 5; ++step) {
-      const int offset = kDescending ? (kLanes >> 1) >> step : 1 << step;
-      sum = __fadd_rn(sum, __shfl_down_sync(0xffffffffU, sum, offset));
-    }
+    const float sum = warp_sum<kDescending>(lane_sum_sq<T, kQuads>(x + row * n, n, lane));
     if (lane == 0) {
       out[row] = __fmul_rn(sum, factor);  // MeanOps::project
     }
@@ -155,6 +168,7 @@ struct Norm {
   const T* layer_scalar;
   T* out;
   float* square;
+  float* mean_out;
 };
 
 // ref: DiffusionGemmaRMSNorm.forward: (x.float() * pow(mean_sq, -0.5)) * weight.float(),
@@ -232,9 +246,61 @@ __device__ __forceinline__ void normed4(const Norm<T>& a, std::int64_t base, int
   }
 }
 
-// The tail (tail_element's operations, in its order) four elements per thread with vector
-// loads and stores, over rows x n flattened; where norm_vec_fits (n % 4 == 0, n % 8 == 0 with
-// RoPE so that a quad and its partner sit on one side of the half, every pointer aligned).
+// The tail (tail_element's operations, in its order) for elements d0..d0+3 of a row, with
+// vector loads and stores; the result stays in v (the values stored, as floats).
+template <typename T>
+__device__ __forceinline__ void tail_quad(const Norm<T>& a, std::int64_t row, int d0, float r,
+                                          float (&v)[4]) {
+  const std::int64_t base = row * a.n;
+  normed4(a, base, d0, r, v);
+  if (a.cos != nullptr) {
+    const int half = a.n / 2;
+    float partner[4];
+    normed4(a, base, d0 < half ? d0 + half : d0 - half, r, partner);
+    const std::int64_t s = (row / a.heads) % a.seq;
+    float c[4];
+    float sn[4];
+    load4(a.cos, s * a.n + d0, c);
+    load4(a.sin, s * a.n + d0, sn);
+    for (int i = 0; i < 4; ++i) {
+      const float rotated = d0 < half ? -partner[i] : partner[i];
+      const float xc = round_to(a.x, __fmul_rn(v[i], c[i]));
+      const float rs = round_to(a.x, __fmul_rn(rotated, sn[i]));
+      v[i] = round_to(a.x, __fadd_rn(xc, rs));
+    }
+  }
+  if (a.scale != nullptr) {
+    float sc[4];
+    load4(a.scale, d0, sc);
+    for (int i = 0; i < 4; ++i) {
+      v[i] = round_to(a.x, __fmul_rn(v[i], sc[i]));
+      v[i] = round_to(a.x, __fmul_rn(v[i], a.scalar));
+    }
+  }
+  if (a.residual != nullptr) {
+    float res[4];
+    load4(a.residual, base + d0, res);
+    for (int i = 0; i < 4; ++i) {
+      v[i] = round_to(a.x, __fadd_rn(res[i], v[i]));
+    }
+  }
+  if (a.layer_scalar != nullptr) {
+    const float ls = load(a.layer_scalar, 0);
+    for (int i = 0; i < 4; ++i) {
+      v[i] = round_to(a.x, __fmul_rn(v[i], ls));
+    }
+  }
+  store4(a.out, base + d0, v);
+  if (a.square != nullptr) {
+    const float sq[4] = {__fmul_rn(v[0], v[0]), __fmul_rn(v[1], v[1]), __fmul_rn(v[2], v[2]),
+                         __fmul_rn(v[3], v[3])};
+    store4(a.square, base + d0, sq);
+  }
+}
+
+// The tail four elements per thread over rows x n flattened; where norm_vec_fits (n % 4 == 0,
+// n % 8 == 0 with RoPE so that a quad and its partner sit on one side of the half, every
+// pointer aligned).
 template <typename T>
 __global__ void norm_vec_kernel(Norm<T> a) {
   const int quads = a.n / 4;
@@ -244,52 +310,79 @@ __global__ void norm_vec_kernel(Norm<T> a) {
     const std::int64_t row = q / quads;
     const int d0 = static_cast<int>(q - row * quads) * 4;
     const float r = rsqrtf(__fadd_rn(a.mean_sq[row], a.eps));
-    const std::int64_t base = row * a.n;
     float v[4];
-    normed4(a, base, d0, r, v);
-    if (a.cos != nullptr) {
-      const int half = a.n / 2;
-      float partner[4];
-      normed4(a, base, d0 < half ? d0 + half : d0 - half, r, partner);
-      const std::int64_t s = (row / a.heads) % a.seq;
-      float c[4];
-      float sn[4];
-      load4(a.cos, s * a.n + d0, c);
-      load4(a.sin, s * a.n + d0, sn);
-      for (int i = 0; i < 4; ++i) {
-        const float rotated = d0 < half ? -partner[i] : partner[i];
-        const float xc = round_to(a.x, __fmul_rn(v[i], c[i]));
-        const float rs = round_to(a.x, __fmul_rn(rotated, sn[i]));
-        v[i] = round_to(a.x, __fadd_rn(xc, rs));
+    tail_quad(a, row, d0, r, v);
+  }
+}
+
+// One lane's share of a row's sum of squares, mean_sq_kernel's order (lane_sum_sq), from the
+// squares already in shared memory.
+__device__ __forceinline__ float lane_sum_shared(const float* squares, int quads, int lane) {
+  constexpr int kLanes = 32;
+  float acc[4] = {0.0F, 0.0F, 0.0F, 0.0F};
+  for (int v = lane; v < quads; v += kLanes) {
+    for (int i = 0; i < 4; ++i) {
+      acc[i] = __fadd_rn(acc[i], squares[v * 4 + i]);
+    }
+  }
+  return __fadd_rn(__fadd_rn(__fadd_rn(acc[0], acc[1]), acc[2]), acc[3]);
+}
+
+// The whole RMSNorm in one pass, one block per row (where norm_vec_fits): the block loads the
+// row's squares into shared memory at once, the first warp sums them in mean_sq_kernel's order
+// (unless a.mean_sq gives the mean), every thread applies the tail to its quads, and with
+// a.mean_out the first warp sums the result's squares in that order too, which is what
+// mean_sq_kernel would compute from the stored result (its values are already rounded to T).
+// Bitwise the two-kernel path: the same products, the same sums in the same order, the same
+// tail_quad.
+template <typename T, bool kDescending>
+__global__ void norm_row_kernel(Norm<T> a, float factor) {
+  extern __shared__ float squares[];  // [n]: x's squares, then the result's
+  __shared__ float mean_shared;
+  const int quads = a.n / 4;
+  const int lane = static_cast<int>(threadIdx.x);  // the first warp's lanes sum
+  for (std::int64_t row = blockIdx.x; row < a.rows; row += gridDim.x) {
+    float mean = 0.0F;
+    if (a.mean_sq != nullptr) {
+      mean = a.mean_sq[row];
+    } else {
+      for (int q = static_cast<int>(threadIdx.x); q < quads; q += static_cast<int>(blockDim.x)) {
+        float e[4];
+        load4(a.x + row * a.n, q * 4, e);
+        for (int i = 0; i < 4; ++i) {
+          squares[q * 4 + i] = __fmul_rn(e[i], e[i]);  // the square ATen stored
+        }
+      }
+      __syncthreads();
+      if (threadIdx.x < 32) {
+        const float sum = warp_sum<kDescending>(lane_sum_shared(squares, quads, lane));
+        if (lane == 0) {
+          mean_shared = __fmul_rn(sum, factor);  // MeanOps::project
+        }
+      }
+      __syncthreads();
+      mean = mean_shared;
+    }
+    const float r = rsqrtf(__fadd_rn(mean, a.eps));
+    for (int q = static_cast<int>(threadIdx.x); q < quads; q += static_cast<int>(blockDim.x)) {
+      float v[4];
+      tail_quad(a, row, q * 4, r, v);
+      if (a.mean_out != nullptr) {
+        for (int i = 0; i < 4; ++i) {
+          squares[q * 4 + i] = __fmul_rn(v[i], v[i]);
+        }
       }
     }
-    if (a.scale != nullptr) {
-      float sc[4];
-      load4(a.scale, d0, sc);
-      for (int i = 0; i < 4; ++i) {
-        v[i] = round_to(a.x, __fmul_rn(v[i], sc[i]));
-        v[i] = round_to(a.x, __fmul_rn(v[i], a.scalar));
+    if (a.mean_out != nullptr) {
+      __syncthreads();
+      if (threadIdx.x < 32) {
+        const float sum = warp_sum<kDescending>(lane_sum_shared(squares, quads, lane));
+        if (lane == 0) {
+          a.mean_out[row] = __fmul_rn(sum, factor);
+        }
       }
     }
-    if (a.residual != nullptr) {
-      float res[4];
-      load4(a.residual, base + d0, res);
-      for (int i = 0; i < 4; ++i) {
-        v[i] = round_to(a.x, __fadd_rn(res[i], v[i]));
-      }
-    }
-    if (a.layer_scalar != nullptr) {
-      const float ls = load(a.layer_scalar, 0);
-      for (int i = 0; i < 4; ++i) {
-        v[i] = round_to(a.x, __fmul_rn(v[i], ls));
-      }
-    }
-    store4(a.out, base + d0, v);
-    if (a.square != nullptr) {
-      const float sq[4] = {__fmul_rn(v[0], v[0]), __fmul_rn(v[1], v[1]), __fmul_rn(v[2], v[2]),
-                           __fmul_rn(v[3], v[3])};
-      store4(a.square, base + d0, sq);
-    }
+    __syncthreads();  // the shared squares and mean are the next row's
   }
 }
 
@@ -647,7 +740,8 @@ Norm<T> typed(const NormArgs& a) {
                  static_cast<const T*>(a.residual),
                  static_cast<const T*>(a.layer_scalar),
                  static_cast<T*>(a.out),
-                 a.square};
+                 a.square,
+                 a.mean_out};
 }
 
 }  // namespace
@@ -663,11 +757,58 @@ bool norm_vec_fits(const NormArgs& a) {
          aligned(a.square, 16);
 }
 
+namespace {
+// MeanOps' factor for rows x n: float(outputs) / numel, the int64 numel converted to float.
+float mean_factor(std::int64_t rows, std::int64_t n) {
+  return static_cast<float>(rows) / static_cast<float>(rows * n);
+}
+
+// Two warps (rows) per block: a pass's 256 hidden-size rows (B=1) spread over 128 blocks, not
+// 32 SMs' worth of 8-warp blocks; the order within a row does not depend on it.
+constexpr int kRowThreads = 64;
+unsigned row_blocks(std::int64_t rows) {
+  constexpr int kWarps = kRowThreads / 32;
+  const std::int64_t want = (rows + kWarps - 1) / kWarps;
+  return static_cast<unsigned>(want > 65535 * 32 ? 65535 * 32 : want);
+}
+
+// One block per row, about two quads per thread (a 2816-wide row: 256 threads, 2.75 quads
+// each; a 256-wide head: one warp), the row's squares in shared memory.
+template <typename T>
+void launch_norm_row(const NormArgs& args, cudaStream_t s) {
+  const float factor = mean_factor(args.rows, args.n);
+  const std::int64_t quads = args.n / 4;
+  const std::int64_t warps = (quads / 2 + 31) / 32;
+  const auto threads = static_cast<unsigned>(32 * (warps < 1 ? 1 : (warps > 8 ? 8 : warps)));
+  const auto blocks =
+      static_cast<unsigned>(args.rows > 65535LL * 32 ? 65535LL * 32 : (args.rows < 1 ? 1 : args.rows));
+  const std::size_t shared = static_cast<std::size_t>(args.n) * sizeof(float);
+  if (args.mean_order == MeanOrder::ShufflesDown) {
+    norm_row_kernel<T, true><<<blocks, threads, shared, s>>>(typed<T>(args), factor);
+  } else {
+    norm_row_kernel<T, false><<<blocks, threads, shared, s>>>(typed<T>(args), factor);
+  }
+}
+}  // namespace
+
 int norm_apply(const NormArgs& args, void* stream) {
-  if (args.rows < 0 || args.n < 1 || args.n > (1 << 30) || args.mean_sq == nullptr) {
+  const bool mean_given = args.mean_sq != nullptr || args.one_pass;
+  if (args.rows < 0 || args.n < 1 || args.n > (1 << 30) || !mean_given ||
+      (args.mean_out != nullptr && !args.one_pass) ||
+      (args.one_pass && (!norm_vec_fits(args) || args.n > kOnePassWidth))) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
   auto* s = static_cast<cudaStream_t>(stream);
+  if (args.one_pass) {
+    if (args.rows > 0) {
+      if (args.elem == Elem::BF16) {
+        launch_norm_row<__nv_bfloat16>(args, s);
+      } else {
+        launch_norm_row<float>(args, s);
+      }
+    }
+    return status();
+  }
   if (args.vectorized && norm_vec_fits(args)) {
     const std::int64_t blocks = blocks_for(args.rows * (args.n / 4));
     if (args.elem == Elem::BF16) {
@@ -717,18 +858,12 @@ int mean_sq(Elem elem, const void* x, float* out, std::int64_t rows, std::int64_
     return static_cast<int>(cudaErrorInvalidValue);
   }
   auto* s = static_cast<cudaStream_t>(stream);
-  // ATen's factor: float(outputs) / numel, the int64 numel converted to float.
-  const float factor = static_cast<float>(rows) / static_cast<float>(rows * n);
-  // Two warps (rows) per block: a pass's 256 hidden-size rows (B=1) spread over 128 blocks, not
-  // 32 SMs' worth of 8-warp blocks; the order within a row does not depend on it.
-  constexpr int kMeanThreads = 64;
-  constexpr int kWarps = kMeanThreads / 32;
-  const std::int64_t want = (rows + kWarps - 1) / kWarps;
-  const auto blocks = static_cast<unsigned>(want > 65535 * 32 ? 65535 * 32 : want);
+  const float factor = mean_factor(rows, n);
+  const unsigned blocks = row_blocks(rows);
   if (order == MeanOrder::ShufflesDown) {
-    launch_mean_sq<true>(elem, x, out, rows, static_cast<int>(n), factor, blocks, kMeanThreads, s);
+    launch_mean_sq<true>(elem, x, out, rows, static_cast<int>(n), factor, blocks, kRowThreads, s);
   } else {
-    launch_mean_sq<false>(elem, x, out, rows, static_cast<int>(n), factor, blocks, kMeanThreads, s);
+    launch_mean_sq<false>(elem, x, out, rows, static_cast<int>(n), factor, blocks, kRowThreads, s);
   }
   return status();
 }

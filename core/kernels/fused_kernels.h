@@ -20,6 +20,9 @@ enum class Elem { F32, BF16 };
 /// ATen's bits on this device and LibTorch.
 enum class MeanOrder { ShufflesUp, ShufflesDown };
 
+/// The widest row the one-pass norm takes (48 KB of fp32 squares in shared memory).
+constexpr std::int64_t kOnePassWidth = 12288;
+
 /// Arguments of the RMSNorm tail (see fused_ops.h NormApply). Pointers of element type `elem`
 /// unless said otherwise; null = not used.
 struct NormArgs {
@@ -43,6 +46,14 @@ struct NormArgs {
   /// Four elements per thread with vector loads and stores where norm_vec_fits (the same
   /// operations per element, so the same bits).
   bool vectorized = false;
+  /// The whole norm in one kernel, one block per row (needs norm_vec_fits and n up to
+  /// kOnePassWidth, the row's squares in shared memory): mean_sq may then be
+  /// null (the kernel computes x's mean of squares as mean_sq() does, in mean_order), and
+  /// mean_out, when not null, receives the result's mean of squares ([rows] fp32, what
+  /// mean_sq() of the result would give).
+  bool one_pass = false;
+  MeanOrder mean_order = MeanOrder::ShufflesUp;
+  float* mean_out = nullptr;
 };
 
 /// The vectorised tail applies: n % 4 == 0 (n % 8 == 0 with RoPE) and every pointer aligned
@@ -51,6 +62,8 @@ bool norm_vec_fits(const NormArgs& args);
 
 /// out[i] = float(x[i]) * float(x[i]) (fp32). Returns the CUDA error code (0 = success).
 int square(Elem elem, const void* x, float* out, std::int64_t count, void* stream);
+/// The tail (and with one_pass the means). mean_sq is required unless one_pass; one_pass
+/// without norm_vec_fits, or mean_out without one_pass, is cudaErrorInvalidValue.
 int norm_apply(const NormArgs& args, void* stream);
 /// out[r] = the mean over j < n of float(x[r, j])^2 (fp32), summed in the order of ATen's reduce
 /// kernel (Reduce.cuh) for a mean over the contiguous innermost dimension of `rows` x `n` fp32

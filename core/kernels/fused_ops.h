@@ -50,9 +50,14 @@ at::Tensor mean_sq(const at::Tensor& x, cuda::MeanOrder order);
 ///   [residual]  y = residual + y
 ///   [layer]     y = y * layer_scalar
 /// and, with want_square, also y.float().pow(2) (the next RMSNorm's first step).
+/// one_pass: the whole norm in one kernel, one block per row (rows and width where mean_sq_fits):
+/// mean_sq may then be left undefined (computed in the kernel as mean_sq(x, mean_order) would),
+/// and want_mean gives the result's mean of squares as mean_sq(out, mean_order) would (the next
+/// RMSNorm's mean, without reading the result again). A view off the vector alignment runs
+/// mean_sq and the tail apart, with the same bits.
 struct NormApply {
   at::Tensor x;        ///< [..., N] contiguous, bf16 or fp32
-  at::Tensor mean_sq;  ///< [..., 1] fp32: square(x).mean(-1, keepdim) computed by ATen
+  at::Tensor mean_sq;  ///< [..., 1] fp32: square(x).mean(-1, keepdim) (undefined: one_pass)
   double eps = 1e-6;
   at::Tensor weight;    ///< [N] or undefined
   at::Tensor rope_cos;  ///< [1, S, N] or undefined
@@ -63,11 +68,15 @@ struct NormApply {
   at::Tensor layer_scalar;  ///< one element, or undefined
   bool want_square = false;
   bool vectorized = false;  ///< four elements per thread where the shape and pointers allow
+  bool one_pass = false;
+  cuda::MeanOrder mean_order = cuda::MeanOrder::ShufflesUp;  ///< one_pass: the mean's order
+  bool want_mean = false;                                    ///< one_pass only
 };
 
 struct NormResult {
   at::Tensor out;     ///< like x
   at::Tensor square;  ///< fp32 like x, when asked
+  at::Tensor mean;    ///< [..., 1] fp32: the result's mean of squares, with want_mean
 };
 
 NormResult norm_apply(const NormApply& args);

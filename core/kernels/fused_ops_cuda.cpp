@@ -83,11 +83,17 @@ NormResult norm_apply(const NormApply& a) {
   const c10::cuda::CUDAGuard guard(x.device());
   k.n = x.dim() > 0 ? x.size(-1) : 1;
   k.rows = k.n > 0 ? x.numel() / k.n : 0;
-  TORCH_CHECK(a.mean_sq.defined() && a.mean_sq.scalar_type() == at::kFloat &&
-                  a.mean_sq.is_contiguous() && a.mean_sq.numel() == k.rows &&
-                  a.mean_sq.device() == x.device(),
-              "fused norm: mean_sq must be fp32 with one value per row");
-  k.mean_sq = a.mean_sq.data_ptr<float>();
+  TORCH_CHECK(!a.want_mean || a.one_pass, "fused norm: want_mean needs one_pass");
+  TORCH_CHECK(!a.one_pass || mean_sq_fits(k.rows, k.n), "fused norm: ", k.rows, " rows of ", k.n,
+              " are not reduced by ATen in the layout the one-pass kernel reproduces");
+  if (a.mean_sq.defined()) {
+    TORCH_CHECK(a.mean_sq.scalar_type() == at::kFloat && a.mean_sq.is_contiguous() &&
+                    a.mean_sq.numel() == k.rows && a.mean_sq.device() == x.device(),
+                "fused norm: mean_sq must be fp32 with one value per row");
+    k.mean_sq = a.mean_sq.data_ptr<float>();
+  } else {
+    TORCH_CHECK(a.one_pass, "fused norm: mean_sq is required unless one_pass");
+  }
   k.x = x.data_ptr();
   k.eps = static_cast<float>(a.eps);
   k.weight = same_type(a.weight, x, k.n, "norm weight");
@@ -111,7 +117,31 @@ NormResult norm_apply(const NormApply& a) {
     k.square = result.square.data_ptr<float>();
   }
   k.vectorized = a.vectorized;
+  std::vector<std::int64_t> mean_shape(x.sizes().begin(), x.sizes().end());
+  if (!mean_shape.empty()) {
+    mean_shape.back() = 1;
+  }
+  if (a.one_pass && cuda::norm_vec_fits(k)) {
+    k.one_pass = true;
+    k.mean_order = a.mean_order;
+    if (a.want_mean) {
+      result.mean = at::empty(mean_shape, x.options().dtype(at::kFloat));  // [..., 1] fp32
+      k.mean_out = result.mean.data_ptr<float>();
+    }
+    check(cuda::norm_apply(k, stream_of(x)), "norm (one pass)");
+    return result;
+  }
+  // Not one pass (or a view off the vector alignment): the mean, the tail and the result's mean
+  // apart, each with the same bits.
+  at::Tensor ms = a.mean_sq;
+  if (!ms.defined()) {
+    ms = mean_sq(x, a.mean_order);
+    k.mean_sq = ms.data_ptr<float>();
+  }
   check(cuda::norm_apply(k, stream_of(x)), "norm");
+  if (a.want_mean) {
+    result.mean = mean_sq(result.out, a.mean_order);
+  }
   return result;
 }
 

@@ -178,12 +178,22 @@ class Pass {
     const std::int64_t n = x.size(-1);
     return use_.mean && kernels::mean_sq_fits(x.numel() / n, n);
   }
-  // The mean of squares of a fused norm's result: from the squares it wrote (want_square, asked
-  // only where the one-kernel mean does not apply), or of the result itself (the same bits: the
-  // squares are float(result)^2).
-  bool squares_wanted(const at::Tensor& x) const { return !mean_fused(x); }
+  // The mean of squares of a fused norm's result, as the norm was asked for it (ask_result_mean):
+  // computed in its own kernel (one pass), from the squares it wrote (want_square, where the
+  // one-kernel mean does not apply), or of the result itself (the same bits: the squares are
+  // float(result)^2).
   at::Tensor mean_of(const kernels::NormResult& r) const {
+    if (r.mean.defined()) {
+      return r.mean;
+    }
     return r.square.defined() ? r.square.mean(-1, /*keepdim=*/true) : mean_sq(r.out);
+  }
+  static void ask_result_mean(kernels::NormApply& a, bool squares) {
+    if (a.one_pass) {
+      a.want_mean = true;
+    } else {
+      a.want_square = squares;
+    }
   }
   kernels::NormApply tail(const at::Tensor& x, const at::Tensor& ms,
                           const at::Tensor& weight) const {
@@ -195,13 +205,24 @@ class Pass {
     a.vectorized = use_.norm_vec;
     return a;
   }
+  // The tail of x's own RMSNorm: x's mean of squares computed in the tail's kernel where the
+  // one-pass norm was checked and the shape fits, else by mean_sq first.
+  kernels::NormApply tail_of(const at::Tensor& x, const at::Tensor& weight) const {
+    if (use_.one_pass && mean_fused(x)) {
+      kernels::NormApply a = tail(x, at::Tensor(), weight);
+      a.one_pass = true;
+      a.mean_order = use_.mean_order;
+      return a;
+    }
+    return tail(x, mean_sq(x), weight);
+  }
 
   // ref: DiffusionGemmaRMSNorm.forward
   at::Tensor norm(const at::Tensor& x, const at::Tensor& weight) const {
     if (!fuse_norm(x, {weight})) {
       return rms_norm(x, weight, t_.rms_norm_eps);
     }
-    return norm_known(x, mean_sq(x), weight);
+    return kernels::norm_apply(tail_of(x, weight)).out;
   }
 
   // rms_norm(x, weight) where x's mean of squares `ms` is already known (fused path); ATen's
@@ -221,7 +242,7 @@ class Pass {
     if (!fuse_norm(x, {weight, cos, sin}) || x.dim() != 4 || cos.size(0) != 1) {
       return apply_rope(rms_norm(x, weight, t_.rms_norm_eps), cos, sin);
     }
-    kernels::NormApply a = tail(x, mean_sq(x), weight);
+    kernels::NormApply a = tail_of(x, weight);
     a.rope_cos = cos;
     a.rope_sin = sin;
     return kernels::norm_apply(a).out;
@@ -506,9 +527,9 @@ class Pass {
     // which in ATen compute the very same mean three times.
     at::Tensor x_ms;  // [B, S, 1] fp32, fused path only
     if (fuse_norm(h, {lw.post_attention_layernorm, residual})) {
-      kernels::NormApply a = tail(h, mean_sq(h), lw.post_attention_layernorm);
+      kernels::NormApply a = tail_of(h, lw.post_attention_layernorm);
       a.residual = residual;
-      a.want_square = squares_wanted(h);
+      ask_result_mean(a, !mean_fused(h));
       kernels::NormResult r = kernels::norm_apply(a);
       x = r.out;
       x_ms = mean_of(r);
@@ -539,9 +560,9 @@ class Pass {
                        layer_scalar})) {
       // h = h1 + post_feedforward_layernorm_2(h2); x = residual + post_feedforward_layernorm(h);
       // x *= layer_scalar: two kernels (and ATen's two means).
-      kernels::NormApply a = tail(h2, mean_sq(h2), lw.post_feedforward_layernorm_2);
+      kernels::NormApply a = tail_of(h2, lw.post_feedforward_layernorm_2);
       a.residual = h1;
-      a.want_square = squares_wanted(h2);
+      ask_result_mean(a, !mean_fused(h2));
       const kernels::NormResult r = kernels::norm_apply(a);
       kernels::NormApply b = tail(r.out, mean_of(r), lw.post_feedforward_layernorm);
       b.residual = residual;

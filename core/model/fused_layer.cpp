@@ -97,8 +97,17 @@ class Check {
   at::ScalarType dtype_;
 };
 
-// The RMSNorm tail in every combination the model uses, for rows of width n.
-bool check_norm(Check& c, std::int64_t n, double eps, double scalar, bool vectorized,
+// How check_norm runs the tail: one element per thread, four, or the whole norm in one pass
+// (its means computed in the kernel, in `order`).
+struct TailMode {
+  bool vectorized = false;
+  bool one_pass = false;
+  kernels::cuda::MeanOrder order = kernels::cuda::MeanOrder::ShufflesUp;
+};
+
+// The RMSNorm tail in every combination the model uses, for rows of width n ([2, 8, 4, n]: 64
+// rows, which the one-pass norm takes where n is a width the one-kernel mean takes).
+bool check_norm(Check& c, std::int64_t n, double eps, double scalar, TailMode mode,
                 std::string& why) {
   namespace fused = kernels;
   const at::Tensor x = c.normal({2, 8, 4, n}, 2.0);  // [B, S, H, D]
@@ -112,9 +121,13 @@ bool check_norm(Check& c, std::int64_t n, double eps, double scalar, bool vector
   const auto run = [&](const std::function<void(fused::NormApply&)>& set) {
     fused::NormApply a;
     a.x = x;
-    a.mean_sq = ms;
+    if (!mode.one_pass) {
+      a.mean_sq = ms;
+    }
     a.eps = eps;
-    a.vectorized = vectorized;
+    a.vectorized = mode.vectorized;
+    a.one_pass = mode.one_pass;
+    a.mean_order = mode.order;
     set(a);
     return fused::norm_apply(a);
   };
@@ -130,6 +143,7 @@ bool check_norm(Check& c, std::int64_t n, double eps, double scalar, bool vector
     a.residual = residual;
     a.layer_scalar = layer_scalar;
     a.want_square = true;
+    a.want_mean = mode.one_pass;
   });
   const std::vector<std::pair<const char*, bool>> cases = {
       {"weight",
@@ -153,11 +167,16 @@ bool check_norm(Check& c, std::int64_t n, double eps, double scalar, bool vector
                               residual + rms_norm(x, w, eps))},
       {"residual and layer scalar", bits_equal(with_tail.out, tail)},
       {"square of the result", bits_equal(with_tail.square, tail.to(at::kFloat).pow(2))},
+      {"mean of the result",
+       !mode.one_pass ||
+           bits_equal(with_tail.mean, tail.to(at::kFloat).pow(2).mean(-1, /*keepdim=*/true))},
   };
   for (const auto& [name, ok] : cases) {
     if (!ok) {
       why = std::string(name) + ", width " + std::to_string(n) +
-            (vectorized ? ", four per thread" : "");
+            (mode.one_pass     ? ", one pass"
+             : mode.vectorized ? ", four per thread"
+                               : "");
       return false;
     }
   }
@@ -277,14 +296,22 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
   Check c(device, dtype);
   const double scalar = std::pow(static_cast<double>(text.hidden_size), -0.5);
   std::string why;
-  const auto norms_match = [&](bool vectorized, std::string& why_not) {
-    return check_norm(c, text.hidden_size, text.rms_norm_eps, scalar, vectorized, why_not) &&
-           check_norm(c, text.head_dim, text.rms_norm_eps, scalar, vectorized, why_not) &&
-           check_norm(c, text.global_head_dim, text.rms_norm_eps, scalar, vectorized, why_not);
+  // The one-pass norm applies to the widths the one-kernel mean takes; the others keep the
+  // mean and the tail apart (nothing to check for them).
+  const auto norms_match = [&](TailMode mode, std::string& why_not) {
+    for (const std::int64_t n : {text.hidden_size, text.head_dim, text.global_head_dim}) {
+      if (mode.one_pass && !kernels::mean_sq_fits(64, n)) {
+        continue;
+      }
+      if (!check_norm(c, n, text.rms_norm_eps, scalar, mode, why_not)) {
+        return false;
+      }
+    }
+    return true;
   };
-  f.norm = norms_match(false, why);
+  f.norm = norms_match(TailMode{}, why);
   std::string vec_why;
-  f.norm_vec = f.norm && norms_match(true, vec_why);
+  f.norm_vec = f.norm && norms_match(TailMode{true}, vec_why);
   // The first order of the lanes' sums that gives ATen's bits at every width (the reason is the
   // first order's, which is the one read from Reduce.cuh).
   std::string mean_why;
@@ -307,6 +334,14 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
     if (mean_why.empty()) {
       mean_why = "differs from ATen: ";
       mean_why += why_not;
+    }
+  }
+  // The whole norm in one kernel: with the mean's order just found, the four-per-thread tail.
+  std::string one_pass_why = "needs the one-kernel mean and the four-per-thread tail";
+  if (f.mean && f.norm_vec) {
+    f.one_pass = norms_match(TailMode{true, true, f.mean_order}, one_pass_why);
+    if (!f.one_pass) {
+      one_pass_why = "differs from ATen: " + one_pass_why;
     }
   }
   if (text.num_experts > 0) {
@@ -343,6 +378,7 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
                                          : "yes (shuffles 16 to 1)")
               : f.norm ? "no (" + mean_why + ")"
                        : "no (with the norm only)") +
+             ", one-pass norm " + (f.one_pass ? std::string("yes") : "no (" + one_pass_why + ")") +
              ", moe combine " +
              (f.combine ? "yes (" + std::to_string(f.combine_lanes) + " lanes)" : said(false)) +
              ", gelu*up " +
@@ -353,6 +389,7 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
     f.norm = f.norm && switches.fused_kernel("norm");
     f.norm_vec = f.norm_vec && f.norm && switches.fused_kernel("normvec");
     f.mean = f.mean && f.norm && switches.fused_kernel("mean");
+    f.one_pass = f.one_pass && f.mean && f.norm_vec && switches.fused_kernel("onepass");
     f.combine = f.combine && switches.fused_kernel("combine");
     f.gelu = f.gelu && switches.fused_kernel("gelu");
     f.softcap = f.softcap && switches.fused_kernel("softcap");

@@ -20,6 +20,7 @@ struct FusedKernels {
   bool norm = false;      ///< RMSNorm tails (+ RoPE, router scaling, residual, layer scalar)
   bool norm_vec = false;  ///< the tails four elements per thread (vector loads and stores)
   bool mean = false;      ///< their mean of squares in one kernel (ATen's reduction order)
+  bool one_pass = false;  ///< mean and tail (and the result's mean) in one kernel per norm
   kernels::cuda::MeanOrder mean_order = kernels::cuda::MeanOrder::ShufflesUp;  ///< the one matched
   bool combine = false;   ///< the experts' weighted sum over top-k
   int combine_lanes = 0;  ///< ATen's reduction layout the combine matched
@@ -40,8 +41,8 @@ struct FusedKernels {
 /// model's widths (hidden size, both head dims, top-k, a slice of the vocabulary), and returns
 /// those that matched bitwise. All false off CUDA, in builds without the kernels, or when
 /// `switches` turn them off (BATCHLENS_FUSED=0); those `switches` name (BATCHLENS_FUSED_OFF=
-/// norm,normvec,mean,combine,gelu,softcap,route) are left unused. On a CPU in bf16 where LibTorch
-/// computes bf16 matmuls with ATen's own kernel, checks the CPU GEMM instead
+/// norm,normvec,mean,onepass,combine,gelu,softcap,route) are left unused. On a CPU in bf16 where
+/// LibTorch computes bf16 matmuls with ATen's own kernel, checks the CPU GEMM instead
 /// (kernels::check_cpu_gemm at the model's reduction lengths; BATCHLENS_FUSED_OFF=gemm leaves it
 /// unused). Synchronises with the device (call it at load).
 FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& device,

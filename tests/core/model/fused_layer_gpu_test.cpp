@@ -53,6 +53,7 @@ TEST(FusedLayerGpu, EveryKernelMatchesAtenOnThisDeviceForTheShippedShapes) {
     EXPECT_TRUE(f.norm_vec) << name << ": " << f.report;
     // The demo's widths (128 and under) are none the one-kernel mean takes: nothing to check.
     EXPECT_EQ(f.mean, std::string(name) != "demo") << name << ": " << f.report;
+    EXPECT_EQ(f.one_pass, f.mean) << name << ": " << f.report;
     EXPECT_TRUE(f.combine) << name << ": " << f.report;
     EXPECT_TRUE(f.gelu) << name << ": " << f.report;
     EXPECT_TRUE(f.softcap) << name << ": " << f.report;
@@ -119,10 +120,38 @@ TEST(FusedLayerGpu, MeanOfSquaresHasAtensBitsAtEveryRowCount) {
   EXPECT_FALSE(found.empty()) << "no order of the lanes' sums gives ATen's bits";
 }
 
+// The whole norm in one pass (mean, tail, the result's mean) gives the bits of mean_sq then the
+// four-per-thread tail then mean_sq of the result, in either order of the lanes' sums (the
+// order ATen has on this device is the load check's business).
+void expect_one_pass_equals_apart(kernels::NormApply a, const std::string& what) {
+  for (const auto order :
+       {kernels::cuda::MeanOrder::ShufflesUp, kernels::cuda::MeanOrder::ShufflesDown}) {
+    const std::string where =
+        what + (order == kernels::cuda::MeanOrder::ShufflesUp ? ", shuffles 1 to 16"
+                                                              : ", shuffles 16 to 1");
+    a.one_pass = false;
+    a.want_mean = false;
+    a.vectorized = true;
+    a.mean_sq = kernels::mean_sq(a.x, order);
+    const kernels::NormResult apart = kernels::norm_apply(a);
+    a.mean_sq = at::Tensor();
+    a.one_pass = true;
+    a.mean_order = order;
+    a.want_mean = true;
+    const kernels::NormResult once = kernels::norm_apply(a);
+    EXPECT_EQ(differing(once.out, apart.out), 0) << where;
+    EXPECT_EQ(differing(once.mean, kernels::mean_sq(apart.out, order)), 0) << where << ", mean";
+    if (apart.square.defined()) {
+      EXPECT_EQ(differing(once.square, apart.square), 0) << where << ", squares";
+    }
+  }
+}
+
 // The tail four elements per thread gives the bits of one per thread at the row counts and widths
-// the models reach, with every operand (RoPE, router scaling, residual, layer scalar, squares);
-// and a view one element off alignment still runs (one per thread) with the same bits.
-TEST(FusedLayerGpu, NormFourPerThreadEqualsOnePerThread) {
+// the models reach, with every operand (RoPE, router scaling, residual, layer scalar, squares),
+// and so does the one-pass norm against its parts; a view one element off alignment still runs
+// (one per thread; the one-pass norm as its parts) with the same bits.
+TEST(FusedLayerGpu, NormFourPerThreadAndOnePassEqualOnePerThread) {
   ASSERT_TRUE(at::hasCUDA());
   auto gen = at::make_generator<at::CPUGeneratorImpl>(31);
   const auto cuda = [&](std::vector<std::int64_t> shape, double scale, double shift,
@@ -156,6 +185,8 @@ TEST(FusedLayerGpu, NormFourPerThreadEqualsOnePerThread) {
           if (one.square.defined()) {
             EXPECT_EQ(differing(four.square, one.square), 0) << what << " squares";
           }
+          expect_one_pass_equals_apart(a, std::string(what) + ", " + std::to_string(n) + " wide, " +
+                                              std::to_string(tokens) + " tokens");
         };
         both("rope", [&](kernels::NormApply& a) {
           a.weight = w;
@@ -183,6 +214,7 @@ TEST(FusedLayerGpu, NormFourPerThreadEqualsOnePerThread) {
     const at::Tensor one = kernels::norm_apply(a).out;
     a.vectorized = true;
     EXPECT_EQ(differing(kernels::norm_apply(a).out, one), 0) << "misaligned, " << dtype;
+    expect_one_pass_equals_apart(a, "misaligned");
   }
 }
 
