@@ -559,7 +559,8 @@ class Pass {
     if (fuse_norm(h2, {lw.post_feedforward_layernorm_2, h1, lw.post_feedforward_layernorm, residual,
                        layer_scalar})) {
       // h = h1 + post_feedforward_layernorm_2(h2); x = residual + post_feedforward_layernorm(h);
-      // x *= layer_scalar: two kernels (and ATen's two means).
+      // x *= layer_scalar: two kernels (with the one-pass norm the first computes h2's mean and
+      // the second's; else the one-kernel means, or ATen's, beside them).
       kernels::NormApply a = tail_of(h2, lw.post_feedforward_layernorm_2);
       a.residual = h1;
       ask_result_mean(a, !mean_fused(h2));
