@@ -7,6 +7,7 @@
 #pragma once
 
 #include <functional>
+#include <initializer_list>
 #include <memory>
 
 #include <ATen/core/Tensor.h>
@@ -48,5 +49,37 @@ class DeviceGraph {
 /// capture run out of memory (the H100's 26B-A4B composition sweep: 7.8 GiB reserved unused,
 /// 2 MiB missing, issue #35).
 void release_cached_device_memory(const at::Device& device);
+
+/// Two independent parts of one computation at once on one device: the side's work starts
+/// after what the current stream has queued so far (the fork, at construction) and the current
+/// stream waits for it (join). Each kernel reads and writes exactly what it would in line, so
+/// the results are bitwise those of the work run in line; a graph captured around it gets both
+/// branches. The side stream is this thread's own high-priority stream of the device (never
+/// the low-priority pool stream a DeviceGraph captures on). Off CUDA, or not `enabled`, run()
+/// runs the work in line and join() does nothing.
+class SideBranch {
+ public:
+  SideBranch(const at::Device& device, bool enabled);
+  /// Joins when join() was not reached (an exception left the branch), so that no later work
+  /// of the current stream overtakes the side's.
+  ~SideBranch();
+  SideBranch(const SideBranch&) = delete;
+  SideBranch& operator=(const SideBranch&) = delete;
+  SideBranch(SideBranch&&) = delete;
+  SideBranch& operator=(SideBranch&&) = delete;
+
+  /// True when the work runs on a side stream.
+  bool active() const;
+  /// Runs `work` with the side stream as the device's current stream (in line when inactive).
+  void run(const std::function<void()>& work);
+  /// The current stream waits for everything run() queued. `outputs`, made on the side and read
+  /// by the current stream afterwards, are marked as used by it, so that the caching allocator
+  /// does not hand their memory to later side work while the current stream still reads them.
+  void join(std::initializer_list<at::Tensor> outputs);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 }  // namespace batchlens::compat

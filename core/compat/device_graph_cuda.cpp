@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
-// Built when LibTorch has CUDA: at::cuda::CUDAGraph.
+// Built when LibTorch has CUDA: at::cuda::CUDAGraph, and side streams for SideBranch.
+#include <map>
 #include <memory>
 
+#include <ATen/cuda/CUDAEvent.h>
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
@@ -89,6 +92,85 @@ void DeviceGraph::reset() {
 void release_cached_device_memory(const at::Device& device) {
   if (device.is_cuda()) {
     c10::cuda::CUDACachingAllocator::emptyCache();
+  }
+}
+
+namespace {
+
+// This thread's side stream of device `index`: one per thread and device, so that a capture on
+// one thread never takes in another thread's side work, and the same one for a warm-up and the
+// capture after it (cuBLAS keeps a workspace per stream). High priority: the side's kernels are
+// the short branch, and start as soon as SMs free up.
+c10::cuda::CUDAStream side_stream(c10::DeviceIndex index) {
+  thread_local std::map<c10::DeviceIndex, c10::cuda::CUDAStream> streams;
+  auto it = streams.find(index);
+  if (it == streams.end()) {
+    it = streams.emplace(index, c10::cuda::getStreamFromPool(/*isHighPriority=*/true, index)).first;
+  }
+  return it->second;
+}
+
+// `waiter` waits for the work queued on `on` so far (in a capture: a dependency of the graph).
+void wait_for(const c10::cuda::CUDAStream& waiter, const c10::cuda::CUDAStream& on) {
+  at::cuda::CUDAEvent event;
+  event.record(on);
+  event.block(waiter);
+}
+
+}  // namespace
+
+struct SideBranch::Impl {
+  c10::cuda::CUDAStream main;
+  c10::cuda::CUDAStream side;
+  bool joined = false;
+};
+
+SideBranch::SideBranch(const at::Device& device, bool enabled) {
+  if (!enabled || !device.is_cuda()) {
+    return;
+  }
+  const c10::DeviceIndex index = device.has_index() ? device.index() : c10::cuda::current_device();
+  const c10::cuda::CUDAStream main = c10::cuda::getCurrentCUDAStream(index);
+  const c10::cuda::CUDAStream side = side_stream(index);
+  if (side == main) {
+    return;  // already on it (a branch inside a branch): in line
+  }
+  wait_for(side, main);
+  impl_ = std::make_unique<Impl>(Impl{main, side, false});
+}
+
+SideBranch::~SideBranch() {
+  if (impl_ && !impl_->joined) {
+    try {
+      wait_for(impl_->main, impl_->side);
+    } catch (...) {  // NOLINT(bugprone-empty-catch): a destructor; the error is the caller's
+    }
+  }
+}
+
+bool SideBranch::active() const {
+  return impl_ != nullptr;
+}
+
+void SideBranch::run(const std::function<void()>& work) {
+  if (!impl_) {
+    work();
+    return;
+  }
+  const c10::cuda::CUDAStreamGuard on_side(impl_->side);
+  work();
+}
+
+void SideBranch::join(std::initializer_list<at::Tensor> outputs) {
+  if (!impl_ || impl_->joined) {
+    return;
+  }
+  wait_for(impl_->main, impl_->side);
+  impl_->joined = true;
+  for (const at::Tensor& t : outputs) {
+    if (t.defined() && t.is_cuda()) {
+      t.record_stream(impl_->main);
+    }
   }
 }
 

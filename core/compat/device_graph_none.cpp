@@ -36,4 +36,22 @@ void DeviceGraph::reset() {}
 
 void release_cached_device_memory(const at::Device& /*device*/) {}
 
+struct SideBranch::Impl {};
+
+SideBranch::SideBranch(const at::Device& /*device*/, bool /*enabled*/) {}
+SideBranch::~SideBranch() = default;
+
+// NOLINTNEXTLINE(readability-convert-member-functions-to-static): members in CUDA builds
+bool SideBranch::active() const {
+  return false;
+}
+
+// NOLINTNEXTLINE(readability-convert-member-functions-to-static): members in CUDA builds
+void SideBranch::run(const std::function<void()>& work) {
+  work();
+}
+
+// NOLINTNEXTLINE(readability-convert-member-functions-to-static): members in CUDA builds
+void SideBranch::join(std::initializer_list<at::Tensor> /*outputs*/) {}
+
 }  // namespace batchlens::compat

@@ -29,6 +29,8 @@ struct DeviceKernel {
   std::array<std::int64_t, 3> grid{0, 0, 0};
   std::array<std::int64_t, 3> block{0, 0, 0};
   double duration_us = 0.0;
+  double start_us = 0.0;     ///< on the profiler's clock
+  std::int64_t stream = -1;  ///< the stream it ran on, as the profiler numbers them (-1: unknown)
 };
 
 /// Runs `work` under the profiler and returns its device kernels in launch order, each mapped

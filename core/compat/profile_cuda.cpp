@@ -141,10 +141,15 @@ std::vector<DeviceKernel> profile_kernels(const std::function<void()>& work,
     DeviceKernel d;
     d.name = text(*k, "name");
     d.duration_us = number(*k, "dur");
+    d.start_us = number(*k, "ts");
     const auto args = k->find("args");
     if (args != k->end() && args->is_object()) {
       d.grid = dims(*args, "grid");
       d.block = dims(*args, "block");
+      const auto stream = args->find("stream");
+      if (stream != args->end() && stream->is_number_integer()) {
+        d.stream = stream->get<std::int64_t>();
+      }
     }
     const auto launch = launches.find(correlation(*k));
     if (launch != launches.end()) {

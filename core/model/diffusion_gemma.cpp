@@ -15,6 +15,7 @@
 #include <ATen/ATen.h>
 
 #include "core/base/error.h"
+#include "core/compat/device_graph.h"
 #include "core/compat/torch_compat.h"
 #include "core/kernels/fused_ops.h"
 #include "core/ops/op_runner.h"
@@ -145,6 +146,13 @@ class Pass {
   void set_slots(at::Tensor valid) { slots_valid_ = std::move(valid); }
 
   bool wants(Tap tap, int layer) const { return taps_ != nullptr && taps_->wants(tap, layer); }
+  // A layer's part may run on a side stream (compat::SideBranch) where that was allowed at load
+  // and none of the taps it records is wanted: a tap sink may keep a value it is handed and read
+  // it in its own stream order.
+  bool branch_free(int layer, std::initializer_list<Tap> taps) const {
+    return use_.branches &&
+           std::none_of(taps.begin(), taps.end(), [&](Tap t) { return wants(t, layer); });
+  }
   void record(Tap tap, int layer, const at::Tensor& value) const {
     if (wants(tap, layer)) {
       taps_->record(tap, layer, value);
@@ -293,10 +301,16 @@ class Pass {
     const std::int64_t d = t_.layer_head_dim(layer);
     const bool sliding = t_.is_sliding(layer);
 
-    at::Tensor q = runner_.linear(h, lw.q_proj, OpSite{OpFamily::QProj, layer}).view({b, s, -1, d});
-    q = norm_rope(q, lw.q_norm, cos, sin);  // [B, S, Hq, D]
-    record(Tap::AttnQ, layer, q);
-    q = q.transpose(1, 2);  // [B, Hq, S, D]
+    // Q on a side stream while K and V (with the cache's keys before them) run: neither reads
+    // the other's results. The calls keep the reference's order (q, k, v).
+    compat::SideBranch q_branch(h.device(), branch_free(layer, {Tap::AttnQ}));
+    at::Tensor q;
+    q_branch.run([&] {
+      q = runner_.linear(h, lw.q_proj, OpSite{OpFamily::QProj, layer}).view({b, s, -1, d});
+      q = norm_rope(q, lw.q_norm, cos, sin);  // [B, S, Hq, D]
+      record(Tap::AttnQ, layer, q);
+      q = q.transpose(1, 2);  // [B, Hq, S, D]
+    });
 
     const at::Tensor k_raw =
         runner_.linear(h, lw.k_proj, OpSite{OpFamily::KProj, layer}).view({b, s, -1, d});
@@ -325,6 +339,7 @@ class Pass {
       keys = at::cat({k}, -2);
       values = at::cat({v}, -2);
     }
+    q_branch.join({q});
 
     // Masks, over cache slots (q_idx and kv_idx count every slot, padding included). Without
     // padding the decoder attends to everything (mask None) and the encoder is causal (plus a
@@ -539,11 +554,17 @@ class Pass {
     }
 
     residual = x;
-    h = norm_known(x, x_ms, lw.pre_feedforward_layernorm);
-    h = gated_mlp(h, lw.mlp_gate, lw.mlp_up, lw.mlp_down, OpFamily::MlpGate, OpFamily::MlpUp,
-                  OpFamily::MlpDown, layer);
-    record(Tap::MlpOut, layer, h);
-    const at::Tensor h1 = norm(h, lw.post_feedforward_layernorm_1);
+    // The dense MLP on a side stream while the router and the experts run: the two read only
+    // the residual (and its mean of squares) until their sum below.
+    compat::SideBranch mlp_branch(x.device(), branch_free(layer, {Tap::MlpOut}));
+    at::Tensor h1;
+    mlp_branch.run([&] {
+      at::Tensor m = norm_known(x, x_ms, lw.pre_feedforward_layernorm);
+      m = gated_mlp(m, lw.mlp_gate, lw.mlp_up, lw.mlp_down, OpFamily::MlpGate, OpFamily::MlpUp,
+                    OpFamily::MlpDown, layer);
+      record(Tap::MlpOut, layer, m);
+      h1 = norm(m, lw.post_feedforward_layernorm_1);
+    });
 
     // The router sees the raw residual; the experts its pre_feedforward_layernorm_2.
     const at::Tensor flat = residual.reshape({-1, residual.size(-1)});
@@ -555,6 +576,7 @@ class Pass {
                         : experts_eager(lw, layer, for_experts, index, weights);
     h2 = h2.reshape(residual.sizes());
     record(Tap::MoeOut, layer, h2);
+    mlp_branch.join({h1});
     const at::Tensor& layer_scalar = encoder ? lw.encoder_layer_scalar : lw.layer_scalar;
     if (fuse_norm(h2, {lw.post_feedforward_layernorm_2, h1, lw.post_feedforward_layernorm, residual,
                        layer_scalar})) {

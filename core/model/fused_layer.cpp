@@ -383,7 +383,9 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
              (f.combine ? "yes (" + std::to_string(f.combine_lanes) + " lanes)" : said(false)) +
              ", gelu*up " +
              (f.gelu ? std::string(f.gelu_contract ? "yes (fma)" : "yes") : said(false)) +
-             ", softcap " + said(f.softcap) + ", route " + said(f.route);
+             ", softcap " + said(f.softcap) + ", route " + said(f.route) +
+             "; branches on a second stream yes";
+  f.branches = true;
   // BATCHLENS_FUSED_OFF=name,name: leave checked kernels unused (to bisect, and to measure each).
   if (!switches.fused_off.empty()) {
     f.norm = f.norm && switches.fused_kernel("norm");
@@ -394,6 +396,7 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
     f.gelu = f.gelu && switches.fused_kernel("gelu");
     f.softcap = f.softcap && switches.fused_kernel("softcap");
     f.route = f.route && switches.fused_kernel("route");
+    f.branches = f.branches && switches.fused_kernel("branches");
     f.report += "; turned off by " + switches.describe();
   }
   return f;

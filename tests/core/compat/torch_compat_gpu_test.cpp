@@ -1,5 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 // GPU tests (label gpu): run on the H200 machine by scripts/gpu-build.sh, never in CI.
+#include <set>
+#include <vector>
+
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
@@ -65,6 +68,83 @@ TEST(ProfilerGpu, KernelsStillQueuedWhenTheWorkReturnsAreInTheProfile) {
     in_scope += k.scope == scope_name && k.duration_us > 0.0 ? 1 : 0;
   }
   EXPECT_GE(in_scope, kLaunches) << seen.size() << " kernels seen";
+}
+
+// The side starts after the work queued before the branch (it reads a product the current
+// stream has not finished when the host forks), the current stream waits for the side at
+// the join, and both run at once: eager, under the profiler (two streams, overlapping
+// kernels) and captured in a graph that is replayed on new inputs.
+TEST(SideBranchGpu, TheSideStartsAfterTheForkAndTheJoinWaitsForIt) {
+  ASSERT_TRUE(at::hasCUDA());
+  const at::Device cuda(at::kCUDA, 0);
+  const auto opts = at::TensorOptions().device(cuda).dtype(at::kFloat);
+  at::manual_seed(7);
+  const at::Tensor a = at::randn({2048, 2048}, opts).div_(64);
+  at::Tensor in = at::randn({2048, 2048}, opts);
+  const auto work = [&](at::Tensor& side_out, at::Tensor& main_out) {
+    at::Tensor x = in;
+    for (int i = 0; i < 8; ++i) {
+      x = at::mm(x, a);  // still queued when the host forks
+    }
+    SideBranch branch(cuda, true);
+    EXPECT_TRUE(branch.active());
+    branch.run([&] {
+      at::Tensor y = x;
+      for (int i = 0; i < 8; ++i) {
+        y = at::mm(y, a);
+      }
+      side_out = y;
+    });
+    at::Tensor z = x;
+    for (int i = 0; i < 8; ++i) {
+      z = at::mm(a, z);
+    }
+    branch.join({side_out});
+    main_out = side_out + z;  // reads the side's result on the current stream
+  };
+  const auto expected = [&] {
+    at::Tensor x = in;
+    for (int i = 0; i < 8; ++i) {
+      x = at::mm(x, a);
+    }
+    at::Tensor y = x;
+    at::Tensor z = x;
+    for (int i = 0; i < 8; ++i) {
+      y = at::mm(y, a);
+      z = at::mm(a, z);
+    }
+    return y + z;
+  };
+  at::Tensor side_out;
+  at::Tensor out;
+  work(side_out, out);
+  EXPECT_TRUE(at::equal(out, expected()));
+
+  std::vector<DeviceKernel> seen;
+  seen = profile_kernels([&] { work(side_out, out); }, "bl/");
+  std::set<std::int64_t> streams;
+  for (const DeviceKernel& k : seen) {
+    streams.insert(k.stream);
+  }
+  EXPECT_EQ(streams.size(), 2U) << seen.size() << " kernels";
+  bool overlap = false;
+  for (const DeviceKernel& k : seen) {
+    for (const DeviceKernel& o : seen) {
+      overlap = overlap || (k.stream != o.stream && k.start_us < o.start_us + o.duration_us &&
+                            o.start_us < k.start_us + k.duration_us);
+    }
+  }
+  EXPECT_TRUE(overlap) << "no kernel of one stream ran while one of the other did";
+
+  DeviceGraph graph;
+  graph.capture(cuda, [&] { work(side_out, out); });
+  in.copy_(at::randn({2048, 2048}, opts));
+  graph.replay();
+  const at::Tensor replayed = out.clone();
+  EXPECT_TRUE(at::equal(replayed, expected()));
+
+  SideBranch off(cuda, false);
+  EXPECT_FALSE(off.active());
 }
 
 TEST(TorchCompatGpu, GroupedMmIsAvailableOnHopper) {

@@ -128,5 +128,19 @@ TEST(DeviceGraph, NeverSupportedOnTheCpu) {
   EXPECT_THROW(graph.replay(), c10::Error);
 }
 
+TEST(SideBranch, RunsTheWorkInLineOnTheCpu) {
+  SideBranch branch(at::Device(at::kCPU), true);
+  EXPECT_FALSE(branch.active());
+  int ran = 0;
+  at::Tensor out;
+  branch.run([&] {
+    ++ran;
+    out = at::ones({3}) * 2;
+  });
+  EXPECT_EQ(ran, 1);  // in line: done before run() returns
+  branch.join({out});
+  EXPECT_TRUE(at::equal(out, at::full({3}, 2.0F)));
+}
+
 }  // namespace
 }  // namespace batchlens::compat

@@ -4,12 +4,15 @@
 #include <cstdlib>
 #include <functional>
 #include <iostream>
+#include <set>
 #include <string>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 
+#include "core/compat/device_graph.h"
+#include "core/compat/profile.h"
 #include "core/kernels/fused_ops.h"
 #include "core/model/diffusion_gemma.h"
 #include "core/model/fused_layer.h"
@@ -28,6 +31,16 @@ ModelConfig preset(const std::string& name) {
 at::Tensor random_ids(std::int64_t b, std::int64_t n, std::int64_t vocab, std::uint64_t seed) {
   auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   return at::randint(vocab, {b, n}, gen, at::TensorOptions().dtype(at::kLong));
+}
+
+// Self-conditioning logits [rows, canvas, vocab] bf16 on `device`, seeded.
+at::Tensor random_logits(std::int64_t rows, const ModelConfig& cfg, std::uint64_t seed,
+                         const at::Device& device) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return at::randn({rows, cfg.canvas_length, cfg.text.vocab_size}, gen,
+                   at::TensorOptions().dtype(at::kFloat))
+      .mul(4)
+      .to(device, at::kBFloat16);
 }
 
 at::Tensor bits(const at::Tensor& t) {
@@ -257,11 +270,7 @@ TEST(FusedLayerGpu, FusedForwardEqualsUnfusedForwardInEveryTap) {
   for (const std::int64_t rows : {1, 3}) {
     const at::Tensor prompt = random_ids(1, 20, t.vocab_size, 11).repeat({rows, 1});
     const at::Tensor canvas = random_ids(1, cfg.canvas_length, t.vocab_size, 12).repeat({rows, 1});
-    auto gen = at::make_generator<at::CPUGeneratorImpl>(13);
-    const at::Tensor sc = at::randn({rows, cfg.canvas_length, t.vocab_size}, gen,
-                                    at::TensorOptions().dtype(at::kFloat))
-                              .mul(4)
-                              .to(cuda, at::kBFloat16);
+    const at::Tensor sc = random_logits(rows, cfg, 13, cuda);
     KvCache plain_cache;
     KvCache fused_cache;
     ForwardContext plain_ctx;
@@ -291,6 +300,73 @@ TEST(FusedLayerGpu, FusedForwardEqualsUnfusedForwardInEveryTap) {
       ++compared;
     }
     EXPECT_EQ(compared, static_cast<int>(11 * t.num_hidden_layers + 3));
+  }
+}
+
+// The layer's independent parts on a second stream (K/V beside Q, the dense MLP beside the
+// router and experts) change no bit: the same weights with branches and without, eager and
+// as a replayed graph, the encoder's cache, every row count, and a pass whose taps keep one
+// part in line. The profile shows that the branches did run on two streams.
+TEST(FusedLayerGpu, BranchesOnASecondStreamChangeNoBit) {
+  ASSERT_TRUE(at::hasCUDA());
+  const ModelConfig cfg = preset("mid");
+  const at::Device cuda(at::kCUDA, 0);
+  const ModelWeights weights = random_weights(cfg, 5, cuda, at::kBFloat16);
+  base::Switches in_line;
+  in_line.fused_off = {"branches"};
+  const DiffusionGemma on(cfg, weights, RunSettings{ExpertsImpl::GroupedMm, {}});
+  const DiffusionGemma off(cfg, weights, RunSettings{ExpertsImpl::GroupedMm, in_line});
+  ASSERT_TRUE(on.fused_kernels().branches) << on.fused_kernels().report;
+  ASSERT_FALSE(off.fused_kernels().branches) << off.fused_kernels().report;
+  ASSERT_TRUE(off.fused_kernels().norm) << off.fused_kernels().report;
+  const auto& t = cfg.text;
+  ForwardContext ctx;
+  ctx.check_id_range = false;
+  for (const std::int64_t rows : {1, 3}) {
+    const at::Tensor prompt = random_ids(rows, 20, t.vocab_size, 21).to(cuda);
+    const at::Tensor canvas = random_ids(rows, cfg.canvas_length, t.vocab_size, 22).to(cuda);
+    const at::Tensor sc = random_logits(rows, cfg, 23, cuda);
+    KvCache on_cache;
+    KvCache off_cache;
+    on.encode(prompt, on_cache, ctx);
+    off.encode(prompt, off_cache, ctx);
+    for (std::size_t l = 0; l < off_cache.k.size(); ++l) {
+      EXPECT_EQ(differing(off_cache.k[l], on_cache.k[l]), 0) << "encoder K " << l;
+      EXPECT_EQ(differing(off_cache.v[l], on_cache.v[l]), 0) << "encoder V " << l;
+    }
+    const at::Tensor expected = off.decode(canvas, off_cache, sc, ctx);
+    EXPECT_EQ(differing(on.decode(canvas, off_cache, sc, ctx), expected), 0) << "rows " << rows;
+
+    // Taps of one part keep that part in line; the other still branches.
+    std::bitset<probe::kTapCount> mlp_only;
+    mlp_only.set(static_cast<std::size_t>(probe::Tap::MlpOut));
+    probe::TapRecorder some(mlp_only);
+    ForwardContext tapped = ctx;
+    tapped.taps = &some;
+    EXPECT_EQ(differing(on.decode(canvas, off_cache, sc, tapped), expected), 0)
+        << "with MlpOut taps, rows " << rows;
+
+    // Captured and replayed on a fresh canvas.
+    at::Tensor graph_canvas = canvas.clone();
+    at::Tensor graph_out;
+    compat::DeviceGraph graph;
+    graph.capture(cuda, [&] { graph_out = on.decode(graph_canvas, off_cache, sc, ctx); });
+    const at::Tensor other = random_ids(rows, cfg.canvas_length, t.vocab_size, 24).to(cuda);
+    graph_canvas.copy_(other);
+    graph.replay();
+    EXPECT_EQ(differing(graph_out, off.decode(other, off_cache, sc, ctx)), 0)
+        << "graph replay, rows " << rows;
+
+    const auto streams_of = [&](const DiffusionGemma& m) {
+      std::set<std::int64_t> streams;
+      for (const compat::DeviceKernel& k :
+           compat::profile_kernels([&] { (void)m.decode(canvas, off_cache, sc, ctx); }, "bl/")) {
+        streams.insert(k.stream);
+      }
+      return streams.size();
+    };
+    EXPECT_EQ(streams_of(on), 2U) << "rows " << rows;
+    EXPECT_EQ(streams_of(off), 1U) << "rows " << rows;
   }
 }
 
