@@ -9,6 +9,8 @@
 #include <ATen/ATen.h>
 #include <gtest/gtest.h>
 
+#include "tests/support/sanitizer.h"
+
 namespace batchlens::base {
 namespace {
 
@@ -51,15 +53,10 @@ TEST(Guarded, MapsExceptionsToCodes) {
 // GPU server, issue #36) is out of memory, not an internal error; a real one, from a tensor
 // larger than the address space allows.
 TEST(Guarded, TheCpuAllocatorsFailureIsOutOfMemory) {
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "AddressSanitizer ends the process on an allocation this large instead of "
-                  "letting malloc fail";
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-  GTEST_SKIP() << "AddressSanitizer ends the process on an allocation this large instead of "
-                  "letting malloc fail";
-#endif
-#endif
+  if constexpr (::batchlens::testing::kAddressSanitizer) {
+    GTEST_SKIP() << "AddressSanitizer ends the process on an allocation this large instead of "
+                    "letting malloc fail";
+  }
   const auto r = guarded(
       [] { (void)at::empty({std::int64_t{1} << 61}, at::TensorOptions().dtype(at::kByte)); });
   ASSERT_FALSE(r.ok());

@@ -13,6 +13,7 @@
 #include "core/text/chat_template.h"
 #include "core/text/tokenizer_builder.h"
 #include "tests/support/gemma_tokenizer.h"
+#include "tests/support/sanitizer.h"
 #include "tests/support/special_files.h"
 
 namespace batchlens::text {
@@ -304,7 +305,14 @@ TEST(PresetTokenizer, CoversThePresetVocabularyWithReadableWords) {
 TEST(PresetTokenizer, TheTypedSpecBuildsWhatItsJsonDescribes) {
   const std::string text =
       "<|turn>user\nThe cat sat on a mat; it's 42 \xC3\xA9t\xC3\xA9s!\n\n<turn|>\xF0\x9F\x90\x88";
-  for (const std::int64_t vocab : {std::int64_t{512}, std::int64_t{4096}, std::int64_t{262144}}) {
+  // The released model's 262,144 pieces run the same code as 4,096, 64 times over: 4.5 s here,
+  // over 4 minutes under AddressSanitizer (the longest test of CI's sanitizer step), which
+  // therefore stops at 4,096.
+  std::vector<std::int64_t> sizes{512, 4096};
+  if constexpr (!::batchlens::testing::kAddressSanitizer) {
+    sizes.push_back(262144);
+  }
+  for (const std::int64_t vocab : sizes) {
     auto from_json = Tokenizer::from_json(preset_tokenizer_json(vocab).value());
     auto typed = preset_tokenizer(vocab);
     ASSERT_TRUE(from_json.ok()) << from_json.error().message;
