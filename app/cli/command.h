@@ -34,7 +34,7 @@ constexpr const char* kEnvironmentHelp =
     "  BATCHLENS_CUDA_GRAPHS=0     denoising steps run eagerly (saves GPU memory)\n"
     "  BATCHLENS_FUSED=0           no fused CUDA kernel (each is bitwise ATen's chain)\n"
     "  BATCHLENS_FUSED_OFF=LIST    these fused kernels off: "
-    "norm,normvec,mean,onepass,combine,gelu,softcap,route,branches,diff,gemm\n"
+    "norm,normvec,mean,onepass,combine,gelu,softcap,route,qbranch,mlpbranch,diff,gemm\n"
     "  BATCHLENS_THREAD_CHOICE=0   a CPU model keeps LibTorch's threads (no measurement at load)\n"
     "  BATCHLENS_BI_PLAN=PLAN      the batch-invariant CUDA GEMM's algorithms: classes (default:\n"
     "                              a bitwise class, its fastest member per M), timed (one\n"

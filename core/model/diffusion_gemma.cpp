@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <initializer_list>
 #include <mutex>
 #include <optional>
@@ -149,8 +150,8 @@ class Pass {
   // A layer's part may run on a side stream (compat::SideBranch) where that was allowed at load
   // and none of the taps it records is wanted: a tap sink may keep a value it is handed and read
   // it in its own stream order.
-  bool branch_free(int layer, std::initializer_list<Tap> taps) const {
-    return use_.branches &&
+  bool branch_free(bool allowed, int layer, std::initializer_list<Tap> taps) const {
+    return allowed &&
            std::none_of(taps.begin(), taps.end(), [&](Tap t) { return wants(t, layer); });
   }
   void record(Tap tap, int layer, const at::Tensor& value) const {
@@ -303,7 +304,7 @@ class Pass {
 
     // Q on a side stream while K and V (with the cache's keys before them) run: neither reads
     // the other's results. The calls keep the reference's order (q, k, v).
-    compat::SideBranch q_branch(h.device(), branch_free(layer, {Tap::AttnQ}));
+    compat::SideBranch q_branch(h.device(), branch_free(use_.q_branch, layer, {Tap::AttnQ}));
     at::Tensor q;
     q_branch.run([&] {
       q = runner_.linear(h, lw.q_proj, OpSite{OpFamily::QProj, layer}).view({b, s, -1, d});
@@ -445,8 +446,11 @@ class Pass {
   // it is read straight off the index (route_on_host), elsewhere it runs as the reference's ops.
   // Either way every hit expert, in ascending order, runs the same ops on the same rows in the
   // same order, and adds into final_states in that order.
+  // `before_gemms` runs before the first expert GEMM is launched (a side branch's join).
   at::Tensor experts_eager(const LayerWeights& lw, int layer, const at::Tensor& x,
-                           const at::Tensor& index, const at::Tensor& weights) const {
+                           const at::Tensor& index, const at::Tensor& weights,
+                           const std::function<void()>& before_gemms) const {
+    before_gemms();
     const std::int64_t experts = t_.num_experts;
     const std::int64_t per_row = x.size(0) / rows_;
     at::Tensor final_states = at::zeros_like(x);  // [T, H]
@@ -488,8 +492,10 @@ class Pass {
   }
 
   // ref: transformers integrations/moe.py grouped_mm_experts_forward
+  // `before_gemms` runs once the routing is launched, before the GEMMs (a side branch's join).
   at::Tensor experts_grouped(const LayerWeights& lw, int layer, const at::Tensor& x,
-                             const at::Tensor& index, const at::Tensor& weights) const {
+                             const at::Tensor& index, const at::Tensor& weights,
+                             const std::function<void()>& before_gemms) const {
     const std::int64_t experts = t_.num_experts;
     const std::int64_t tokens = x.size(0);
     const std::int64_t hidden = x.size(-1);
@@ -508,6 +514,7 @@ class Pass {
     const at::Tensor& offsets = route.offsets;
     const at::Tensor& row_of = route.row_of;
     const at::Tensor selected = x.index({route.token_of});
+    before_gemms();
     at::Tensor proj = runner_.grouped_mm(selected.to(lw.experts_gate_up.scalar_type()),
                                          lw.experts_gate_up.transpose(-2, -1), offsets, row_of,
                                          OpSite{OpFamily::ExpertGateUp, layer});
@@ -554,9 +561,10 @@ class Pass {
     }
 
     residual = x;
-    // The dense MLP on a side stream while the router and the experts run: the two read only
-    // the residual (and its mean of squares) until their sum below.
-    compat::SideBranch mlp_branch(x.device(), branch_free(layer, {Tap::MlpOut}));
+    // The dense MLP on a side stream while the router and the experts' routing run: the two
+    // read only the residual (and its mean of squares) until their sum below. The join comes
+    // before the experts' GEMMs: beside them the MLP's kernels only slowed them down (H100).
+    compat::SideBranch mlp_branch(x.device(), branch_free(use_.mlp_branch, layer, {Tap::MlpOut}));
     at::Tensor h1;
     mlp_branch.run([&] {
       at::Tensor m = norm_known(x, x_ms, lw.pre_feedforward_layernorm);
@@ -571,9 +579,12 @@ class Pass {
     const at::Tensor flat_ms = x_ms.defined() ? x_ms.view({-1, 1}) : at::Tensor();
     const at::Tensor for_experts = norm_known(flat, flat_ms, lw.pre_feedforward_layernorm_2);
     const auto [weights, index] = router(lw, layer, flat, flat_ms);
+    const auto before_gemms = [&] {
+      mlp_branch.join({h1});
+    };
     at::Tensor h2 = model_.settings().experts == ExpertsImpl::GroupedMm
-                        ? experts_grouped(lw, layer, for_experts, index, weights)
-                        : experts_eager(lw, layer, for_experts, index, weights);
+                        ? experts_grouped(lw, layer, for_experts, index, weights, before_gemms)
+                        : experts_eager(lw, layer, for_experts, index, weights, before_gemms);
     h2 = h2.reshape(residual.sizes());
     record(Tap::MoeOut, layer, h2);
     mlp_branch.join({h1});

@@ -384,8 +384,9 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
              ", gelu*up " +
              (f.gelu ? std::string(f.gelu_contract ? "yes (fma)" : "yes") : said(false)) +
              ", softcap " + said(f.softcap) + ", route " + said(f.route) +
-             "; branches on a second stream yes";
-  f.branches = true;
+             "; on a second stream: Q beside K/V, the dense MLP beside the routing";
+  f.q_branch = true;
+  f.mlp_branch = true;
   // BATCHLENS_FUSED_OFF=name,name: leave checked kernels unused (to bisect, and to measure each).
   if (!switches.fused_off.empty()) {
     f.norm = f.norm && switches.fused_kernel("norm");
@@ -396,7 +397,8 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
     f.gelu = f.gelu && switches.fused_kernel("gelu");
     f.softcap = f.softcap && switches.fused_kernel("softcap");
     f.route = f.route && switches.fused_kernel("route");
-    f.branches = f.branches && switches.fused_kernel("branches");
+    f.q_branch = f.q_branch && switches.fused_kernel("qbranch");
+    f.mlp_branch = f.mlp_branch && switches.fused_kernel("mlpbranch");
     f.report += "; turned off by " + switches.describe();
   }
   return f;

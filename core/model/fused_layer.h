@@ -28,10 +28,11 @@ struct FusedKernels {
   bool gelu_contract = false;
   bool softcap = false;  ///< tanh(logits / cap) * cap
   bool route = false;    ///< the experts' sort, offsets and token indices
-  /// Independent parts of a layer at once on a second stream (compat::SideBranch): K/V beside
-  /// Q, the dense MLP beside the router and the experts. The same kernels on the same operands
-  /// (nothing to check bitwise); CUDA only.
-  bool branches = false;
+  /// Independent parts of a layer at once on a second stream (compat::SideBranch), the same
+  /// kernels on the same operands (nothing to check bitwise); CUDA only. Q beside K/V:
+  bool q_branch = false;
+  /// the dense MLP beside the router and the experts' routing (joined before their GEMMs):
+  bool mlp_branch = false;
   /// CPU: bf16 GEMMs through kernels::cpu_linear_bf16 (ATen's own kernel's bits, faster).
   bool cpu_gemm = false;
   bool cpu_gemm_fma = false;  ///< the variant that matched ATen
@@ -45,10 +46,10 @@ struct FusedKernels {
 /// model's widths (hidden size, both head dims, top-k, a slice of the vocabulary), and returns
 /// those that matched bitwise. All false off CUDA, in builds without the kernels, or when
 /// `switches` turn them off (BATCHLENS_FUSED=0); those `switches` name (BATCHLENS_FUSED_OFF=
-/// norm,normvec,mean,onepass,combine,gelu,softcap,route,branches) are left unused. On a CPU in bf16
-/// where LibTorch computes bf16 matmuls with ATen's own kernel, checks the CPU GEMM instead
-/// (kernels::check_cpu_gemm at the model's reduction lengths; BATCHLENS_FUSED_OFF=gemm leaves it
-/// unused). Synchronises with the device (call it at load).
+/// norm,normvec,mean,onepass,combine,gelu,softcap,route,qbranch,mlpbranch) are left unused. On a
+/// CPU in bf16 where LibTorch computes bf16 matmuls with ATen's own kernel, checks the CPU GEMM
+/// instead (kernels::check_cpu_gemm at the model's reduction lengths; BATCHLENS_FUSED_OFF=gemm
+/// leaves it unused). Synchronises with the device (call it at load).
 FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& device,
                                  at::ScalarType dtype, const base::Switches& switches = {});
 

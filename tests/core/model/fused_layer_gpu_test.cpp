@@ -313,11 +313,13 @@ TEST(FusedLayerGpu, BranchesOnASecondStreamChangeNoBit) {
   const at::Device cuda(at::kCUDA, 0);
   const ModelWeights weights = random_weights(cfg, 5, cuda, at::kBFloat16);
   base::Switches in_line;
-  in_line.fused_off = {"branches"};
+  in_line.fused_off = {"qbranch", "mlpbranch"};
   const DiffusionGemma on(cfg, weights, RunSettings{ExpertsImpl::GroupedMm, {}});
   const DiffusionGemma off(cfg, weights, RunSettings{ExpertsImpl::GroupedMm, in_line});
-  ASSERT_TRUE(on.fused_kernels().branches) << on.fused_kernels().report;
-  ASSERT_FALSE(off.fused_kernels().branches) << off.fused_kernels().report;
+  ASSERT_TRUE(on.fused_kernels().q_branch && on.fused_kernels().mlp_branch)
+      << on.fused_kernels().report;
+  ASSERT_FALSE(off.fused_kernels().q_branch || off.fused_kernels().mlp_branch)
+      << off.fused_kernels().report;
   ASSERT_TRUE(off.fused_kernels().norm) << off.fused_kernels().report;
   const auto& t = cfg.text;
   ForwardContext ctx;
