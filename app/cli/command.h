@@ -36,6 +36,8 @@ constexpr const char* kEnvironmentHelp =
     "  BATCHLENS_FUSED_OFF=LIST    these fused kernels off: "
     "norm,normvec,mean,onepass,combine,gelu,softcap,route,qbranch,mlpbranch,diff,gemm\n"
     "  BATCHLENS_THREAD_CHOICE=0   a CPU model keeps LibTorch's threads (no measurement at load)\n"
+    "  BATCHLENS_SIDE_BRANCHES=1   CUDA: a layer's independent parts on a second stream (same\n"
+    "                              bits; measured slower on an H100, so off by default)\n"
     "  BATCHLENS_BI_PLAN=PLAN      the batch-invariant CUDA GEMM's algorithms: classes (default:\n"
     "                              a bitwise class, its fastest member per M), timed (one\n"
     "                              algorithm per shape), fixed (cuBLASLt's first at 1024 rows);\n"

@@ -54,6 +54,9 @@ std::string Switches::describe() const {
   if (bi_plan != BiPlan::Classes) {
     add(std::string("BATCHLENS_BI_PLAN=") + bi_plan_name(bi_plan));
   }
+  if (side_branches) {
+    add("BATCHLENS_SIDE_BRANCHES=1");
+  }
   return out;
 }
 
@@ -64,6 +67,7 @@ Switches Switches::from_environment() {
   const char* graphs = std::getenv("BATCHLENS_CUDA_GRAPHS");
   const char* threads = std::getenv("BATCHLENS_THREAD_CHOICE");
   const char* bi_plan = std::getenv("BATCHLENS_BI_PLAN");
+  const char* branches = std::getenv("BATCHLENS_SIDE_BRANCHES");
   // NOLINTEND(concurrency-mt-unsafe)
   Switches s;
   s.fused = !(fused != nullptr && std::string_view(fused) == "0");
@@ -77,6 +81,7 @@ Switches Switches::from_environment() {
   }
   s.cuda_graphs = !(graphs != nullptr && std::string_view(graphs) == "0");
   s.thread_choice = !(threads != nullptr && std::string_view(threads) == "0");
+  s.side_branches = branches != nullptr && std::string_view(branches) == "1";
   // Any other value keeps the default, as for the other switches.
   if (bi_plan != nullptr) {
     if (auto plan = parse_bi_plan(bi_plan); plan.ok()) {

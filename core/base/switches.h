@@ -44,6 +44,10 @@ struct Switches {
   /// BATCHLENS_BI_PLAN=timed|fixed (BiPlan): how the batch-invariant CUDA GEMM picks its
   /// algorithms; default BiPlan::Classes.
   BiPlan bi_plan = BiPlan::Classes;
+  /// BATCHLENS_SIDE_BRANCHES=1: a layer's independent parts on a second CUDA stream (Q beside
+  /// K/V, the dense MLP beside the routing; model::FusedKernels). Off by default: on an H100 the
+  /// first form was slower. The same bits either way, so experiment files do not record it.
+  bool side_branches = false;
 
   /// Whether the fused kernel `name` may run (it is then still checked bitwise on the device).
   bool fused_kernel(std::string_view name) const;
@@ -52,7 +56,7 @@ struct Switches {
   std::string describe() const;
 
   /// BATCHLENS_FUSED, BATCHLENS_FUSED_OFF (comma-separated), BATCHLENS_CUDA_GRAPHS,
-  /// BATCHLENS_THREAD_CHOICE and BATCHLENS_BI_PLAN, read now.
+  /// BATCHLENS_THREAD_CHOICE, BATCHLENS_BI_PLAN and BATCHLENS_SIDE_BRANCHES, read now.
   /// Call it where the program starts or takes its options, never deep inside a run.
   static Switches from_environment();
 };

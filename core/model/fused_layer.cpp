@@ -384,9 +384,10 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
              ", gelu*up " +
              (f.gelu ? std::string(f.gelu_contract ? "yes (fma)" : "yes") : said(false)) +
              ", softcap " + said(f.softcap) + ", route " + said(f.route) +
-             "; on a second stream: Q beside K/V, the dense MLP beside the routing";
-  f.q_branch = true;
-  f.mlp_branch = true;
+             "; on a second stream (Q beside K/V, the dense MLP beside the routing) " +
+             (switches.side_branches ? "yes" : "no (BATCHLENS_SIDE_BRANCHES=1 turns it on)");
+  f.q_branch = switches.side_branches;
+  f.mlp_branch = switches.side_branches;
   // BATCHLENS_FUSED_OFF=name,name: leave checked kernels unused (to bisect, and to measure each).
   if (!switches.fused_off.empty()) {
     f.norm = f.norm && switches.fused_kernel("norm");

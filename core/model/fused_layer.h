@@ -29,7 +29,8 @@ struct FusedKernels {
   bool softcap = false;  ///< tanh(logits / cap) * cap
   bool route = false;    ///< the experts' sort, offsets and token indices
   /// Independent parts of a layer at once on a second stream (compat::SideBranch), the same
-  /// kernels on the same operands (nothing to check bitwise); CUDA only. Q beside K/V:
+  /// kernels on the same operands (nothing to check bitwise); CUDA only, and only where
+  /// base::Switches::side_branches asks for them. Q beside K/V:
   bool q_branch = false;
   /// the dense MLP beside the router and the experts' routing (joined before their GEMMs):
   bool mlp_branch = false;

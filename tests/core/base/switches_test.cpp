@@ -12,8 +12,8 @@ namespace {
 class SwitchesEnv : public ::testing::Test {
  protected:
   void TearDown() override {
-    for (const char* name :
-         {"BATCHLENS_FUSED", "BATCHLENS_FUSED_OFF", "BATCHLENS_CUDA_GRAPHS", "BATCHLENS_BI_PLAN"}) {
+    for (const char* name : {"BATCHLENS_FUSED", "BATCHLENS_FUSED_OFF", "BATCHLENS_CUDA_GRAPHS",
+                             "BATCHLENS_BI_PLAN", "BATCHLENS_SIDE_BRANCHES"}) {
       ::unsetenv(name);  // NOLINT(concurrency-mt-unsafe)
     }
   }
@@ -28,6 +28,7 @@ TEST_F(SwitchesEnv, DefaultsAllowEverythingAndDescribeNothing) {
   EXPECT_TRUE(s.fused_off.empty());
   EXPECT_TRUE(s.cuda_graphs);
   EXPECT_EQ(s.bi_plan, BiPlan::Classes);
+  EXPECT_FALSE(s.side_branches);
   EXPECT_TRUE(s.fused_kernel("diff"));
   EXPECT_EQ(s.describe(), "");
 }
@@ -53,6 +54,12 @@ TEST_F(SwitchesEnv, ReadsEachVariable) {
   EXPECT_EQ(Switches::from_environment().describe(),
             "BATCHLENS_FUSED_OFF=diff,norm; BATCHLENS_CUDA_GRAPHS=0; BATCHLENS_BI_PLAN=timed");
 
+  set("BATCHLENS_SIDE_BRANCHES", "1");
+  EXPECT_TRUE(Switches::from_environment().side_branches);
+  EXPECT_EQ(Switches::from_environment().describe(),
+            "BATCHLENS_FUSED_OFF=diff,norm; BATCHLENS_CUDA_GRAPHS=0; BATCHLENS_BI_PLAN=timed; "
+            "BATCHLENS_SIDE_BRANCHES=1");
+
   set("BATCHLENS_FUSED", "0");
   const Switches off = Switches::from_environment();
   EXPECT_FALSE(off.fused_kernel("softcap"));
@@ -63,7 +70,9 @@ TEST_F(SwitchesEnv, OnlyZeroTurnsThingsOff) {
   set("BATCHLENS_FUSED", "1");
   set("BATCHLENS_CUDA_GRAPHS", "yes");
   set("BATCHLENS_BI_PLAN", "yes");
+  set("BATCHLENS_SIDE_BRANCHES", "yes");  // only 1 turns it on
   const Switches s = Switches::from_environment();
+  EXPECT_FALSE(s.side_branches);
   EXPECT_TRUE(s.fused);
   EXPECT_TRUE(s.cuda_graphs);
   EXPECT_EQ(s.bi_plan, BiPlan::Classes);

@@ -313,8 +313,9 @@ TEST(FusedLayerGpu, BranchesOnASecondStreamChangeNoBit) {
   const at::Device cuda(at::kCUDA, 0);
   const ModelWeights weights = random_weights(cfg, 5, cuda, at::kBFloat16);
   base::Switches in_line;
-  in_line.fused_off = {"qbranch", "mlpbranch"};
-  const DiffusionGemma on(cfg, weights, RunSettings{ExpertsImpl::GroupedMm, {}});
+  base::Switches branches;
+  branches.side_branches = true;
+  const DiffusionGemma on(cfg, weights, RunSettings{ExpertsImpl::GroupedMm, branches});
   const DiffusionGemma off(cfg, weights, RunSettings{ExpertsImpl::GroupedMm, in_line});
   ASSERT_TRUE(on.fused_kernels().q_branch && on.fused_kernels().mlp_branch)
       << on.fused_kernels().report;
