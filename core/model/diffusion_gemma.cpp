@@ -587,7 +587,6 @@ class Pass {
                         : experts_eager(lw, layer, for_experts, index, weights, before_gemms);
     h2 = h2.reshape(residual.sizes());
     record(Tap::MoeOut, layer, h2);
-    mlp_branch.join({h1});
     const at::Tensor& layer_scalar = encoder ? lw.encoder_layer_scalar : lw.layer_scalar;
     if (fuse_norm(h2, {lw.post_feedforward_layernorm_2, h1, lw.post_feedforward_layernorm, residual,
                        layer_scalar})) {
