@@ -86,9 +86,11 @@ void print_profiles(const setup::PolicyCosts& c) {
                   << " op calls have no kernel in the trace; its sums are lower bounds\n";
       }
     }
-    std::cout << "  the longest kernels outside the op layer (" << c.labels[0] << "):\n";
-    for (const auto& [name, us] : c.cells[0][i].profile.top_outside) {
-      std::printf("    %8.3f ms  %s\n", us / 1000.0, name.substr(0, 110).c_str());
+    std::cout << "  the longest kernels outside the op layer (" << c.labels[0]
+              << "), ms (launches):\n";
+    for (const setup::KernelGroup& g : c.cells[0][i].profile.top_outside) {
+      std::printf("    %8.3f (%3d)  %s\n", g.total_us / 1000.0, g.kernels,
+                  g.name.substr(0, 104).c_str());
     }
   }
 }
@@ -166,8 +168,8 @@ nlohmann::json profile_json(const setup::PassProfile& p) {
                       {"ms", g.total_us / 1000.0}});
   }
   nlohmann::json top = nlohmann::json::array();
-  for (const auto& [name, us] : p.top_outside) {
-    top.push_back({{"kernel", name}, {"ms", us / 1000.0}});
+  for (const setup::KernelGroup& g : p.top_outside) {
+    top.push_back({{"kernel", g.name}, {"kernels", g.kernels}, {"ms", g.total_us / 1000.0}});
   }
   return {{"kernel_ms", p.kernel_ms},
           {"groups", groups},

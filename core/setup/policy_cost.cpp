@@ -62,17 +62,6 @@ class MarkEveryOp final : public ops::OpObserver {
   std::set<std::string> called;
 };
 
-// A kernel's name without "void ", namespaces' "(anonymous namespace)::", arguments and
-// template arguments: "batchlens::kernels::cuda::norm_kernel".
-std::string short_kernel_name(std::string name) {
-  for (const std::string cut : {"(anonymous namespace)::", "void "}) {
-    for (std::size_t at = name.find(cut); at != std::string::npos; at = name.find(cut)) {
-      name.erase(at, cut.size());
-    }
-  }
-  return name.substr(0, name.find_first_of("(<"));
-}
-
 // One eager decoder pass under the profiler, its kernels grouped (after a warm-up pass, so that
 // library handles and heuristics are made outside the trace).
 PassProfile profile_pass(const DiffusionGemma& model, const EngineInputs& in,
@@ -87,7 +76,7 @@ PassProfile profile_pass(const DiffusionGemma& model, const EngineInputs& in,
   std::set<std::string> with_kernels;
   std::vector<KernelGroup> families;
   std::vector<KernelGroup> outside;
-  std::vector<std::pair<std::string, double>> by_name;
+  std::vector<KernelGroup> by_name;
   const auto add = [](std::vector<KernelGroup>& groups, const std::string& name, bool op_layer,
                       double us) {
     auto it = std::find_if(groups.begin(), groups.end(),
@@ -109,14 +98,7 @@ PassProfile profile_pass(const DiffusionGemma& model, const EngineInputs& in,
       continue;
     }
     add(outside, kernel_kind(k.name), false, k.duration_us);
-    const std::string shortened = short_kernel_name(k.name);
-    auto it = std::find_if(by_name.begin(), by_name.end(),
-                           [&](const auto& e) { return e.first == shortened; });
-    if (it == by_name.end()) {
-      by_name.emplace_back(shortened, 0.0);
-      it = by_name.end() - 1;
-    }
-    it->second += k.duration_us;
+    add(by_name, short_kernel_name(k.name), false, k.duration_us);
   }
   // Families in enum order, the other kinds by time.
   for (const ops::OpFamily f : ops::all_families()) {
@@ -126,12 +108,13 @@ PassProfile profile_pass(const DiffusionGemma& model, const EngineInputs& in,
       }
     }
   }
-  std::sort(outside.begin(), outside.end(),
-            [](const KernelGroup& a, const KernelGroup& b) { return a.total_us > b.total_us; });
+  const auto longest_first = [](const KernelGroup& a, const KernelGroup& b) {
+    return a.total_us > b.total_us;
+  };
+  std::sort(outside.begin(), outside.end(), longest_first);
   out.groups.insert(out.groups.end(), outside.begin(), outside.end());
-  std::sort(by_name.begin(), by_name.end(),
-            [](const auto& a, const auto& b) { return a.second > b.second; });
-  constexpr std::size_t kTopOutside = 8;
+  std::sort(by_name.begin(), by_name.end(), longest_first);
+  constexpr std::size_t kTopOutside = 12;
   by_name.resize(std::min(by_name.size(), kTopOutside));
   out.top_outside = std::move(by_name);
   // Every op call launches kernels: one without any in the trace means the profiler dropped
@@ -144,6 +127,25 @@ PassProfile profile_pass(const DiffusionGemma& model, const EngineInputs& in,
 }
 
 }  // namespace
+
+std::string short_kernel_name(std::string name) {
+  for (const std::string cut : {"(anonymous namespace)::", "void ", "at::native::", "at::cuda::",
+                                "batchlens::kernels::cuda::", "c10::"}) {
+    for (std::size_t at = name.find(cut); at != std::string::npos; at = name.find(cut)) {
+      name.erase(at, cut.size());
+    }
+  }
+  // Up to the parameter list: the '(' outside the template arguments, which stay (ATen's
+  // elementwise and reduce kernels are one name for every functor: a copy, a cast, a sum).
+  int depth = 0;
+  for (std::size_t i = 0; i < name.size(); ++i) {
+    depth += name[i] == '<' ? 1 : (name[i] == '>' ? -1 : 0);
+    if (name[i] == '(' && depth == 0) {
+      return name.substr(0, i);
+    }
+  }
+  return name;
+}
 
 std::string kernel_kind(const std::string& kernel_name) {
   // Lower case, then the first rule whose word the name contains.

@@ -52,8 +52,9 @@ struct KernelGroup {
 struct PassProfile {
   std::vector<KernelGroup> groups;  ///< op families first (enum order), then the other kinds
   double kernel_ms = 0.0;           ///< sum over every kernel
-  /// The kernels outside the op layer that took the most time: name (shortened) and µs.
-  std::vector<std::pair<std::string, double>> top_outside;
+  /// The kernels outside the op layer that took the most time, by name (shortened; op_layer
+  /// false), longest first.
+  std::vector<KernelGroup> top_outside;
   int op_calls = 0;  ///< distinct op calls (family, layer) the op layer made
   /// Of them, those with no kernel in the trace: > 0 means the profiler dropped records, and
   /// every sum is a lower bound.
@@ -64,6 +65,11 @@ struct PassProfile {
 /// The kind of a kernel launched outside the op layer, from its name: "RMSNorm (+RoPE)",
 /// "routing (sort, top-k, gather)", "softmax", ... ("other" when none fits).
 std::string kernel_kind(const std::string& kernel_name);
+
+/// A kernel's name without "void ", the common namespaces and its parameter list, its template
+/// arguments kept (ATen's elementwise and reduce kernels are one name for every functor):
+/// "norm_row_kernel<__nv_bfloat16, true>", "unrolled_elementwise_kernel<direct_copy_kernel_cuda…".
+std::string short_kernel_name(std::string name);
 
 struct PolicyCostCell {
   double median_ms = 0.0;

@@ -169,6 +169,26 @@ TEST(PolicyCost, KernelKindsComeFromKernelNames) {
   EXPECT_EQ(kernel_kind("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"), "other");
 }
 
+// The longest kernels outside the op layer are listed by name with their template arguments
+// (the parameter list and common namespaces cut): a copy and a cast are told apart.
+TEST(PolicyCost, ShortKernelNamesKeepTheTemplateArguments) {
+  EXPECT_EQ(
+      short_kernel_name("void batchlens::kernels::cuda::(anonymous namespace)::norm_row_kernel"
+                        "<__nv_bfloat16, true>(batchlens::kernels::cuda::Norm<__nv_bfloat16>,"
+                        " float)"),
+      "norm_row_kernel<__nv_bfloat16, true>");
+  EXPECT_EQ(
+      short_kernel_name("void at::native::unrolled_elementwise_kernel<at::native::direct_copy_"
+                        "kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}, "
+                        "c10::BFloat16>(int, at::native::TrivialOffsetCalculator<1>)"),
+      "unrolled_elementwise_kernel<direct_copy_kernel_cuda(at::TensorIteratorBase&)::{lambda()#3}, "
+      "BFloat16>");
+  EXPECT_EQ(short_kernel_name("nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT"),
+            "nvjet_sm90_tst_256x128_64x4_1x2_h_bz_coopA_NNT");
+  EXPECT_EQ(short_kernel_name("void batchlens::kernels::cuda::route_kernel(long const*, int)"),
+            "route_kernel");
+}
+
 TEST(PolicyCost, AProfileOnACpuIsRefusedWithItsReason) {
   PolicyCostRequest req;
   req.policies = {{"default", ops::OpPolicy{}}};
