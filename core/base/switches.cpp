@@ -30,6 +30,10 @@ bool Switches::fused_kernel(std::string_view name) const {
   return fused && std::find(fused_off.begin(), fused_off.end(), name) == fused_off.end();
 }
 
+bool Switches::kv_room() const {
+  return std::find(fused_off.begin(), fused_off.end(), "room") == fused_off.end();
+}
+
 std::string Switches::describe() const {
   std::string out;
   const auto add = [&out](const std::string& part) {

@@ -36,7 +36,7 @@ struct Switches {
   bool fused = true;  ///< BATCHLENS_FUSED=0: no fused kernel at all
   std::vector<std::string>
       fused_off;  ///< BATCHLENS_FUSED_OFF=norm,normvec,mean,onepass,combine,gelu,softcap,route,
-                  ///< qbranch,mlpbranch,diff,gemm
+                  ///< qbranch,mlpbranch,diff,gemm,room
   bool cuda_graphs = true;  ///< BATCHLENS_CUDA_GRAPHS=0: denoising steps run eagerly
   /// BATCHLENS_THREAD_CHOICE=0: a CPU model keeps LibTorch's threads (no measurement at load,
   /// setup/cpu_threads.h)
@@ -51,6 +51,10 @@ struct Switches {
 
   /// Whether the fused kernel `name` may run (it is then still checked bitwise on the device).
   bool fused_kernel(std::string_view name) const;
+  /// Whether the encoder leaves room after its cache for the decoder's keys (model::KvRoom;
+  /// BATCHLENS_FUSED_OFF=room: the decoder concatenates the cache with its keys in every pass,
+  /// as transformers does). The same bits either way; on with BATCHLENS_FUSED=0 too.
+  bool kv_room() const;
   /// "" at the defaults, else what is set in the environment's words, e.g.
   /// "BATCHLENS_FUSED_OFF=diff,norm; BATCHLENS_CUDA_GRAPHS=0".
   std::string describe() const;

@@ -169,7 +169,21 @@ struct Norm {
   T* out;
   float* square;
   float* mean_out;
+  bool out_strided;
+  std::int64_t out_stride_b, out_stride_h, out_stride_s;
 };
+
+// Where row `row` of the result starts in a.out (NormArgs::out_strided).
+template <typename T>
+__device__ __forceinline__ std::int64_t out_base(const Norm<T>& a, std::int64_t row) {
+  if (!a.out_strided) {
+    return row * a.n;
+  }
+  const std::int64_t h = row % a.heads;
+  const std::int64_t s = (row / a.heads) % a.seq;
+  const std::int64_t b = row / (a.heads * a.seq);
+  return b * a.out_stride_b + h * a.out_stride_h + s * a.out_stride_s;
+}
 
 // ref: DiffusionGemmaRMSNorm.forward: (x.float() * pow(mean_sq, -0.5)) * weight.float(),
 // .type_as(x). pow(t, -0.5) is ATen's rsqrt kernel.
@@ -209,7 +223,7 @@ __device__ __forceinline__ void tail_element(const Norm<T>& a, std::int64_t row,
   if (a.layer_scalar != nullptr) {
     v = round_to(a.x, __fmul_rn(v, load(a.layer_scalar, 0)));  // h *= layer_scalar
   }
-  store(a.out, base + d, v);
+  store(a.out, out_base(a, row) + d, v);
   if (a.square != nullptr) {
     a.square[base + d] = __fmul_rn(v, v);
   }
@@ -290,7 +304,7 @@ __device__ __forceinline__ void tail_quad(const Norm<T>& a, std::int64_t row, in
       v[i] = round_to(a.x, __fmul_rn(v[i], ls));
     }
   }
-  store4(a.out, base + d0, v);
+  store4(a.out, out_base(a, row) + d0, v);
   if (a.square != nullptr) {
     const float sq[4] = {__fmul_rn(v[0], v[0]), __fmul_rn(v[1], v[1]), __fmul_rn(v[2], v[2]),
                          __fmul_rn(v[3], v[3])};
@@ -741,7 +755,11 @@ Norm<T> typed(const NormArgs& a) {
                  static_cast<const T*>(a.layer_scalar),
                  static_cast<T*>(a.out),
                  a.square,
-                 a.mean_out};
+                 a.mean_out,
+                 a.out_strided,
+                 a.out_stride_b,
+                 a.out_stride_h,
+                 a.out_stride_s};
 }
 
 }  // namespace
@@ -754,7 +772,9 @@ bool norm_vec_fits(const NormArgs& a) {
   return a.n % 4 == 0 && (a.rope_cos == nullptr || a.n % 8 == 0) && aligned(a.x, quad) &&
          aligned(a.weight, quad) && aligned(a.rope_cos, quad) && aligned(a.rope_sin, quad) &&
          aligned(a.scale, quad) && aligned(a.residual, quad) && aligned(a.out, quad) &&
-         aligned(a.square, 16);
+         aligned(a.square, 16) &&
+         (!a.out_strided ||
+          (a.out_stride_b % 4 == 0 && a.out_stride_h % 4 == 0 && a.out_stride_s % 4 == 0));
 }
 
 namespace {
@@ -795,7 +815,9 @@ int norm_apply(const NormArgs& args, void* stream) {
   const bool mean_given = args.mean_sq != nullptr || args.one_pass;
   if (args.rows < 0 || args.n < 1 || args.n > (1 << 30) || !mean_given ||
       (args.mean_out != nullptr && !args.one_pass) ||
-      (args.one_pass && (!norm_vec_fits(args) || args.n > kOnePassWidth))) {
+      (args.one_pass && (!norm_vec_fits(args) || args.n > kOnePassWidth)) ||
+      (args.out_strided && (args.square != nullptr || args.mean_out != nullptr ||
+                            args.rope_heads < 1 || args.rope_seq < 1))) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
   auto* s = static_cast<cudaStream_t>(stream);

@@ -35,14 +35,22 @@ struct NormArgs {
   const void* weight = nullptr;    ///< [n]
   const void* rope_cos = nullptr;  ///< [seq, n]
   const void* rope_sin = nullptr;  ///< [seq, n]
-  std::int64_t rope_heads = 1;     ///< rows are [batch, seq, heads]
+  /// Rows are [batch, seq, heads] (RoPE's table row, and where out_strided puts a row).
+  std::int64_t rope_heads = 1;
   std::int64_t rope_seq = 1;
   const void* scale = nullptr;  ///< [n], then * scalar
   float scalar = 1.0F;
   const void* residual = nullptr;      ///< [rows, n]
   const void* layer_scalar = nullptr;  ///< [1]
-  void* out = nullptr;                 ///< [rows, n]
-  float* square = nullptr;             ///< [rows, n] fp32, optional
+  void* out = nullptr;                 ///< [rows, n], or strided (out_strided)
+  /// Row (b, s, h) of the result at out + b * out_stride_b + h * out_stride_h + s *
+  /// out_stride_s (elements; x's [B, S, H, n] as a [B, H, S, n] view, such as the canvas's slots
+  /// of the decoder's keys). square and mean_out are not written with it.
+  bool out_strided = false;
+  std::int64_t out_stride_b = 0;
+  std::int64_t out_stride_h = 0;
+  std::int64_t out_stride_s = 0;
+  float* square = nullptr;  ///< [rows, n] fp32, optional
   /// Four elements per thread with vector loads and stores where norm_vec_fits (the same
   /// operations per element, so the same bits).
   bool vectorized = false;
@@ -63,7 +71,8 @@ bool norm_vec_fits(const NormArgs& args);
 /// out[i] = float(x[i]) * float(x[i]) (fp32). Returns the CUDA error code (0 = success).
 int square(Elem elem, const void* x, float* out, std::int64_t count, void* stream);
 /// The tail (and with one_pass the means). mean_sq is required unless one_pass; one_pass
-/// without norm_vec_fits, or mean_out without one_pass, is cudaErrorInvalidValue.
+/// without norm_vec_fits, mean_out without one_pass, or out_strided with square or mean_out is
+/// cudaErrorInvalidValue.
 int norm_apply(const NormArgs& args, void* stream);
 /// out[r] = the mean over j < n of float(x[r, j])^2 (fp32), summed in the order of ATen's reduce
 /// kernel (Reduce.cuh) for a mean over the contiguous innermost dimension of `rows` x `n` fp32

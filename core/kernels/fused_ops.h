@@ -71,10 +71,14 @@ struct NormApply {
   bool one_pass = false;
   cuda::MeanOrder mean_order = cuda::MeanOrder::ShufflesUp;  ///< one_pass: the mean's order
   bool want_mean = false;                                    ///< one_pass only
+  /// Where the result goes instead of a new tensor: a [B, H, S, N] view (its last dimension
+  /// contiguous, x's dtype and device) for x [B, S, H, N], such as the canvas's slots of the
+  /// decoder's keys; the result is then into.transpose(1, 2). Not with want_square / want_mean.
+  at::Tensor into;
 };
 
 struct NormResult {
-  at::Tensor out;     ///< like x
+  at::Tensor out;     ///< like x (with `into`: its [B, S, H, N] view)
   at::Tensor square;  ///< fp32 like x, when asked
   at::Tensor mean;    ///< [..., 1] fp32: the result's mean of squares, with want_mean
 };

@@ -110,8 +110,26 @@ NormResult norm_apply(const NormApply& a) {
   k.residual = same_type(a.residual, x, x.numel(), "residual");
   k.layer_scalar = same_type(a.layer_scalar, x, 1, "layer scalar");
   NormResult result;
-  result.out = at::empty_like(x);
-  k.out = result.out.data_ptr();
+  if (a.into.defined()) {
+    TORCH_CHECK(x.dim() == 4 && a.into.dim() == 4 && a.into.size(0) == x.size(0) &&
+                    a.into.size(1) == x.size(2) && a.into.size(2) == x.size(1) &&
+                    a.into.size(3) == k.n && a.into.stride(3) == 1 &&
+                    a.into.scalar_type() == x.scalar_type() && a.into.device() == x.device(),
+                "fused norm: `into` must be a [B, H, S, N] view for x [B, S, H, N], its last "
+                "dimension contiguous");
+    TORCH_CHECK(!a.want_square && !a.want_mean, "fused norm: `into` takes the result only");
+    k.rope_heads = x.size(2);
+    k.rope_seq = x.size(1);
+    k.out_strided = true;
+    k.out_stride_b = a.into.stride(0);
+    k.out_stride_h = a.into.stride(1);
+    k.out_stride_s = a.into.stride(2);
+    k.out = a.into.data_ptr();
+    result.out = a.into.transpose(1, 2);
+  } else {
+    result.out = at::empty_like(x);
+    k.out = result.out.data_ptr();
+  }
   if (a.want_square) {
     result.square = at::empty(x.sizes(), x.options().dtype(at::kFloat));
     k.square = result.square.data_ptr<float>();

@@ -34,13 +34,23 @@ const char* experts_impl_name(ExpertsImpl impl) {
 KvCache KvCache::repeat_rows(std::int64_t rows) const {
   KvCache out;
   out.seq_length = seq_length;
-  const auto rep = [rows](const at::Tensor& t) {
-    // [1, Hkv, L, D] -> [rows, Hkv, L, D], each row a bitwise copy of row 0.
-    return t.narrow(0, 0, 1).expand({rows, t.size(1), t.size(2), t.size(3)}).contiguous();
+  out.room.slots = room.slots;
+  const auto rep = [&](const at::Tensor& t, std::vector<at::Tensor>& kept,
+                       std::vector<at::Tensor>& with_room) {
+    // [1, Hkv, L, D] -> [rows, Hkv, L, D], each row a bitwise copy of row 0 (at the front of
+    // [rows, Hkv, L + slots, D] where the cache has room).
+    const at::Tensor each = t.narrow(0, 0, 1).expand({rows, t.size(1), t.size(2), t.size(3)});
+    if (room.slots <= 0) {
+      kept.push_back(each.contiguous());
+      return;
+    }
+    at::Tensor whole = at::empty({rows, t.size(1), t.size(2) + room.slots, t.size(3)}, t.options());
+    kept.push_back(whole.narrow(2, 0, t.size(2)).copy_(each));
+    with_room.push_back(std::move(whole));
   };
   for (std::size_t i = 0; i < k.size(); ++i) {
-    out.k.push_back(rep(k[i]));
-    out.v.push_back(rep(v[i]));
+    rep(k[i], out.k, out.room.k);
+    rep(v[i], out.v, out.room.v);
   }
   if (valid.defined()) {
     out.valid = valid.narrow(0, 0, 1).expand({rows, valid.size(1)}).contiguous();
@@ -159,6 +169,12 @@ class Pass {
       taps_->record(tap, layer, value);
     }
   }
+  // record() of a tensor of its own (a copy where `value` is a view that later passes rewrite).
+  void record_own(Tap tap, int layer, const at::Tensor& value) const {
+    if (wants(tap, layer)) {
+      taps_->record(tap, layer, value.contiguous());
+    }
+  }
 
   // ref: DiffusionGemmaTextScaledWordEmbedding.forward
   at::Tensor embed(const at::Tensor& ids, const at::Tensor& embed_scale) const {
@@ -226,12 +242,24 @@ class Pass {
     return tail(x, mean_sq(x), weight);
   }
 
-  // ref: DiffusionGemmaRMSNorm.forward
-  at::Tensor norm(const at::Tensor& x, const at::Tensor& weight) const {
+  // ref: DiffusionGemmaRMSNorm.forward. `into`: see put_into.
+  at::Tensor norm(const at::Tensor& x, const at::Tensor& weight,
+                  const at::Tensor& into = at::Tensor()) const {
     if (!fuse_norm(x, {weight})) {
-      return rms_norm(x, weight, t_.rms_norm_eps);
+      return put_into(rms_norm(x, weight, t_.rms_norm_eps), into);
     }
-    return kernels::norm_apply(tail_of(x, weight)).out;
+    kernels::NormApply a = tail_of(x, weight);
+    a.into = into;
+    return kernels::norm_apply(a).out;
+  }
+  // With `into` ([B, H, S, D], a view such as a KvRoom's slots), a result y [B, S, H, D] goes
+  // there and its view there is returned (the fused norm writes it there itself).
+  static at::Tensor put_into(const at::Tensor& y, const at::Tensor& into) {
+    if (!into.defined()) {
+      return y;
+    }
+    into.copy_(y.transpose(1, 2));
+    return into.transpose(1, 2);
   }
 
   // rms_norm(x, weight) where x's mean of squares `ms` is already known (fused path); ATen's
@@ -245,15 +273,16 @@ class Pass {
 
   // RMSNorm then RoPE (q and k). ref: DiffusionGemmaDecoderTextAttention.forward
   at::Tensor norm_rope(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& cos,
-                       const at::Tensor& sin) const {
+                       const at::Tensor& sin, const at::Tensor& into = at::Tensor()) const {
     // The fused kernel takes one table for every row ([1, S, D]); per-row positions ([B, S, D])
     // run ATen's chain (the same bits).
     if (!fuse_norm(x, {weight, cos, sin}) || x.dim() != 4 || cos.size(0) != 1) {
-      return apply_rope(rms_norm(x, weight, t_.rms_norm_eps), cos, sin);
+      return put_into(apply_rope(rms_norm(x, weight, t_.rms_norm_eps), cos, sin), into);
     }
     kernels::NormApply a = tail_of(x, weight);
     a.rope_cos = cos;
     a.rope_sin = sin;
+    a.into = into;
     return kernels::norm_apply(a).out;
   }
 
@@ -293,6 +322,50 @@ class Pass {
     return kernels::softcap(logits, cap);
   }
 
+  // The cache's room (KvRoom) takes this decoder pass's K of layer li: made for b rows and s
+  // tokens of x's dtype, its front still the cache's keys.
+  static bool room_fits(const KvCache& cache, std::size_t li, std::int64_t b, std::int64_t s,
+                        const at::Tensor& x) {
+    if (cache.room.slots != s || li >= cache.room.k.size() || li >= cache.room.v.size() ||
+        !cache.room.k[li].defined() || !cache.room.v[li].defined()) {
+      return false;
+    }
+    const auto fronts = [&](const at::Tensor& whole, const at::Tensor& kept) {
+      return whole.size(0) == b && whole.size(2) == kept.size(2) + s &&
+             whole.scalar_type() == x.scalar_type() && whole.device() == x.device() &&
+             whole.data_ptr() == kept.data_ptr() && kept.stride(2) == whole.stride(2) &&
+             kept.stride(1) == whole.stride(1) && kept.stride(0) == whole.stride(0);
+    };
+    return fronts(cache.room.k[li], cache.k[li]) && fronts(cache.room.v[li], cache.v[li]);
+  }
+
+  // The encoder keeps a layer's K and V (kept [B, Hkv, L_kept, D]) at the front of a tensor
+  // with room for a decoder pass of a canvas after them (one copy per encoder pass; the decoder
+  // then copies the cache in none of its passes).
+  void keep_with_room(KvCache& cache, std::size_t li, const at::Tensor& k,
+                      const at::Tensor& v) const {
+    if (!model_.settings().switches.kv_room()) {
+      cache.k[li] = k;
+      cache.v[li] = v;
+      cache.room = KvRoom();
+      return;
+    }
+    const std::int64_t slots = model_.config().canvas_length;
+    const std::size_t layers = cache.k.size();
+    if (cache.room.slots != slots || cache.room.k.size() != layers) {
+      cache.room.k.assign(layers, at::Tensor());
+      cache.room.v.assign(layers, at::Tensor());
+      cache.room.slots = slots;
+    }
+    const auto keep = [&](const at::Tensor& kept, at::Tensor& whole) {
+      whole = at::empty({kept.size(0), kept.size(1), kept.size(2) + slots, kept.size(3)},
+                        kept.options());
+      return whole.narrow(2, 0, kept.size(2)).copy_(kept);
+    };
+    cache.k[li] = keep(k, cache.room.k[li]);
+    cache.v[li] = keep(v, cache.room.v[li]);
+  }
+
   // ref: DiffusionGemma{Encoder,Decoder}TextAttention.forward + sdpa_attention_forward
   at::Tensor attention(const LayerWeights& lw, int layer, const at::Tensor& h,
                        const at::Tensor& cos, const at::Tensor& sin, KvCache& cache,
@@ -320,18 +393,29 @@ class Pass {
         lw.v_proj.defined()
             ? runner_.linear(h, lw.v_proj, OpSite{OpFamily::VProj, layer}).view({b, s, -1, d})
             : k_raw;
-    at::Tensor k = norm_rope(k_raw, lw.k_norm, cos, sin);  // [B, S, Hkv, D]
-    at::Tensor v = norm(v_raw, at::Tensor());              // [B, S, Hkv, D]
-    record(Tap::AttnK, layer, k);
-    record(Tap::AttnV, layer, v);
+    const auto li = static_cast<std::size_t>(layer);
+    const bool has_past = cache.seq_length > 0;
+    // The decoder's K and V go into the room after the cache's where it has one for this pass
+    // (KvRoom): the keys attention reads are then the room's whole tensor.
+    const bool in_room = !encoder && has_past && room_fits(cache, li, b, s, k_raw);
+    const at::Tensor k_into = in_room ? cache.room.k[li].narrow(2, cache.k[li].size(2), s)
+                                      : at::Tensor();  // [B, Hkv, S, D]
+    const at::Tensor v_into =
+        in_room ? cache.room.v[li].narrow(2, cache.v[li].size(2), s) : at::Tensor();
+    at::Tensor k = norm_rope(k_raw, lw.k_norm, cos, sin, k_into);  // [B, S, Hkv, D]
+    at::Tensor v = norm(v_raw, at::Tensor(), v_into);              // [B, S, Hkv, D]
+    // A view of the room is overwritten by the next pass: a sink gets a tensor of its own.
+    record_own(Tap::AttnK, layer, k);
+    record_own(Tap::AttnV, layer, v);
     k = k.transpose(1, 2);  // [B, Hkv, S, D]
     v = v.transpose(1, 2);
 
-    const auto li = static_cast<std::size_t>(layer);
-    const bool has_past = cache.seq_length > 0;
     at::Tensor keys = k;
     at::Tensor values = v;
-    if (has_past) {
+    if (in_room) {
+      keys = cache.room.k[li];  // [B, Hkv, L_kept + S, D]: torch.cat([cache, k], -2)'s values
+      values = cache.room.v[li];
+    } else if (has_past) {
       // Encoder: DynamicLayer / DynamicSlidingWindowLayer.update; decoder: append_to_cache.
       keys = at::cat({cache.k[li], k}, -2);
       values = at::cat({cache.v[li], v}, -2);
@@ -402,14 +486,10 @@ class Pass {
     record(Tap::AttnOProj, layer, o);
 
     if (encoder) {
-      if (sliding) {
-        const std::int64_t keep = std::min<std::int64_t>(keys.size(2), t_.sliding_window - 1);
-        cache.k[li] = keys.narrow(2, keys.size(2) - keep, keep);
-        cache.v[li] = values.narrow(2, values.size(2) - keep, keep);
-      } else {
-        cache.k[li] = keys;
-        cache.v[li] = values;
-      }
+      const std::int64_t keep =
+          sliding ? std::min<std::int64_t>(keys.size(2), t_.sliding_window - 1) : keys.size(2);
+      keep_with_room(cache, li, keys.narrow(2, keys.size(2) - keep, keep),
+                     values.narrow(2, values.size(2) - keep, keep));
     }
     return o;
   }
@@ -871,10 +951,11 @@ at::Tensor DiffusionGemma::decode(const at::Tensor& canvas, const KvCache& cache
 
   const auto [cos_s, sin_s] = rope_tables(inv_freq_sliding_, canvas_positions, dtype());
   const auto [cos_f, sin_f] = rope_tables(inv_freq_full_, canvas_positions, dtype());
-  auto& readonly = const_cast<KvCache&>(cache);  // the decoder never writes it
+  // The decoder writes its keys into the cache's room (KvRoom), never the cached ones.
+  auto& with_room = const_cast<KvCache&>(cache);
   for (int l = 0; l < static_cast<int>(t.num_hidden_layers); ++l) {
     const bool sliding = t.is_sliding(l);
-    x = pass.layer(l, x, sliding ? cos_s : cos_f, sliding ? sin_s : sin_f, readonly,
+    x = pass.layer(l, x, sliding ? cos_s : cos_f, sliding ? sin_s : sin_f, with_room,
                    /*encoder=*/false, /*attention_only=*/false);
   }
   const at::Tensor h = pass.norm(x, weights_.final_norm);

@@ -37,17 +37,46 @@ struct RunSettings {
 /// "eager" / "grouped_mm".
 const char* experts_impl_name(ExpertsImpl impl);
 
+/// Room after each layer's cached keys and values for one decoder pass (KvCache::room): per
+/// layer a tensor [B, Hkv, L_kept + slots, D] whose front is the cache's K (V) and whose last
+/// `slots` positions a decoder pass of that many tokens overwrites with its own. Attention then
+/// reads the whole tensor, which is what torch.cat([cache, new], -2) makes (the same values in
+/// the same layout), without copying the cache in every pass. A copy of a cache has no room
+/// (the copy falls back to the concatenation): two caches never write the same slots.
+struct KvRoom {
+  std::vector<at::Tensor> k;  ///< per layer [B, Hkv, L_kept + slots, D] or undefined
+  std::vector<at::Tensor> v;
+  std::int64_t slots = 0;  ///< tokens of the decoder pass it is for (the canvas length)
+
+  KvRoom() = default;
+  ~KvRoom() = default;
+  KvRoom(KvRoom&&) = default;
+  KvRoom& operator=(KvRoom&&) = default;
+  KvRoom(const KvRoom& /*other*/) {}
+  KvRoom& operator=(const KvRoom& other) {
+    if (this != &other) {
+      k.clear();
+      v.clear();
+      slots = 0;
+    }
+    return *this;
+  }
+};
+
 /// The encoder's KV cache: per layer K and V after norm and RoPE, exactly as attention reads
 /// them. Full layers keep every position; sliding layers keep the last sliding_window - 1
 /// (HF DynamicSlidingWindowLayer). ref: spec section 4.1
 struct KvCache {
-  std::vector<at::Tensor> k;    ///< per layer [B, Hkv, L_kept, D]
+  std::vector<at::Tensor> k;    ///< per layer [B, Hkv, L_kept, D] (the front of room.k)
   std::vector<at::Tensor> v;    ///< per layer [B, Hkv, L_kept, D]
   std::int64_t seq_length = 0;  ///< slots seen in all (padding included)
   /// Which of the seq_length slots hold a real token (false: left padding), on the device:
   /// transformers' 2D attention_mask as generate grows it. Undefined: every slot is real.
   at::Tensor valid;     ///< [B, seq_length] bool
   bool padded = false;  ///< some slot is padding (`valid` has a false); known on the host
+  /// Made by the encoder (and repeat_rows) for a decoder pass of a canvas; the decoder writes
+  /// its keys there, so one decoder pass at a time per cache.
+  KvRoom room;
 
   std::int64_t batch_size() const { return k.empty() ? 0 : k.front().size(0); }
   /// A cache of `rows` rows, each a bitwise copy of row 0 (the batch-1 prompt cache copied into
@@ -115,7 +144,8 @@ class DiffusionGemma {
   void encode(const at::Tensor& ids, KvCache& cache, const ForwardContext& ctx = {},
               const TokenLayout& layout = {}) const;
 
-  /// One decoder pass: canvas [B, C] int64, the cache (read only; B rows), optional
+  /// One decoder pass: canvas [B, C] int64, the cache (B rows; its cached keys are read only,
+  /// its room (KvRoom) takes this pass's, so one pass at a time per cache), optional
   /// self-conditioning logits [B, C, V] (the previous step's processed logits, any float
   /// dtype; undefined on the first step). Returns soft-capped logits [B, C, V] fp32.
   /// `positions` [1, C] or [B, C] int64: the canvas's position ids (undefined: seq_length + i).

@@ -30,6 +30,7 @@ TEST_F(SwitchesEnv, DefaultsAllowEverythingAndDescribeNothing) {
   EXPECT_EQ(s.bi_plan, BiPlan::Classes);
   EXPECT_FALSE(s.side_branches);
   EXPECT_TRUE(s.fused_kernel("diff"));
+  EXPECT_TRUE(s.kv_room());
   EXPECT_EQ(s.describe(), "");
 }
 
@@ -60,9 +61,16 @@ TEST_F(SwitchesEnv, ReadsEachVariable) {
             "BATCHLENS_FUSED_OFF=diff,norm; BATCHLENS_CUDA_GRAPHS=0; BATCHLENS_BI_PLAN=timed; "
             "BATCHLENS_SIDE_BRANCHES=1");
 
+  EXPECT_TRUE(Switches::from_environment().kv_room());
+  set("BATCHLENS_FUSED_OFF", "diff,room");
+  EXPECT_FALSE(Switches::from_environment().kv_room());
+  EXPECT_TRUE(Switches::from_environment().fused_kernel("norm"));
+
+  set("BATCHLENS_FUSED_OFF", "diff,norm");
   set("BATCHLENS_FUSED", "0");
   const Switches off = Switches::from_environment();
   EXPECT_FALSE(off.fused_kernel("softcap"));
+  EXPECT_TRUE(off.kv_room()) << "the room is no kernel: only FUSED_OFF=room turns it off";
   EXPECT_EQ(off.describe().rfind("BATCHLENS_FUSED=0; ", 0), 0U) << off.describe();
 }
 

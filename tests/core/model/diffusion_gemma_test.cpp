@@ -387,6 +387,79 @@ TEST(DiffusionGemma, TapsHaveDocumentedShapesAndCostNothingWhenUnwanted) {
   EXPECT_TRUE(at::equal(again, logits));
 }
 
+// issue #37: the decoder writes its keys into the room the encoder left after the cache's
+// (KvRoom) instead of concatenating the cache in every pass. The same bits as the concatenation
+// (a copy of the cache has no room and concatenates), pass after pass, after a commit, on
+// repeated rows, and the taps of K and V are tensors of their own, which the next pass leaves.
+TEST(DiffusionGemma, TheDecodersKeysInTheCachesRoomChangeNoBit) {
+  const DiffusionGemma m = make_model(at::kBFloat16, 4);
+  const auto& t = m.config().text;
+  const std::int64_t c = m.config().canvas_length;
+  const auto layers = static_cast<std::size_t>(t.num_hidden_layers);
+  const at::Tensor prompt = random_ids(2, 40, t.vocab_size, 71);  // past the sliding window
+  KvCache cache;
+  m.encode(prompt, cache);
+  ASSERT_EQ(cache.room.slots, c);
+  ASSERT_EQ(cache.room.k.size(), layers);
+  for (std::size_t l = 0; l < layers; ++l) {
+    ASSERT_EQ(cache.room.k[l].size(2), cache.k[l].size(2) + c) << "layer " << l;
+    ASSERT_EQ(cache.room.k[l].data_ptr(), cache.k[l].data_ptr()) << "layer " << l;
+  }
+  const KvCache copy = cache;  // NOLINT(performance-unnecessary-copy-initialization)
+  ASSERT_EQ(copy.room.slots, 0) << "a copy has no room: it concatenates";
+  ASSERT_TRUE(copy.room.k.empty());
+
+  const at::Tensor first = random_ids(2, c, t.vocab_size, 72);
+  const at::Tensor second = random_ids(2, c, t.vocab_size, 73);
+  probe::TapRecorder taps = probe::TapRecorder::all();
+  const at::Tensor a = m.decode(first, cache, at::Tensor(), ForwardContext{nullptr, &taps});
+  const at::Tensor k0 = taps.get(probe::Tap::AttnK, 0).clone();
+  const at::Tensor sc = (a / 0.8).to(at::kBFloat16);
+  probe::TapRecorder taps2 = probe::TapRecorder::all();
+  const at::Tensor b = m.decode(second, cache, sc, ForwardContext{nullptr, &taps2});
+  for (const int l : {0, static_cast<int>(layers) - 1}) {  // a sliding and a full layer
+    const auto li = static_cast<std::size_t>(l);
+    EXPECT_TRUE(at::equal(cache.room.k[li].narrow(2, cache.k[li].size(2), c),
+                          taps2.get(probe::Tap::AttnK, l).transpose(1, 2)))
+        << "the pass's keys are in the room, layer " << l;
+    EXPECT_TRUE(at::equal(cache.room.v[li].narrow(2, cache.v[li].size(2), c),
+                          taps2.get(probe::Tap::AttnV, l).transpose(1, 2)));
+  }
+  EXPECT_TRUE(at::equal(a, m.decode(first, copy, at::Tensor())));
+  EXPECT_TRUE(at::equal(b, m.decode(second, copy, sc)));
+  EXPECT_TRUE(at::equal(taps.get(probe::Tap::AttnK, 0), k0)) << "the tap is the room's view";
+  EXPECT_FALSE(at::equal(a, b));
+
+  // A commit (the encoder after the decoder passes) makes new room; the passes after it.
+  KvCache committed = std::move(cache);
+  KvCache plain = copy;
+  m.encode(first, committed);
+  m.encode(first, plain);
+  plain.room = KvRoom();  // concatenates
+  EXPECT_EQ(committed.room.k[0].size(2), committed.k[0].size(2) + c);
+  EXPECT_TRUE(at::equal(m.decode(second, committed, sc), m.decode(second, plain, sc)));
+
+  // repeat_rows keeps the room (the engine's copied prefill).
+  KvCache one;
+  m.encode(prompt.narrow(0, 0, 1), one);
+  const KvCache three = one.repeat_rows(3);
+  ASSERT_EQ(three.room.slots, c);
+  KvCache three_plain = three;
+  const at::Tensor canvas3 = random_ids(3, c, t.vocab_size, 74);
+  EXPECT_TRUE(at::equal(m.decode(canvas3, three, at::Tensor()),
+                        m.decode(canvas3, three_plain, at::Tensor())));
+
+  // BATCHLENS_FUSED_OFF=room: the encoder leaves none; the same logits.
+  RunSettings no_room;
+  no_room.switches.fused_off = {"room"};
+  const DiffusionGemma without(m.config(), m.weights(), no_room);
+  KvCache bare;
+  without.encode(prompt, bare);
+  EXPECT_EQ(bare.room.slots, 0);
+  EXPECT_TRUE(bare.room.k.empty());
+  EXPECT_TRUE(at::equal(without.decode(first, bare, at::Tensor()), a));
+}
+
 TEST(DiffusionGemma, FusedKernelsAreCudaOnlyAndChangeNothingOnCpu) {
   const DiffusionGemma m = make_model(at::kBFloat16, 3);
   EXPECT_FALSE(m.fused_kernels().any());

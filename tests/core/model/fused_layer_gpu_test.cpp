@@ -160,6 +160,42 @@ void expect_one_pass_equals_apart(kernels::NormApply a, const std::string& what)
   }
 }
 
+// The result written into a [B, H, S, N] view (the decoder's keys in the cache's room, KvRoom):
+// the bits of the result written apart, transposed, with one per thread, four per thread and in
+// one pass, and nothing around the view touched.
+void expect_into_equals_apart(kernels::NormApply a, const at::Tensor& expected,
+                              const std::string& what) {
+  const at::Tensor& x = a.x;  // [B, S, H, N]
+  constexpr std::int64_t kFront = 20;
+  at::Tensor whole = at::full({x.size(0), x.size(2), kFront + x.size(1) + 4, x.size(3)}, 7.0,
+                              x.options());  // [B, H, front + S + 4, N]
+  const at::Tensor fill = whole.clone();
+  a.into = whole.narrow(2, kFront, x.size(1));
+  for (const int path : {0, 1, 2}) {
+    const std::string where = what + (path == 0   ? ", one per thread"
+                                      : path == 1 ? ", four per thread"
+                                                  : ", one pass");
+    whole.copy_(fill);
+    a.vectorized = path > 0;
+    a.one_pass = path == 2;
+    if (a.one_pass) {
+      a.mean_sq = at::Tensor();
+      a.mean_order = kernels::cuda::MeanOrder::ShufflesDown;
+    }
+    // The one-pass norm computes its own mean (in the order given): against itself apart.
+    kernels::NormApply apart = a;
+    apart.into = at::Tensor();
+    const at::Tensor want = a.one_pass ? kernels::norm_apply(apart).out : expected;
+    const kernels::NormResult r = kernels::norm_apply(a);
+    EXPECT_EQ(r.out.data_ptr(), a.into.data_ptr()) << where;
+    EXPECT_EQ(differing(r.out, want), 0) << where;
+    EXPECT_EQ(differing(a.into, want.transpose(1, 2)), 0) << where;
+    EXPECT_EQ(differing(whole.narrow(2, 0, kFront), fill.narrow(2, 0, kFront)), 0) << where;
+    EXPECT_EQ(differing(whole.narrow(2, kFront + x.size(1), 4), fill.narrow(2, 0, 4)), 0)
+        << where << ", after the view";
+  }
+}
+
 // The tail four elements per thread gives the bits of one per thread at the row counts and widths
 // the models reach, with every operand (RoPE, router scaling, residual, layer scalar, squares),
 // and so does the one-pass norm against its parts; a view one element off alignment still runs
@@ -200,6 +236,12 @@ TEST(FusedLayerGpu, NormFourPerThreadAndOnePassEqualOnePerThread) {
           }
           expect_one_pass_equals_apart(a, std::string(what) + ", " + std::to_string(n) + " wide, " +
                                               std::to_string(tokens) + " tokens");
+          if (!a.want_square) {
+            a.vectorized = false;
+            expect_into_equals_apart(a, one.out,
+                                     std::string(what) + " into a view, " + std::to_string(n) +
+                                         " wide, " + std::to_string(tokens) + " tokens");
+          }
         };
         both("rope", [&](kernels::NormApply& a) {
           a.weight = w;
@@ -370,6 +412,55 @@ TEST(FusedLayerGpu, BranchesOnASecondStreamChangeNoBit) {
     };
     EXPECT_EQ(streams_of(on), 2U) << "rows " << rows;
     EXPECT_EQ(streams_of(off), 1U) << "rows " << rows;
+  }
+}
+
+// issue #37: the decoder's K and V written by the fused norms into the cache's room (KvRoom)
+// instead of concatenated with the cache in every pass: the same bits as the concatenation (a
+// copy of the cache has no room), eager and as a replayed graph, B = 1 and 3, and no copy of
+// the cache's keys left in the pass (the concatenation's kernels are gone from its profile).
+TEST(FusedLayerGpu, TheDecodersKeysInTheCachesRoomChangeNoBit) {
+  ASSERT_TRUE(at::hasCUDA());
+  const ModelConfig cfg = preset("mid");
+  const at::Device cuda(at::kCUDA, 0);
+  const DiffusionGemma m(cfg, random_weights(cfg, 5, cuda, at::kBFloat16),
+                         RunSettings{ExpertsImpl::GroupedMm, {}});
+  ASSERT_TRUE(m.fused_kernels().norm) << m.fused_kernels().report;
+  const auto& t = cfg.text;
+  ForwardContext ctx;
+  ctx.check_id_range = false;
+  for (const std::int64_t rows : {1, 3}) {
+    const at::Tensor prompt = random_ids(rows, 20, t.vocab_size, 31).to(cuda);
+    const at::Tensor canvas = random_ids(rows, cfg.canvas_length, t.vocab_size, 32).to(cuda);
+    const at::Tensor sc = random_logits(rows, cfg, 33, cuda);
+    KvCache cache;
+    m.encode(prompt, cache, ctx);
+    ASSERT_EQ(cache.room.slots, cfg.canvas_length);
+    const KvCache plain = cache;  // no room: concatenates
+    ASSERT_EQ(plain.room.slots, 0);
+    const at::Tensor expected = m.decode(canvas, plain, sc, ctx);
+    EXPECT_EQ(differing(m.decode(canvas, cache, sc, ctx), expected), 0) << "rows " << rows;
+
+    at::Tensor graph_canvas = canvas.clone();
+    at::Tensor graph_out;
+    compat::DeviceGraph graph;
+    graph.capture(cuda, [&] { graph_out = m.decode(graph_canvas, cache, sc, ctx); });
+    const at::Tensor other = random_ids(rows, cfg.canvas_length, t.vocab_size, 34).to(cuda);
+    graph_canvas.copy_(other);
+    graph.replay();
+    EXPECT_EQ(differing(graph_out, m.decode(other, plain, sc, ctx)), 0)
+        << "graph replay, rows " << rows;
+
+    const auto cat_kernels = [&](const KvCache& c) {
+      int cats = 0;
+      for (const compat::DeviceKernel& k :
+           compat::profile_kernels([&] { (void)m.decode(canvas, c, sc, ctx); }, "bl/")) {
+        cats += k.name.find("CatArrayBatchedCopy") != std::string::npos ? 1 : 0;
+      }
+      return cats;
+    };
+    EXPECT_EQ(cat_kernels(cache), 0) << "rows " << rows;
+    EXPECT_GE(cat_kernels(plain), static_cast<int>(t.num_hidden_layers)) << "rows " << rows;
   }
 }
 
