@@ -281,11 +281,13 @@ MemoryEstimate estimate_memory(const ModelConfig& config, const std::string& dty
   // from its mapped bytes one at a time.
   m.loading = largest * 4;
 
-  // Encoder K and V per row: full layers keep every position, sliding layers their window.
+  // Encoder K and V per row: full layers keep every position, sliding layers their window, each
+  // with room for a canvas after them (KvRoom).
   std::uint64_t kv_per_row = 0;
   std::uint64_t max_head_dim = 0;
   for (std::int64_t l = 0; l < t.num_hidden_layers; ++l) {
-    const std::uint64_t kept = t.is_sliding(l) ? std::min(sequence, u(t.sliding_window)) : sequence;
+    const std::uint64_t kept =
+        (t.is_sliding(l) ? std::min(sequence, u(t.sliding_window)) : sequence) + c;
     kv_per_row += 2 * u(t.layer_kv_heads(l)) * u(t.layer_head_dim(l)) * kept * e;
     max_head_dim = std::max(max_head_dim, u(t.layer_head_dim(l)));
   }
