@@ -200,6 +200,20 @@ void expect_into_equals_apart(kernels::NormApply a, const at::Tensor& expected,
 // the models reach, with every operand (RoPE, router scaling, residual, layer scalar, squares),
 // and so does the one-pass norm against its parts; a view one element off alignment still runs
 // (one per thread; the one-pass norm as its parts) with the same bits.
+// The elements in which `model`'s decoder pass on `cache`, captured as a graph on `canvas` and
+// replayed on `other`, differs from `expected` (compared while the graph is alive).
+std::int64_t replay_differing(const DiffusionGemma& model, const at::Tensor& canvas,
+                              const at::Tensor& other, const KvCache& cache, const at::Tensor& sc,
+                              const ForwardContext& ctx, const at::Tensor& expected) {
+  at::Tensor graph_canvas = canvas.clone();
+  at::Tensor graph_out;
+  compat::DeviceGraph graph;
+  graph.capture(canvas.device(), [&] { graph_out = model.decode(graph_canvas, cache, sc, ctx); });
+  graph_canvas.copy_(other);
+  graph.replay();
+  return differing(graph_out, expected);
+}
+
 TEST(FusedLayerGpu, NormFourPerThreadAndOnePassEqualOnePerThread) {
   ASSERT_TRUE(at::hasCUDA());
   auto gen = at::make_generator<at::CPUGeneratorImpl>(31);
@@ -392,14 +406,10 @@ TEST(FusedLayerGpu, BranchesOnASecondStreamChangeNoBit) {
         << "with MlpOut taps, rows " << rows;
 
     // Captured and replayed on a fresh canvas.
-    at::Tensor graph_canvas = canvas.clone();
-    at::Tensor graph_out;
-    compat::DeviceGraph graph;
-    graph.capture(cuda, [&] { graph_out = on.decode(graph_canvas, off_cache, sc, ctx); });
     const at::Tensor other = random_ids(rows, cfg.canvas_length, t.vocab_size, 24).to(cuda);
-    graph_canvas.copy_(other);
-    graph.replay();
-    EXPECT_EQ(differing(graph_out, off.decode(other, off_cache, sc, ctx)), 0)
+    EXPECT_EQ(replay_differing(on, canvas, other, off_cache, sc, ctx,
+                               off.decode(other, off_cache, sc, ctx)),
+              0)
         << "graph replay, rows " << rows;
 
     const auto streams_of = [&](const DiffusionGemma& m) {
@@ -441,14 +451,9 @@ TEST(FusedLayerGpu, TheDecodersKeysInTheCachesRoomChangeNoBit) {
     const at::Tensor expected = m.decode(canvas, plain, sc, ctx);
     EXPECT_EQ(differing(m.decode(canvas, cache, sc, ctx), expected), 0) << "rows " << rows;
 
-    at::Tensor graph_canvas = canvas.clone();
-    at::Tensor graph_out;
-    compat::DeviceGraph graph;
-    graph.capture(cuda, [&] { graph_out = m.decode(graph_canvas, cache, sc, ctx); });
     const at::Tensor other = random_ids(rows, cfg.canvas_length, t.vocab_size, 34).to(cuda);
-    graph_canvas.copy_(other);
-    graph.replay();
-    EXPECT_EQ(differing(graph_out, m.decode(other, plain, sc, ctx)), 0)
+    EXPECT_EQ(replay_differing(m, canvas, other, cache, sc, ctx, m.decode(other, plain, sc, ctx)),
+              0)
         << "graph replay, rows " << rows;
 
     const auto cat_kernels = [&](const KvCache& c) {
