@@ -200,6 +200,20 @@ void expect_into_equals_apart(kernels::NormApply a, const at::Tensor& expected,
 // the models reach, with every operand (RoPE, router scaling, residual, layer scalar, squares),
 // and so does the one-pass norm against its parts; a view one element off alignment still runs
 // (one per thread; the one-pass norm as its parts) with the same bits.
+// A decoder pass's inputs on `device`, seeded from `seed` (seed, seed + 1, seed + 2): a prompt of
+// 20 tokens, a canvas [rows, C] and self-conditioning logits.
+struct PassInputs {
+  at::Tensor prompt;
+  at::Tensor canvas;
+  at::Tensor sc;
+};
+PassInputs pass_inputs(const ModelConfig& cfg, std::int64_t rows, std::uint64_t seed,
+                       const at::Device& device) {
+  return {random_ids(rows, 20, cfg.text.vocab_size, seed).to(device),
+          random_ids(rows, cfg.canvas_length, cfg.text.vocab_size, seed + 1).to(device),
+          random_logits(rows, cfg, seed + 2, device)};
+}
+
 // The elements in which `model`'s decoder pass on `cache`, captured as a graph on `canvas` and
 // replayed on `other`, differs from `expected` (compared while the graph is alive).
 std::int64_t replay_differing(const DiffusionGemma& model, const at::Tensor& canvas,
@@ -382,9 +396,10 @@ TEST(FusedLayerGpu, BranchesOnASecondStreamChangeNoBit) {
   ForwardContext ctx;
   ctx.check_id_range = false;
   for (const std::int64_t rows : {1, 3}) {
-    const at::Tensor prompt = random_ids(rows, 20, t.vocab_size, 21).to(cuda);
-    const at::Tensor canvas = random_ids(rows, cfg.canvas_length, t.vocab_size, 22).to(cuda);
-    const at::Tensor sc = random_logits(rows, cfg, 23, cuda);
+    const PassInputs in = pass_inputs(cfg, rows, 21, cuda);
+    const at::Tensor& prompt = in.prompt;  // lambdas below capture these (not bindings: C++17)
+    const at::Tensor& canvas = in.canvas;
+    const at::Tensor& sc = in.sc;
     KvCache on_cache;
     KvCache off_cache;
     on.encode(prompt, on_cache, ctx);
@@ -440,9 +455,10 @@ TEST(FusedLayerGpu, TheDecodersKeysInTheCachesRoomChangeNoBit) {
   ForwardContext ctx;
   ctx.check_id_range = false;
   for (const std::int64_t rows : {1, 3}) {
-    const at::Tensor prompt = random_ids(rows, 20, t.vocab_size, 31).to(cuda);
-    const at::Tensor canvas = random_ids(rows, cfg.canvas_length, t.vocab_size, 32).to(cuda);
-    const at::Tensor sc = random_logits(rows, cfg, 33, cuda);
+    const PassInputs in = pass_inputs(cfg, rows, 31, cuda);
+    const at::Tensor& prompt = in.prompt;  // lambdas below capture these (not bindings: C++17)
+    const at::Tensor& canvas = in.canvas;
+    const at::Tensor& sc = in.sc;
     KvCache cache;
     m.encode(prompt, cache, ctx);
     ASSERT_EQ(cache.room.slots, cfg.canvas_length);
