@@ -8,6 +8,7 @@
 // - rsqrtf and tanhf are the CUDA math library's, as in ATen's rsqrt and gelu kernels.
 // core/kernels/fused_ops_cuda.cpp checks every kernel against ATen on the device before use.
 #include <cstddef>
+#include <cstdint>
 
 #include <cub/block/block_radix_sort.cuh>
 #include <cuda_bf16.h>
@@ -410,82 +411,150 @@ __global__ void inverse_kernel(const std::int64_t* perm, std::int64_t* inv, std:
 constexpr int kMaxTopK = 64;
 constexpr int kAccumulators = 4;  // ATen's vt0: independent accumulators per thread
 
+// kWidth consecutive elements from p + i: one vector access (load4 / store4) for four, which
+// needs i and p aligned to four elements; the same values either way.
+template <int kWidth, typename T>
+__device__ __forceinline__ void load_n(const T* p, std::int64_t i, float (&v)[kWidth]) {
+  if constexpr (kWidth == 4) {
+    load4(p, i, v);
+  } else {
+    for (int e = 0; e < kWidth; ++e) {
+      v[e] = load(p, i + e);
+    }
+  }
+}
+template <int kWidth, typename T>
+__device__ __forceinline__ void store_n(T* p, std::int64_t i, const float (&v)[kWidth]) {
+  if constexpr (kWidth == 4) {
+    store4(p, i, v);
+  } else {
+    for (int e = 0; e < kWidth; ++e) {
+      store(p, i + e, v[e]);
+    }
+  }
+}
+
 // ref: grouped_mm_experts_forward: (proj * sample_weights_g)[inv_perm].view(T, K, H).sum(1)
 // .to(dtype). The sum follows ATen's reduce kernel for a reduction over a non-innermost
-// dimension: `lanes` threads along k, thread y takes k = y, y + lanes, ... into four
+// dimension: kLanes threads along k, thread y takes k = y, y + kLanes, ... into four
 // accumulators (each starting at 0), combines them in order, then the lanes combine as a tree
-// (halving offsets), as block_y_reduce does. One block row per token.
-template <typename T>
+// (halving offsets), as block_y_reduce does. One block row per token; each thread sums kWidth
+// consecutive hidden elements, each on its own in that order (the lanes and accumulators are
+// compile-time, so they stay in registers).
+template <typename T, int kLanes, int kWidth>
 __global__ void combine_kernel(const T* proj, const float* weights, const std::int64_t* inv,
-                               std::int64_t tokens, int k_count, int hidden, int lanes, T* out) {
-  const int h = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+                               std::int64_t tokens, int k_count, int hidden, T* out) {
+  const int h = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x) * kWidth;
   if (h >= hidden) {
     return;
   }
   for (std::int64_t t = blockIdx.y; t < tokens; t += gridDim.y) {
     const std::int64_t* slot_src = inv + t * k_count;
     const float* slot_weight = weights + t * k_count;
-    float lane_value[32];
-    for (int y = 0; y < lanes; ++y) {
-      float acc[kAccumulators] = {0.0F, 0.0F, 0.0F, 0.0F};
-      int idx = y;
-      while (idx + (kAccumulators - 1) * lanes < k_count) {
-        for (int j = 0; j < kAccumulators; ++j) {
-          const int k = idx + j * lanes;
-          acc[j] =
-              __fadd_rn(acc[j], __fmul_rn(load(proj, slot_src[k] * hidden + h), slot_weight[k]));
+    float lane_value[kLanes][kWidth];
+#pragma unroll
+    for (int y = 0; y < kLanes; ++y) {
+      float acc[kAccumulators][kWidth];
+#pragma unroll
+      for (int j = 0; j < kAccumulators; ++j) {
+        for (int e = 0; e < kWidth; ++e) {
+          acc[j][e] = 0.0F;
         }
-        idx += kAccumulators * lanes;
       }
-      for (int j = 0; j < kAccumulators && idx < k_count; ++j) {
-        acc[j] =
-            __fadd_rn(acc[j], __fmul_rn(load(proj, slot_src[idx] * hidden + h), slot_weight[idx]));
-        idx += lanes;
+      const auto add = [&](int j, int k) {
+        float p[kWidth];
+        load_n<kWidth>(proj, slot_src[k] * hidden + h, p);
+        const float w = slot_weight[k];
+        for (int e = 0; e < kWidth; ++e) {
+          acc[j][e] = __fadd_rn(acc[j][e], __fmul_rn(p[e], w));
+        }
+      };
+      int idx = y;
+      while (idx + (kAccumulators - 1) * kLanes < k_count) {
+#pragma unroll
+        for (int j = 0; j < kAccumulators; ++j) {
+          add(j, idx + j * kLanes);
+        }
+        idx += kAccumulators * kLanes;
       }
-      float v = acc[0];
-      for (int j = 1; j < kAccumulators; ++j) {
-        v = __fadd_rn(v, acc[j]);
+#pragma unroll
+      for (int j = 0; j < kAccumulators; ++j) {
+        if (idx < k_count) {
+          add(j, idx);
+          idx += kLanes;
+        }
       }
-      lane_value[y] = v;
+      for (int e = 0; e < kWidth; ++e) {
+        float v = acc[0][e];
+        for (int j = 1; j < kAccumulators; ++j) {
+          v = __fadd_rn(v, acc[j][e]);
+        }
+        lane_value[y][e] = v;
+      }
     }
-    for (int offset = lanes / 2; offset > 0; offset /= 2) {
+#pragma unroll
+    for (int offset = kLanes / 2; offset > 0; offset /= 2) {
+#pragma unroll
       for (int y = 0; y < offset; ++y) {
-        lane_value[y] = __fadd_rn(lane_value[y], lane_value[y + offset]);
+        for (int e = 0; e < kWidth; ++e) {
+          lane_value[y][e] = __fadd_rn(lane_value[y][e], lane_value[y + offset][e]);
+        }
       }
     }
-    store(out, t * hidden + h, lane_value[0]);
+    store_n<kWidth>(out, t * hidden + h, lane_value[0]);
   }
 }
 
 // ref: DiffusionGemmaText4MLP.forward / _default_apply_gate: act_fn(gate) * up, with ATen's
-// GeluCUDAKernelImpl (tanh): 0.5 * x * (1 + tanh(kBeta * (x + kKappa * x^3))) in fp32.
+// GeluCUDAKernelImpl (tanh): 0.5 * x * (1 + tanh(kBeta * (x + kKappa * x^3))) in fp32, rounded
+// to T, times up (the value to store).
 template <typename T>
-__global__ void gelu_mul_kernel(const T* gate, const T* up, std::int64_t stride, std::int64_t rows,
-                                int inter, bool contract, T* out) {
+__device__ __forceinline__ float gelu_times(const T* tag, float x, float up, bool contract) {
   constexpr float kBeta = static_cast<float>(1.4142135623730951 * 1.1283791670955126 * 0.5);
   constexpr float kKappa = 0.044715F;
-  const int j = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
+  const float cube = __fmul_rn(__fmul_rn(x, x), x);
+  const float sum = contract ? __fmaf_rn(kKappa, cube, x) : __fadd_rn(x, __fmul_rn(kKappa, cube));
+  const float inner = __fmul_rn(kBeta, sum);
+  const float g = round_to(tag, __fmul_rn(__fmul_rn(0.5F, x), __fadd_rn(1.0F, tanhf(inner))));
+  return __fmul_rn(g, up);
+}
+
+// kWidth consecutive columns per thread (four: vector accesses; the row stride, the width and
+// the pointers aligned to four elements), each element on its own.
+template <typename T, int kWidth>
+__global__ void gelu_mul_kernel(const T* gate, const T* up, std::int64_t stride, std::int64_t rows,
+                                int inter, bool contract, T* out) {
+  const int j = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x) * kWidth;
   if (j >= inter) {
     return;
   }
   for (std::int64_t r = blockIdx.y; r < rows; r += gridDim.y) {
-    const float x = load(gate, r * stride + j);
-    const float cube = __fmul_rn(__fmul_rn(x, x), x);
-    const float sum = contract ? __fmaf_rn(kKappa, cube, x) : __fadd_rn(x, __fmul_rn(kKappa, cube));
-    const float inner = __fmul_rn(kBeta, sum);
-    const float g = round_to(gate, __fmul_rn(__fmul_rn(0.5F, x), __fadd_rn(1.0F, tanhf(inner))));
-    store(out, r * inter + j, __fmul_rn(g, load(up, r * stride + j)));
+    float g[kWidth];
+    float u[kWidth];
+    load_n<kWidth>(gate, r * stride + j, g);
+    load_n<kWidth>(up, r * stride + j, u);
+    float o[kWidth];
+    for (int e = 0; e < kWidth; ++e) {
+      o[e] = gelu_times(gate, g[e], u[e], contract);
+    }
+    store_n<kWidth>(out, r * inter + j, o);
   }
 }
 
 // ref: DiffusionGemmaForBlockDiffusion.forward: logits.float() / cap, tanh, * cap (ATen divides
 // by a CPU scalar as a multiplication by its fp32 reciprocal).
-template <typename T>
+template <typename T, int kWidth>
 __global__ void softcap_kernel(const T* x, float inv_cap, float cap, float* out,
                                std::int64_t count) {
-  for (std::int64_t i = blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<std::int64_t>(gridDim.x) * blockDim.x) {
-    out[i] = __fmul_rn(tanhf(__fmul_rn(load(x, i), inv_cap)), cap);
+  // count: elements (a multiple of kWidth)
+  for (std::int64_t i = (blockIdx.x * static_cast<std::int64_t>(blockDim.x) + threadIdx.x) * kWidth;
+       i < count; i += static_cast<std::int64_t>(gridDim.x) * blockDim.x * kWidth) {
+    float v[kWidth];
+    load_n<kWidth>(x, i, v);
+    for (int e = 0; e < kWidth; ++e) {
+      v[e] = __fmul_rn(tanhf(__fmul_rn(v[e], inv_cap)), cap);
+    }
+    store_n<kWidth>(out, i, v);
   }
 }
 
@@ -897,43 +966,120 @@ int inverse_permutation(const std::int64_t* perm, std::int64_t* inv, std::int64_
   return status();
 }
 
+namespace {
+
+// Whether p (elements of `bytes` each) is aligned for one access of four elements.
+bool aligned4(const void* p, std::size_t bytes) {
+  return reinterpret_cast<std::uintptr_t>(p) % (4 * bytes) == 0;
+}
+
+template <typename T, int kWidth>
+void launch_combine(dim3 grid, cudaStream_t s, int lanes, const T* proj, const float* weights,
+                    const std::int64_t* inv, std::int64_t tokens, int k_count, int hidden, T* out) {
+  switch (lanes) {
+    case 1:
+      combine_kernel<T, 1, kWidth><<<grid, kThreads, 0, s>>>(proj, weights, inv, tokens, k_count,
+                                                             hidden, out);
+      break;
+    case 2:
+      combine_kernel<T, 2, kWidth><<<grid, kThreads, 0, s>>>(proj, weights, inv, tokens, k_count,
+                                                             hidden, out);
+      break;
+    case 4:
+      combine_kernel<T, 4, kWidth><<<grid, kThreads, 0, s>>>(proj, weights, inv, tokens, k_count,
+                                                             hidden, out);
+      break;
+    case 8:
+      combine_kernel<T, 8, kWidth><<<grid, kThreads, 0, s>>>(proj, weights, inv, tokens, k_count,
+                                                             hidden, out);
+      break;
+    case 16:
+      combine_kernel<T, 16, kWidth><<<grid, kThreads, 0, s>>>(proj, weights, inv, tokens, k_count,
+                                                              hidden, out);
+      break;
+    default:
+      combine_kernel<T, 32, kWidth><<<grid, kThreads, 0, s>>>(proj, weights, inv, tokens, k_count,
+                                                              hidden, out);
+      break;
+  }
+}
+
+template <typename T>
+void combine_as(bool quads, cudaStream_t s, int lanes, const void* proj, const float* weights,
+                const std::int64_t* inv, std::int64_t tokens, int k_count, std::int64_t hidden,
+                void* out) {
+  const auto* p = static_cast<const T*>(proj);
+  auto* o = static_cast<T*>(out);
+  const int h = static_cast<int>(hidden);
+  if (quads && hidden % 4 == 0 && aligned4(p, sizeof(T)) && aligned4(o, sizeof(T))) {
+    launch_combine<T, 4>(rows_grid(hidden / 4, tokens), s, lanes, p, weights, inv, tokens, k_count,
+                         h, o);
+  } else {
+    launch_combine<T, 1>(rows_grid(hidden, tokens), s, lanes, p, weights, inv, tokens, k_count, h,
+                         o);
+  }
+}
+
+}  // namespace
+
 int moe_combine(Elem elem, const void* proj, const float* weights, const std::int64_t* inv,
-                std::int64_t tokens, int k_count, std::int64_t hidden, int lanes, void* out,
-                void* stream) {
+                std::int64_t tokens, int k_count, std::int64_t hidden, int lanes, bool quads,
+                void* out, void* stream) {
   if (k_count < 1 || k_count > kMaxTopK || lanes < 1 || lanes > 32 || (lanes & (lanes - 1)) != 0 ||
       hidden < 1 || hidden > (1 << 30)) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
   auto* s = static_cast<cudaStream_t>(stream);
-  const dim3 grid = rows_grid(hidden, tokens);
-  const int h = static_cast<int>(hidden);
   if (elem == Elem::BF16) {
-    combine_kernel<<<grid, kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(proj), weights, inv,
-                                             tokens, k_count, h, lanes,
-                                             static_cast<__nv_bfloat16*>(out));
+    combine_as<__nv_bfloat16>(quads, s, lanes, proj, weights, inv, tokens, k_count, hidden, out);
   } else {
-    combine_kernel<<<grid, kThreads, 0, s>>>(static_cast<const float*>(proj), weights, inv, tokens,
-                                             k_count, h, lanes, static_cast<float*>(out));
+    combine_as<float>(quads, s, lanes, proj, weights, inv, tokens, k_count, hidden, out);
   }
   return status();
 }
 
+namespace {
+
+template <typename T>
+void gelu_mul_as(bool quads, cudaStream_t s, const void* gate, const void* up, std::int64_t stride,
+                 std::int64_t rows, std::int64_t inter, bool contract, void* out) {
+  const auto* g = static_cast<const T*>(gate);
+  const auto* u = static_cast<const T*>(up);
+  auto* o = static_cast<T*>(out);
+  const int i = static_cast<int>(inter);
+  if (quads && inter % 4 == 0 && stride % 4 == 0 && aligned4(g, sizeof(T)) &&
+      aligned4(u, sizeof(T)) && aligned4(o, sizeof(T))) {
+    gelu_mul_kernel<T, 4><<<rows_grid(inter / 4, rows), kThreads, 0, s>>>(g, u, stride, rows, i,
+                                                                          contract, o);
+  } else {
+    gelu_mul_kernel<T, 1><<<rows_grid(inter, rows), kThreads, 0, s>>>(g, u, stride, rows, i,
+                                                                      contract, o);
+  }
+}
+
+template <typename T>
+void softcap_as(bool quads, cudaStream_t s, const void* x, float inv_cap, float cap, float* out,
+                std::int64_t count) {
+  const auto* p = static_cast<const T*>(x);
+  if (quads && count % 4 == 0 && aligned4(p, sizeof(T)) && aligned4(out, sizeof(float))) {
+    softcap_kernel<T, 4><<<blocks_for(count / 4), kThreads, 0, s>>>(p, inv_cap, cap, out, count);
+  } else {
+    softcap_kernel<T, 1><<<blocks_for(count), kThreads, 0, s>>>(p, inv_cap, cap, out, count);
+  }
+}
+
+}  // namespace
+
 int gelu_mul(Elem elem, const void* gate, const void* up, std::int64_t stride, std::int64_t rows,
-             std::int64_t inter, bool contract, void* out, void* stream) {
+             std::int64_t inter, bool contract, bool quads, void* out, void* stream) {
   if (inter < 1 || inter > (1 << 30)) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
   auto* s = static_cast<cudaStream_t>(stream);
-  const dim3 grid = rows_grid(inter, rows);
-  const int i = static_cast<int>(inter);
   if (elem == Elem::BF16) {
-    gelu_mul_kernel<<<grid, kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(gate),
-                                              static_cast<const __nv_bfloat16*>(up), stride, rows,
-                                              i, contract, static_cast<__nv_bfloat16*>(out));
+    gelu_mul_as<__nv_bfloat16>(quads, s, gate, up, stride, rows, inter, contract, out);
   } else {
-    gelu_mul_kernel<<<grid, kThreads, 0, s>>>(static_cast<const float*>(gate),
-                                              static_cast<const float*>(up), stride, rows, i,
-                                              contract, static_cast<float*>(out));
+    gelu_mul_as<float>(quads, s, gate, up, stride, rows, inter, contract, out);
   }
   return status();
 }
@@ -960,14 +1106,12 @@ int route(const std::int64_t* ids, std::int64_t count, int experts, int top_k,
 }
 
 int softcap(Elem elem, const void* x, float inv_cap, float cap, float* out, std::int64_t count,
-            void* stream) {
+            bool quads, void* stream) {
   auto* s = static_cast<cudaStream_t>(stream);
   if (elem == Elem::BF16) {
-    softcap_kernel<<<blocks_for(count), kThreads, 0, s>>>(static_cast<const __nv_bfloat16*>(x),
-                                                          inv_cap, cap, out, count);
+    softcap_as<__nv_bfloat16>(quads, s, x, inv_cap, cap, out, count);
   } else {
-    softcap_kernel<<<blocks_for(count), kThreads, 0, s>>>(static_cast<const float*>(x), inv_cap,
-                                                          cap, out, count);
+    softcap_as<float>(quads, s, x, inv_cap, cap, out, count);
   }
   return status();
 }

@@ -90,16 +90,18 @@ int inverse_permutation(const std::int64_t* perm, std::int64_t* inv, std::int64_
                         void* stream);
 /// out[t, h] = sum over k of float(proj[inv[t*k_count + k], h]) * weights[t*k_count + k], summed
 /// in the order of ATen's reduction with `lanes` threads along k (1, 2, 4, ... 32) and four
-/// accumulators per thread; rounded to `elem`.
+/// accumulators per thread; rounded to `elem`. `quads` (here and in gelu_mul and softcap): four
+/// consecutive elements per thread in vector accesses where the widths and pointers are aligned
+/// to four elements, else one per thread; each element is computed alike either way.
 int moe_combine(Elem elem, const void* proj, const float* weights, const std::int64_t* inv,
-                std::int64_t tokens, int k_count, std::int64_t hidden, int lanes, void* out,
-                void* stream);
+                std::int64_t tokens, int k_count, std::int64_t hidden, int lanes, bool quads,
+                void* out, void* stream);
 /// out[r, j] = gelu_tanh(gate[r * stride + j]) * up[r * stride + j] for j < inter (out is
 /// [rows, inter]), each op rounded to `elem` as ATen's gelu and mul are. `contract` = whether
 /// the gelu's x + kappa * x^3 is one fused multiply-add (as nvcc may compile ATen's functor) or
 /// a multiply and an add, each rounded.
 int gelu_mul(Elem elem, const void* gate, const void* up, std::int64_t stride, std::int64_t rows,
-             std::int64_t inter, bool contract, void* out, void* stream);
+             std::int64_t inter, bool contract, bool quads, void* out, void* stream);
 
 /// The experts' routing bookkeeping of grouped_mm_experts_forward in one kernel (one block):
 /// a stable counting sort of ids [count] (values in [0, experts)), which is the order of
@@ -114,7 +116,7 @@ int route(const std::int64_t* ids, std::int64_t count, int experts, int top_k,
 /// out[i] = tanhf(float(x[i]) * inv_cap) * cap (fp32), with inv_cap the fp32 reciprocal ATen
 /// multiplies by when dividing by a scalar.
 int softcap(Elem elem, const void* x, float inv_cap, float cap, float* out, std::int64_t count,
-            void* stream);
+            bool quads, void* stream);
 
 /// out[i] = parts[0][i] + parts[1][i] + ... + parts[splits-1][i], added in that order in fp32
 /// and rounded once to `elem` (parts is [splits, count] fp32): the fixed-order reduction of the

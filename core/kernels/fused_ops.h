@@ -88,14 +88,15 @@ NormResult norm_apply(const NormApply& args);
 /// grouped_mm_experts_forward's tail: (proj * weights[perm]).[inv_perm].view(T, K, H).sum(1)
 /// .to(proj.dtype), summed in the order of ATen's reduction with `lanes` threads along K.
 /// proj [T*K, H] (rows sorted by expert), weights [T, K] fp32 (router order), perm [T*K] int64
-/// (sorted position -> router-order index).
+/// (sorted position -> router-order index). `quads` (here, in gelu_mul and softcap): four
+/// elements per thread with vector accesses where aligned (the same bits; false: one per thread).
 at::Tensor moe_combine(const at::Tensor& proj, const at::Tensor& weights, const at::Tensor& perm,
-                       int lanes);
+                       int lanes, bool quads = true);
 
 /// gelu_tanh(gate) * up for gate and up [R, I] views with the same row stride (two tensors,
 /// or the halves of one [R, 2I] tensor); returns [R, I] contiguous. `contract`: see
 /// fused_kernels.h.
-at::Tensor gelu_mul(const at::Tensor& gate, const at::Tensor& up, bool contract);
+at::Tensor gelu_mul(const at::Tensor& gate, const at::Tensor& up, bool contract, bool quads = true);
 
 /// The experts' routing bookkeeping (ref: grouped_mm_experts_forward): for index [T, K] int64
 /// (expert ids in [0, experts)), perm = the stable sort order of index.reshape(-1) (what
@@ -113,7 +114,7 @@ Route route(const at::Tensor& index, std::int64_t experts, std::int64_t rows);
 
 /// The final soft-cap: tanh(logits.float() / cap) * cap, fp32 (division by a scalar is ATen's
 /// multiplication by the fp32 reciprocal).
-at::Tensor softcap(const at::Tensor& logits, double cap);
+at::Tensor softcap(const at::Tensor& logits, double cap, bool quads = true);
 
 /// F.linear(x, w) for ops::Strategy::BatchInvariant on CUDA: x [..., K], w [N, K] (rows
 /// contiguous, or the transpose of a contiguous [K, N] such as E^T), bf16 or fp32; returns

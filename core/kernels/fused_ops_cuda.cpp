@@ -164,7 +164,7 @@ NormResult norm_apply(const NormApply& a) {
 }
 
 at::Tensor moe_combine(const at::Tensor& proj, const at::Tensor& weights, const at::Tensor& perm,
-                       int lanes) {
+                       int lanes, bool quads) {
   const cuda::Elem elem = elem_of(proj, "combine");
   const c10::cuda::CUDAGuard guard(proj.device());
   TORCH_CHECK(proj.dim() == 2 && weights.dim() == 2 && weights.scalar_type() == at::kFloat &&
@@ -182,13 +182,13 @@ at::Tensor moe_combine(const at::Tensor& proj, const at::Tensor& weights, const 
         "inverse permutation");
   at::Tensor out = at::empty({tokens, hidden}, proj.options());
   check(cuda::moe_combine(elem, proj.data_ptr(), weights.data_ptr<float>(),
-                          inv.data_ptr<std::int64_t>(), tokens, k_count, hidden, lanes,
+                          inv.data_ptr<std::int64_t>(), tokens, k_count, hidden, lanes, quads,
                           out.data_ptr(), stream),
         "combine");
   return out;
 }
 
-at::Tensor gelu_mul(const at::Tensor& gate, const at::Tensor& up, bool contract) {
+at::Tensor gelu_mul(const at::Tensor& gate, const at::Tensor& up, bool contract, bool quads) {
   TORCH_CHECK(gate.is_cuda() && gate.dim() == 2 && up.sizes() == gate.sizes() &&
                   gate.scalar_type() == up.scalar_type() && gate.stride(1) == 1 &&
                   up.stride(1) == 1 && gate.stride(0) == up.stride(0) &&
@@ -200,7 +200,7 @@ at::Tensor gelu_mul(const at::Tensor& gate, const at::Tensor& up, bool contract)
   const c10::cuda::CUDAGuard guard(gate.device());
   at::Tensor out = at::empty(gate.sizes(), gate.options());
   check(cuda::gelu_mul(elem, gate.data_ptr(), up.data_ptr(), gate.stride(0), gate.size(0),
-                       gate.size(1), contract, out.data_ptr(), stream_of(gate)),
+                       gate.size(1), contract, quads, out.data_ptr(), stream_of(gate)),
         "gelu_mul");
   return out;
 }
@@ -233,7 +233,7 @@ Route route(const at::Tensor& index, std::int64_t experts, std::int64_t rows) {
   return r;
 }
 
-at::Tensor softcap(const at::Tensor& logits, double cap) {
+at::Tensor softcap(const at::Tensor& logits, double cap, bool quads) {
   const cuda::Elem elem = elem_of(logits, "softcap");
   const c10::cuda::CUDAGuard guard(logits.device());
   at::Tensor out = at::empty(logits.sizes(), logits.options().dtype(at::kFloat));
@@ -241,7 +241,7 @@ at::Tensor softcap(const at::Tensor& logits, double cap) {
   const float cap_f = static_cast<float>(cap);
   const float inv = 1.0F / cap_f;
   check(cuda::softcap(elem, logits.data_ptr(), inv, cap_f, out.data_ptr<float>(), logits.numel(),
-                      stream_of(logits)),
+                      quads, stream_of(logits)),
         "softcap");
   return out;
 }

@@ -23,10 +23,11 @@ NormResult norm_apply(const NormApply& /*args*/) {
   unavailable();
 }
 at::Tensor moe_combine(const at::Tensor& /*proj*/, const at::Tensor& /*weights*/,
-                       const at::Tensor& /*perm*/, int /*lanes*/) {
+                       const at::Tensor& /*perm*/, int /*lanes*/, bool /*quads*/) {
   unavailable();
 }
-at::Tensor gelu_mul(const at::Tensor& /*gate*/, const at::Tensor& /*up*/, bool /*contract*/) {
+at::Tensor gelu_mul(const at::Tensor& /*gate*/, const at::Tensor& /*up*/, bool /*contract*/,
+                    bool /*quads*/) {
   unavailable();
 }
 bool route_fits(std::int64_t /*count*/, std::int64_t /*experts*/) {
@@ -35,7 +36,7 @@ bool route_fits(std::int64_t /*count*/, std::int64_t /*experts*/) {
 Route route(const at::Tensor& /*index*/, std::int64_t /*experts*/, std::int64_t /*rows*/) {
   unavailable();
 }
-at::Tensor softcap(const at::Tensor& /*logits*/, double /*cap*/) {
+at::Tensor softcap(const at::Tensor& /*logits*/, double /*cap*/, bool /*quads*/) {
   unavailable();
 }
 

@@ -302,7 +302,7 @@ class Pass {
     }
     const at::Tensor g = rows2d ? gate : gate.view({-1, inter});
     const at::Tensor u = rows2d ? up : up.view({-1, inter});
-    return kernels::gelu_mul(g, u, use_.gelu_contract).view(gate.sizes());
+    return kernels::gelu_mul(g, u, use_.gelu_contract, use_.quads).view(gate.sizes());
   }
 
   // Gated MLP down(gelu_tanh(gate(x)) * up(x)). ref: DiffusionGemmaText4MLP.forward
@@ -319,7 +319,7 @@ class Pass {
     if (!use_.softcap || !logits.is_contiguous()) {
       return softcap_reference(logits, cap);
     }
-    return kernels::softcap(logits, cap);
+    return kernels::softcap(logits, cap, use_.quads);
   }
 
   // The cache's room (KvRoom) takes this decoder pass's K of layer li: made for b rows and s
@@ -607,7 +607,7 @@ class Pass {
     if (use_.combine && proj.is_contiguous() && proj.scalar_type() == x.scalar_type() &&
         weights.is_contiguous() && weights.scalar_type() == at::kFloat && proj.size(-1) == hidden &&
         weights.size(0) == tokens) {
-      return kernels::moe_combine(proj, weights, perm, use_.combine_lanes);
+      return kernels::moe_combine(proj, weights, perm, use_.combine_lanes, use_.quads);
     }
     return moe_combine_reference(proj, weights, perm, x.scalar_type());
   }

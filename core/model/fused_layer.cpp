@@ -204,7 +204,7 @@ bool check_mean(Check& c, std::int64_t n, kernels::cuda::MeanOrder order, std::s
 }
 
 // The lanes layout whose sum order equals ATen's at two token counts, or 0.
-int check_combine(Check& c, std::int64_t top_k, std::int64_t hidden) {
+int check_combine(Check& c, std::int64_t top_k, std::int64_t hidden, bool quads) {
   std::vector<int> lanes = {1, 2, 4, 8, 16, 32};
   for (const std::int64_t tokens : {64, 1024}) {
     const at::Tensor proj = c.normal({tokens * top_k, hidden}, 3.0);
@@ -213,7 +213,7 @@ int check_combine(Check& c, std::int64_t top_k, std::int64_t hidden) {
     const at::Tensor expected = moe_combine_reference(proj, weights, perm, c.dtype());
     std::vector<int> still;
     for (const int l : lanes) {
-      if (bits_equal(kernels::moe_combine(proj, weights, perm, l), expected)) {
+      if (bits_equal(kernels::moe_combine(proj, weights, perm, l, quads), expected)) {
         still.push_back(l);
       }
     }
@@ -294,6 +294,9 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
     return f;
   }
   Check c(device, dtype);
+  // The combine, gelu*up and soft-cap four elements per thread (vector accesses) unless turned
+  // off; checked as they will run.
+  f.quads = switches.fused_kernel("quads");
   const double scalar = std::pow(static_cast<double>(text.hidden_size), -0.5);
   std::string why;
   // The one-pass norm applies to the widths the one-kernel mean takes; the others keep the
@@ -345,7 +348,7 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
     }
   }
   if (text.num_experts > 0) {
-    f.combine_lanes = check_combine(c, text.top_k_experts, text.hidden_size);
+    f.combine_lanes = check_combine(c, text.top_k_experts, text.hidden_size, f.quads);
     f.combine = f.combine_lanes > 0;
     f.route = check_route(c, text.num_experts, text.top_k_experts);
   }
@@ -355,13 +358,13 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
   const at::Tensor up = gate_up.narrow(-1, inter, inter);
   const at::Tensor gelu_expected = gelu_mul_reference(gate, up);
   for (const bool contract : {true, false}) {
-    if (!f.gelu && bits_equal(kernels::gelu_mul(gate, up, contract), gelu_expected)) {
+    if (!f.gelu && bits_equal(kernels::gelu_mul(gate, up, contract, f.quads), gelu_expected)) {
       f.gelu = true;
       f.gelu_contract = contract;
     }
   }
   const at::Tensor logits = c.normal({64, 4096}, 20.0);
-  f.softcap = bits_equal(kernels::softcap(logits, text.final_logit_softcapping),
+  f.softcap = bits_equal(kernels::softcap(logits, text.final_logit_softcapping, f.quads),
                          softcap_reference(logits, text.final_logit_softcapping));
 
   const auto said = [](bool ok) {
@@ -384,6 +387,8 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
              ", gelu*up " +
              (f.gelu ? std::string(f.gelu_contract ? "yes (fma)" : "yes") : said(false)) +
              ", softcap " + said(f.softcap) + ", route " + said(f.route) +
+             "; combine, gelu*up and softcap " +
+             (f.quads ? "four elements per thread" : "one element per thread") +
              "; on a second stream (Q beside K/V, the dense MLP beside the routing) " +
              (switches.side_branches ? "yes" : "no (BATCHLENS_SIDE_BRANCHES=1 turns it on)");
   f.q_branch = switches.side_branches;

@@ -27,7 +27,9 @@ struct FusedKernels {
   bool gelu = false;      ///< gelu_tanh(gate) * up
   bool gelu_contract = false;
   bool softcap = false;  ///< tanh(logits / cap) * cap
-  bool route = false;    ///< the experts' sort, offsets and token indices
+  /// combine, gelu and softcap four elements per thread (vector accesses where aligned)
+  bool quads = false;
+  bool route = false;  ///< the experts' sort, offsets and token indices
   /// Independent parts of a layer at once on a second stream (compat::SideBranch), the same
   /// kernels on the same operands (nothing to check bitwise); CUDA only, and only where
   /// base::Switches::side_branches asks for them. Q beside K/V:
@@ -47,11 +49,11 @@ struct FusedKernels {
 /// model's widths (hidden size, both head dims, top-k, a slice of the vocabulary), and returns
 /// those that matched bitwise. All false off CUDA, in builds without the kernels, or when
 /// `switches` turn them off (BATCHLENS_FUSED=0); those `switches` name (BATCHLENS_FUSED_OFF=
-/// norm,normvec,mean,onepass,combine,gelu,softcap,route,qbranch,mlpbranch) are left unused (`room`
-/// is the model's: base::Switches::kv_room). On a
-/// CPU in bf16 where LibTorch computes bf16 matmuls with ATen's own kernel, checks the CPU GEMM
-/// instead (kernels::check_cpu_gemm at the model's reduction lengths; BATCHLENS_FUSED_OFF=gemm
-/// leaves it unused). Synchronises with the device (call it at load).
+/// norm,normvec,mean,onepass,combine,gelu,softcap,route,quads,qbranch,mlpbranch) are left unused
+/// (`room` is the model's: base::Switches::kv_room). On a CPU in bf16 where LibTorch computes bf16
+/// matmuls with ATen's own kernel, checks the CPU GEMM instead (kernels::check_cpu_gemm at the
+/// model's reduction lengths; BATCHLENS_FUSED_OFF=gemm leaves it unused). Synchronises with the
+/// device (call it at load).
 FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& device,
                                  at::ScalarType dtype, const base::Switches& switches = {});
 

@@ -6,6 +6,7 @@
 #include <iostream>
 #include <set>
 #include <string>
+#include <vector>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -324,6 +325,92 @@ TEST(FusedLayerGpu, CombineSumOrderIsObservable) {
   }
   EXPECT_GE(matching, 1);
   EXPECT_GE(differing, 1);
+}
+
+// `n` seeded values times `scale` in `dtype` on the device, in a buffer `offset` elements into a
+// larger one: offset 1 misaligns it for the kernels' four-element accesses.
+at::Tensor shifted(const std::vector<std::int64_t>& sizes, std::int64_t offset,
+                   at::ScalarType dtype, double scale, std::uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  std::int64_t n = 1;
+  for (const std::int64_t s : sizes) {
+    n *= s;
+  }
+  const at::Tensor flat =
+      (at::randn({n + offset}, gen, at::TensorOptions().dtype(at::kFloat)) * scale)
+          .to(at::kCUDA, dtype);
+  return flat.narrow(0, offset, n).view(sizes);
+}
+
+// The combine, gelu*up and soft-cap four elements per thread (vector accesses) give the bits of
+// one per thread and (bf16, the shipped dtype) of ATen's chain, on the shipped widths, on widths
+// that are not a multiple of four and on buffers off the vector alignment (those take the
+// one-per-thread kernel).
+TEST(FusedLayerGpu, ElementwiseFourPerThreadEqualOnePerThread) {
+  ASSERT_TRUE(at::hasCUDA());
+  for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+    const std::string type = dtype == at::kBFloat16 ? "bf16" : "fp32";
+    // The combine at every lanes layout; ATen's bits where a layout has them (the load check
+    // finds which): the same layouts match with four per thread as with one.
+    for (const std::int64_t hidden : {2816, 512, 130}) {
+      for (const std::int64_t offset : {0, 1}) {
+        const std::int64_t tokens = 300;
+        const std::int64_t k = 8;
+        const at::Tensor proj = shifted({tokens * k, hidden}, offset, dtype, 3.0, 11);
+        auto gen = at::make_generator<at::CPUGeneratorImpl>(12);
+        const at::Tensor weights = at::randn({tokens, k}, gen).abs().to(at::kCUDA);
+        const at::Tensor perm =
+            at::randperm(tokens * k, gen, at::TensorOptions().dtype(at::kLong)).to(at::kCUDA);
+        const at::Tensor expected = moe_combine_reference(proj, weights, perm, dtype);
+        int matching = 0;
+        for (const int lanes : {1, 2, 4, 8, 16, 32}) {
+          const at::Tensor one = kernels::moe_combine(proj, weights, perm, lanes, false);
+          const at::Tensor four = kernels::moe_combine(proj, weights, perm, lanes, true);
+          EXPECT_EQ(differing(four, one), 0) << "combine " << type << " hidden " << hidden
+                                             << " offset " << offset << " lanes " << lanes;
+          matching += differing(four, expected) == 0 ? 1 : 0;
+        }
+        EXPECT_TRUE(dtype != at::kBFloat16 || matching >= 1)
+            << "combine " << type << " hidden " << hidden << " offset " << offset
+            << ": no lanes layout has ATen's bits";
+      }
+    }
+    // gelu*up on the halves of one [R, 2I] tensor (the experts') and on contiguous [R, I] pairs.
+    for (const std::int64_t inter : {704, 2112, 706}) {
+      for (const std::int64_t offset : {0, 1}) {
+        const at::Tensor gate_up = shifted({1024, 2 * inter}, offset, dtype, 3.0, 13);
+        const at::Tensor gate = gate_up.narrow(-1, 0, inter);
+        const at::Tensor up = gate_up.narrow(-1, inter, inter);
+        const at::Tensor expected = gelu_mul_reference(gate, up);
+        int matching = 0;
+        for (const bool contract : {true, false}) {
+          const at::Tensor four = kernels::gelu_mul(gate, up, contract, true);
+          EXPECT_EQ(differing(four, kernels::gelu_mul(gate, up, contract, false)), 0)
+              << "gelu " << type << " inter " << inter << " offset " << offset;
+          matching += differing(four, expected) == 0 ? 1 : 0;
+          const at::Tensor g = shifted({333, inter}, offset, dtype, 3.0, 14);
+          const at::Tensor u = shifted({333, inter}, 0, dtype, 3.0, 15);
+          EXPECT_EQ(differing(kernels::gelu_mul(g, u, contract, true),
+                              kernels::gelu_mul(g, u, contract, false)),
+                    0)
+              << "gelu (two tensors) " << type << " inter " << inter << " offset " << offset;
+        }
+        EXPECT_TRUE(dtype != at::kBFloat16 || matching >= 1)
+            << "gelu " << type << " inter " << inter << " offset " << offset;
+      }
+    }
+    // The soft-cap over a slice of the vocabulary, an odd count, a misaligned buffer.
+    for (const std::int64_t width : {4096, 4097}) {
+      for (const std::int64_t offset : {0, 1}) {
+        const at::Tensor logits = shifted({64, width}, offset, dtype, 20.0, 16);
+        const at::Tensor four = kernels::softcap(logits, 30.0, true);
+        EXPECT_EQ(differing(four, kernels::softcap(logits, 30.0, false)), 0)
+            << "softcap " << type << " width " << width << " offset " << offset;
+        EXPECT_EQ(differing(four, softcap_reference(logits, 30.0)), 0)
+            << "softcap " << type << " width " << width << " offset " << offset;
+      }
+    }
+  }
 }
 
 // The whole decoder pass with the fused kernels equals the pass without them, bit for bit, in
