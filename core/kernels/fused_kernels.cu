@@ -558,6 +558,101 @@ __global__ void softcap_kernel(const T* x, float inv_cap, float cap, float* out,
   }
 }
 
+// ref: DiffusionGemmaDecoderModel.forward, self-conditioning input: softmax(S, -1,
+// dtype=float32).to(bf16) for bf16 S, as ATen runs it for rows wider than 1024 (S converted to
+// fp32, then cunn_SoftMaxForward<ILP 4> with one block of 1024 threads per row): thread t takes
+// the 4-element vectors t, t + 1024, ... below vec_end and then the tail elements one by one
+// (max, then the sum of exp(x - max) in that order, from 0). Rows that fit in shared memory run
+// cunn_SoftMaxForwardSmem, whose vectors cover the row (vec_end = n); the others have a tail
+// past the last whole round of 1024 vectors, the block combines the threads' sums with
+// cuda_utils::BlockReduce (each warp by shuffles down, lane 0 of each warp to shared memory, the
+// first warp over the 32 warp sums the same way), and each element is exp(x - max) / sum in
+// fp32, rounded once to bf16 here (ATen stores fp32, and .to(bf16) rounds it). The max is exact
+// in any order; only the sum's order matters, and the load check picks the shuffle order.
+constexpr int kSoftmaxThreads = 1024;
+
+template <bool kDescending>
+__global__ void __launch_bounds__(kSoftmaxThreads)
+    softmax_bf16_kernel(const __nv_bfloat16* x, std::int64_t n, std::int64_t vec_end,
+                        __nv_bfloat16* out) {
+  constexpr int kLanes = 32;
+  __shared__ float warp_values[kLanes];
+  __shared__ float row_value;
+  const int tid = static_cast<int>(threadIdx.x);
+  const int lane = tid % kLanes;
+  const int warp = tid / kLanes;
+  const __nv_bfloat16* row = x + static_cast<std::int64_t>(blockIdx.x) * n;
+  __nv_bfloat16* row_out = out + static_cast<std::int64_t>(blockIdx.x) * n;
+
+  float m = -3.402823466e38F;  // -numeric_limits<float>::max()
+  for (std::int64_t i = tid * 4LL; i < vec_end; i += 4LL * kSoftmaxThreads) {
+    float e[4];
+    load4(row, i, e);
+    for (int j = 0; j < 4; ++j) {
+      m = fmaxf(m, e[j]);
+    }
+  }
+  for (std::int64_t i = vec_end + tid; i < n; i += kSoftmaxThreads) {
+    m = fmaxf(m, load(row, i));
+  }
+  for (int offset = kLanes / 2; offset > 0; offset /= 2) {
+    m = fmaxf(m, __shfl_down_sync(0xffffffffU, m, offset));
+  }
+  if (lane == 0) {
+    warp_values[warp] = m;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    m = warp_values[lane];
+    for (int offset = kLanes / 2; offset > 0; offset /= 2) {
+      m = fmaxf(m, __shfl_down_sync(0xffffffffU, m, offset));
+    }
+    if (lane == 0) {
+      row_value = m;
+    }
+  }
+  __syncthreads();
+  m = row_value;
+
+  float sum = 0.0F;
+  for (std::int64_t i = tid * 4LL; i < vec_end; i += 4LL * kSoftmaxThreads) {
+    float e[4];
+    load4(row, i, e);
+    for (int j = 0; j < 4; ++j) {
+      sum = __fadd_rn(sum, expf(__fsub_rn(e[j], m)));
+    }
+  }
+  for (std::int64_t i = vec_end + tid; i < n; i += kSoftmaxThreads) {
+    sum = __fadd_rn(sum, expf(__fsub_rn(load(row, i), m)));
+  }
+  sum = warp_sum<kDescending>(sum);
+  __syncthreads();  // every thread has read row_value
+  if (lane == 0) {
+    warp_values[warp] = sum;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    sum = warp_sum<kDescending>(warp_values[lane]);
+    if (lane == 0) {
+      row_value = sum;
+    }
+  }
+  __syncthreads();
+  sum = row_value;
+
+  for (std::int64_t i = tid * 4LL; i < vec_end; i += 4LL * kSoftmaxThreads) {
+    float e[4];
+    load4(row, i, e);
+    for (int j = 0; j < 4; ++j) {
+      e[j] = __fdiv_rn(expf(__fsub_rn(e[j], m)), sum);
+    }
+    store4(row_out, i, e);
+  }
+  for (std::int64_t i = vec_end + tid; i < n; i += kSoftmaxThreads) {
+    store(row_out, i, __fdiv_rn(expf(__fsub_rn(load(row, i), m)), sum));
+  }
+}
+
 // out[i] = (((parts[0][i] + parts[1][i]) + parts[2][i]) + ...) in fp32, rounded once to T: the
 // batch-invariant GEMM's fixed-order reduction of its K splits (its order never depends on M).
 template <class T>
@@ -1112,6 +1207,42 @@ int softcap(Elem elem, const void* x, float inv_cap, float cap, float* out, std:
     softcap_as<__nv_bfloat16>(quads, s, x, inv_cap, cap, out, count);
   } else {
     softcap_as<float>(quads, s, x, inv_cap, cap, out, count);
+  }
+  return status();
+}
+
+bool softmax_bf16_fits(std::int64_t n) {
+  return n > kSoftmaxThreads && n % 4 == 0 && n <= (1LL << 40);
+}
+
+int softmax_bf16(const void* x, std::int64_t rows, std::int64_t n, MeanOrder order, void* out,
+                 void* stream) {
+  if (!softmax_bf16_fits(n) || rows < 0 || rows > 0x7fffffffLL || !aligned4(x, 2) ||
+      !aligned4(out, 2)) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  if (rows == 0) {
+    return 0;
+  }
+  auto* s = static_cast<cudaStream_t>(stream);
+  const auto* in = static_cast<const __nv_bfloat16*>(x);
+  auto* o = static_cast<__nv_bfloat16*>(out);
+  // host_softmax's choice: the shared-memory kernel where the fp32 row fits beside the warps'
+  // sums (its input and output are fresh, aligned, and n % 4 == 0 here).
+  int device = 0;
+  int smem = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlock, device) != cudaSuccess) {
+    return status();
+  }
+  const std::int64_t smem_elements =
+      (static_cast<std::int64_t>(smem) - (kSoftmaxThreads / 32) * 4) / 4;
+  const std::int64_t vec_end = n < smem_elements ? n : n - n % (4 * kSoftmaxThreads);
+  const dim3 grid(static_cast<unsigned>(rows));
+  if (order == MeanOrder::ShufflesDown) {
+    softmax_bf16_kernel<true><<<grid, kSoftmaxThreads, 0, s>>>(in, n, vec_end, o);
+  } else {
+    softmax_bf16_kernel<false><<<grid, kSoftmaxThreads, 0, s>>>(in, n, vec_end, o);
   }
   return status();
 }

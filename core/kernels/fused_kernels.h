@@ -13,11 +13,11 @@
 namespace batchlens::kernels::cuda {
 
 enum class Elem { F32, BF16 };
-/// How the 32 lanes of a row combine their sums in mean_sq: shuffles down at offsets 1, 2, 4, 8,
-/// 16 (Reduce.cuh's block_x_reduce in older releases, and in ROCm builds still) or at 16, 8, 4,
-/// 2, 1 (PyTorch 2.11's CUDA build: "offset decreasing for better numerics matching Triton",
-/// read from the H200's headers on 2026-12-07). The load check tries each and keeps the one with
-/// ATen's bits on this device and LibTorch.
+/// How the 32 lanes of a row combine their sums in mean_sq (and softmax_bf16's warps and lanes):
+/// shuffles down at offsets 1, 2, 4, 8, 16 (Reduce.cuh's block_x_reduce in older releases, and in
+/// ROCm builds still) or at 16, 8, 4, 2, 1 (PyTorch 2.11's CUDA build: "offset decreasing for
+/// better numerics matching Triton", read from the H200's headers on 2026-12-07). The load check
+/// tries each and keeps the one with ATen's bits on this device and LibTorch.
 enum class MeanOrder { ShufflesUp, ShufflesDown };
 
 /// The widest row the one-pass norm takes (48 KB of fp32 squares in shared memory).
@@ -117,6 +117,13 @@ int route(const std::int64_t* ids, std::int64_t count, int experts, int top_k,
 /// multiplies by when dividing by a scalar.
 int softcap(Elem elem, const void* x, float inv_cap, float cap, float* out, std::int64_t count,
             bool quads, void* stream);
+
+/// out = softmax(x, -1, dtype=float32).to(bf16) for bf16 x [rows, n], in ATen's order for rows
+/// wider than 1024 (cunn_SoftMaxForward, 1024 threads a row; its block reduction's shuffles in
+/// `order`, the MeanOrder the load check finds); x and out aligned to four elements.
+bool softmax_bf16_fits(std::int64_t n);
+int softmax_bf16(const void* x, std::int64_t rows, std::int64_t n, MeanOrder order, void* out,
+                 void* stream);
 
 /// out[i] = parts[0][i] + parts[1][i] + ... + parts[splits-1][i], added in that order in fp32
 /// and rounded once to `elem` (parts is [splits, count] fp32): the fixed-order reduction of the

@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Built when LibTorch has CUDA: the tensor side of the fused kernels (fused_kernels.cu).
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -243,6 +244,24 @@ at::Tensor softcap(const at::Tensor& logits, double cap, bool quads) {
   check(cuda::softcap(elem, logits.data_ptr(), inv, cap_f, out.data_ptr<float>(), logits.numel(),
                       quads, stream_of(logits)),
         "softcap");
+  return out;
+}
+
+bool softmax_probs_fit(std::int64_t n) {
+  return cuda::softmax_bf16_fits(n);
+}
+
+at::Tensor softmax_probs(const at::Tensor& x, cuda::MeanOrder order) {
+  TORCH_CHECK(
+      elem_of(x, "softmax") == cuda::Elem::BF16 && x.dim() >= 1 && softmax_probs_fit(x.size(-1)),
+      "fused softmax: expected bf16 [..., n] with n > 1024 and a multiple of 4");
+  const c10::cuda::CUDAGuard guard(x.device());
+  // The kernel reads four elements at once: a view off that alignment is read from a copy.
+  const at::Tensor in = reinterpret_cast<std::uintptr_t>(x.data_ptr()) % 8 == 0 ? x : x.clone();
+  at::Tensor out = at::empty_like(in, at::MemoryFormat::Contiguous);
+  const std::int64_t n = in.size(-1);
+  check(cuda::softmax_bf16(in.data_ptr(), in.numel() / n, n, order, out.data_ptr(), stream_of(in)),
+        "softmax");
   return out;
 }
 

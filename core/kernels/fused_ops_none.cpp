@@ -40,6 +40,13 @@ at::Tensor softcap(const at::Tensor& /*logits*/, double /*cap*/, bool /*quads*/)
   unavailable();
 }
 
+bool softmax_probs_fit(std::int64_t /*n*/) {
+  return false;
+}
+at::Tensor softmax_probs(const at::Tensor& /*x*/, cuda::MeanOrder /*order*/) {
+  unavailable();
+}
+
 at::Tensor invariant_linear(const at::Tensor& /*x*/, const at::Tensor& /*w*/) {
   unavailable();
 }

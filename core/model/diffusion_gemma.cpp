@@ -322,6 +322,16 @@ class Pass {
     return kernels::softcap(logits, cap, use_.quads);
   }
 
+  // softmax(S, -1, float32).to(dtype): the self-conditioning input's probabilities.
+  // ref: DiffusionGemmaDecoderModel.forward
+  at::Tensor probs(const at::Tensor& s, at::ScalarType dtype) const {
+    if (use_.probs && dtype == at::kBFloat16 && s.scalar_type() == at::kBFloat16 &&
+        s.is_contiguous() && s.dim() >= 1 && kernels::softmax_probs_fit(s.size(-1))) {
+      return kernels::softmax_probs(s, use_.probs_order);
+    }
+    return at::softmax(s, -1, at::kFloat).to(dtype);
+  }
+
   // The cache's room (KvRoom) takes this decoder pass's K of layer li: made for b rows and s
   // tokens of x's dtype, its front still the cache's keys.
   static bool room_fits(const KvCache& cache, std::size_t li, std::int64_t b, std::int64_t s,
@@ -933,8 +943,7 @@ at::Tensor DiffusionGemma::decode(const at::Tensor& canvas, const KvCache& cache
   // ref: DiffusionGemmaDecoderModel.forward, self-conditioning input
   at::Tensor soft;
   if (sc.defined()) {
-    const at::Tensor probs =
-        at::softmax(sc.to(device()), -1, at::kFloat).to(weights_.embed.scalar_type());
+    const at::Tensor probs = pass.probs(sc.to(device()), weights_.embed.scalar_type());
     soft = pass.runner().matmul(probs, weights_.embed, OpSite{OpFamily::SelfCondMatmul, -1}) *
            embed_scale_.to(inputs_embeds.scalar_type());
   } else {

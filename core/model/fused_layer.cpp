@@ -222,6 +222,19 @@ int check_combine(Check& c, std::int64_t top_k, std::int64_t hidden, bool quads)
   return lanes.empty() ? 0 : lanes.front();
 }
 
+// The self-conditioning softmax over the vocabulary in `order` against ATen's softmax(x, -1,
+// float32).to(bf16), at two row counts.
+bool check_probs(Check& c, std::int64_t vocab, kernels::cuda::MeanOrder order) {
+  for (const std::int64_t rows : {3, 40}) {
+    const at::Tensor x = c.normal({rows, vocab}, 4.0, at::kBFloat16);
+    if (!bits_equal(kernels::softmax_probs(x, order),
+                    at::softmax(x, -1, at::kFloat).to(at::kBFloat16))) {
+      return false;
+    }
+  }
+  return true;
+}
+
 // The counting sort against torch.sort + histc + cumsum, at two token counts.
 bool check_route(Check& c, std::int64_t experts, std::int64_t top_k) {
   for (const std::int64_t tokens : {256, 1024}) {
@@ -363,6 +376,22 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
       f.gelu_contract = contract;
     }
   }
+  // The self-conditioning probabilities (bf16 models: the matmul's operand is bf16): the first
+  // order of the block's sums with ATen's bits.
+  std::string probs_why = "not a bf16 model";
+  if (dtype == at::kBFloat16 && !kernels::softmax_probs_fit(text.vocab_size)) {
+    probs_why = "the vocabulary is 1024 wide or less, or not a multiple of 4";
+  } else if (dtype == at::kBFloat16) {
+    probs_why = "differs from ATen in both orders";
+    for (const auto order :
+         {kernels::cuda::MeanOrder::ShufflesUp, kernels::cuda::MeanOrder::ShufflesDown}) {
+      if (check_probs(c, text.vocab_size, order)) {
+        f.probs = true;
+        f.probs_order = order;
+        break;
+      }
+    }
+  }
   const at::Tensor logits = c.normal({64, 4096}, 20.0);
   f.softcap = bits_equal(kernels::softcap(logits, text.final_logit_softcapping, f.quads),
                          softcap_reference(logits, text.final_logit_softcapping));
@@ -370,27 +399,30 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
   const auto said = [](bool ok) {
     return std::string(ok ? "yes" : "no (differs from ATen)");
   };
-  f.report = "fused kernels (checked bitwise against ATen on " + device.str() + "): norm " +
-             (f.norm ? "yes" : "no (differs from ATen: " + why + ")") +
-             (f.norm_vec ? " (four per thread)"
-              : f.norm   ? " (one per thread: four per thread differs: " + vec_why + ")"
-                         : "") +
-             ", mean of squares " +
-             (f.mean   ? std::string(f.mean_order == kernels::cuda::MeanOrder::ShufflesUp
-                                         ? "yes (shuffles 1 to 16)"
-                                         : "yes (shuffles 16 to 1)")
-              : f.norm ? "no (" + mean_why + ")"
-                       : "no (with the norm only)") +
-             ", one-pass norm " + (f.one_pass ? std::string("yes") : "no (" + one_pass_why + ")") +
-             ", moe combine " +
-             (f.combine ? "yes (" + std::to_string(f.combine_lanes) + " lanes)" : said(false)) +
-             ", gelu*up " +
-             (f.gelu ? std::string(f.gelu_contract ? "yes (fma)" : "yes") : said(false)) +
-             ", softcap " + said(f.softcap) + ", route " + said(f.route) +
-             "; combine, gelu*up and softcap " +
-             (f.quads ? "four elements per thread" : "one element per thread") +
-             "; on a second stream (Q beside K/V, the dense MLP beside the routing) " +
-             (switches.side_branches ? "yes" : "no (BATCHLENS_SIDE_BRANCHES=1 turns it on)");
+  const auto said_order = [](kernels::cuda::MeanOrder order) {
+    return std::string(order == kernels::cuda::MeanOrder::ShufflesUp ? "yes (shuffles 1 to 16)"
+                                                                     : "yes (shuffles 16 to 1)");
+  };
+  f.report =
+      "fused kernels (checked bitwise against ATen on " + device.str() + "): norm " +
+      (f.norm ? "yes" : "no (differs from ATen: " + why + ")") +
+      (f.norm_vec ? " (four per thread)"
+       : f.norm   ? " (one per thread: four per thread differs: " + vec_why + ")"
+                  : "") +
+      ", mean of squares " +
+      (f.mean   ? said_order(f.mean_order)
+       : f.norm ? "no (" + mean_why + ")"
+                : "no (with the norm only)") +
+      ", one-pass norm " + (f.one_pass ? std::string("yes") : "no (" + one_pass_why + ")") +
+      ", moe combine " +
+      (f.combine ? "yes (" + std::to_string(f.combine_lanes) + " lanes)" : said(false)) +
+      ", gelu*up " + (f.gelu ? std::string(f.gelu_contract ? "yes (fma)" : "yes") : said(false)) +
+      ", softcap " + said(f.softcap) + ", route " + said(f.route) + ", self-conditioning softmax " +
+      (f.probs ? said_order(f.probs_order) : "no (" + probs_why + ")") +
+      "; combine, gelu*up and softcap " +
+      (f.quads ? "four elements per thread" : "one element per thread") +
+      "; on a second stream (Q beside K/V, the dense MLP beside the routing) " +
+      (switches.side_branches ? "yes" : "no (BATCHLENS_SIDE_BRANCHES=1 turns it on)");
   f.q_branch = switches.side_branches;
   f.mlp_branch = switches.side_branches;
   // BATCHLENS_FUSED_OFF=name,name: leave checked kernels unused (to bisect, and to measure each).
@@ -403,6 +435,7 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
     f.gelu = f.gelu && switches.fused_kernel("gelu");
     f.softcap = f.softcap && switches.fused_kernel("softcap");
     f.route = f.route && switches.fused_kernel("route");
+    f.probs = f.probs && switches.fused_kernel("probs");
     f.q_branch = f.q_branch && switches.fused_kernel("qbranch");
     f.mlp_branch = f.mlp_branch && switches.fused_kernel("mlpbranch");
     f.report += "; turned off by " + switches.describe();

@@ -29,6 +29,9 @@ struct FusedKernels {
   bool softcap = false;  ///< tanh(logits / cap) * cap
   /// combine, gelu and softcap four elements per thread (vector accesses where aligned)
   bool quads = false;
+  /// the self-conditioning input's softmax(S, fp32).to(bf16) in one kernel (bf16 models)
+  bool probs = false;
+  kernels::cuda::MeanOrder probs_order = kernels::cuda::MeanOrder::ShufflesUp;  ///< its sums'
   bool route = false;  ///< the experts' sort, offsets and token indices
   /// Independent parts of a layer at once on a second stream (compat::SideBranch), the same
   /// kernels on the same operands (nothing to check bitwise); CUDA only, and only where
@@ -42,14 +45,15 @@ struct FusedKernels {
   std::string report;         ///< one human-readable line: what is used, what not and why
 
   /// Any of the CUDA kernels (cpu_gemm is not one).
-  bool any() const { return norm || mean || combine || gelu || softcap || route; }
+  bool any() const { return norm || mean || combine || gelu || softcap || route || probs; }
 };
 
 /// Checks each fused kernel on `device` against the ATen chain, on seeded random data with the
 /// model's widths (hidden size, both head dims, top-k, a slice of the vocabulary), and returns
 /// those that matched bitwise. All false off CUDA, in builds without the kernels, or when
 /// `switches` turn them off (BATCHLENS_FUSED=0); those `switches` name (BATCHLENS_FUSED_OFF=
-/// norm,normvec,mean,onepass,combine,gelu,softcap,route,quads,qbranch,mlpbranch) are left unused
+/// norm,normvec,mean,onepass,combine,gelu,softcap,route,quads,probs,qbranch,mlpbranch) are left
+/// unused
 /// (`room` is the model's: base::Switches::kv_room). On a CPU in bf16 where LibTorch computes bf16
 /// matmuls with ATen's own kernel, checks the CPU GEMM instead (kernels::check_cpu_gemm at the
 /// model's reduction lengths; BATCHLENS_FUSED_OFF=gemm leaves it unused). Synchronises with the

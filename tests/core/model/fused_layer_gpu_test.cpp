@@ -4,6 +4,7 @@
 #include <cstdlib>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -411,6 +412,43 @@ TEST(FusedLayerGpu, ElementwiseFourPerThreadEqualOnePerThread) {
       }
     }
   }
+}
+
+// The self-conditioning softmax in one kernel has ATen's bits (softmax(x, -1, float32).to(bf16))
+// in one order of the block's sums at every shape: the released vocabulary, a width with a tail
+// past the last 4096-element round (20000), widths ATen runs in shared memory (5000, 1028),
+// 1 to 256 rows, a view off the vector alignment; the other order differs somewhere (so the
+// load check's choice is a finding).
+TEST(FusedLayerGpu, SelfConditioningSoftmaxHasAtensBitsInOneOrder) {
+  ASSERT_TRUE(at::hasCUDA());
+  using kernels::cuda::MeanOrder;
+  std::map<MeanOrder, int> differing_shapes;
+  int shapes = 0;
+  for (const std::int64_t n : {262144, 20000, 5000, 1028}) {
+    for (const std::int64_t rows : {1, 7, 256}) {
+      for (const std::int64_t offset : {0, 1}) {
+        const at::Tensor x = shifted({rows, n}, offset, at::kBFloat16, 4.0, 17 + rows);
+        const at::Tensor expected = at::softmax(x, -1, at::kFloat).to(at::kBFloat16);
+        ++shapes;
+        for (const MeanOrder order : {MeanOrder::ShufflesUp, MeanOrder::ShufflesDown}) {
+          const std::int64_t d = differing(kernels::softmax_probs(x, order), expected);
+          if (d != 0) {
+            ++differing_shapes[order];
+            std::cout << "softmax n " << n << " rows " << rows << " offset " << offset
+                      << (order == MeanOrder::ShufflesUp ? " shuffles 1 to 16"
+                                                         : " shuffles 16 to 1")
+                      << ": " << d << " elements differ\n";
+          }
+        }
+      }
+    }
+  }
+  const int up = differing_shapes[MeanOrder::ShufflesUp];
+  const int down = differing_shapes[MeanOrder::ShufflesDown];
+  EXPECT_TRUE(up == 0 || down == 0) << "neither order has ATen's bits at every shape";
+  EXPECT_GT(up + down, 0) << "the two orders were not told apart at " << shapes << " shapes";
+  EXPECT_FALSE(kernels::softmax_probs_fit(1024));
+  EXPECT_FALSE(kernels::softmax_probs_fit(4098));
 }
 
 // The whole decoder pass with the fused kernels equals the pass without them, bit for bit, in
