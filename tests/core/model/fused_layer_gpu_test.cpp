@@ -73,6 +73,7 @@ TEST(FusedLayerGpu, EveryKernelMatchesAtenOnThisDeviceForTheShippedShapes) {
     EXPECT_TRUE(f.gelu) << name << ": " << f.report;
     EXPECT_TRUE(f.softcap) << name << ": " << f.report;
     EXPECT_TRUE(f.route) << name << ": " << f.report;
+    EXPECT_TRUE(f.probs) << name << ": " << f.report;  // vocabularies of 4096 and more
   }
 }
 
