@@ -628,14 +628,18 @@ TEST(FusedLayerGpu, SwitchesLeaveNamedKernelsUnused) {
   ASSERT_TRUE(at::hasCUDA());
   const ModelConfig cfg = preset("demo");
   base::Switches switches;
-  switches.fused_off = {"normvec", "route"};
+  switches.fused_off = {"normvec", "route", "probs", "quads"};
   const FusedKernels f =
       check_fused_kernels(cfg.text, at::Device(at::kCUDA, 0), at::kBFloat16, switches);
   EXPECT_TRUE(f.norm) << f.report;
   EXPECT_FALSE(f.norm_vec);
   EXPECT_FALSE(f.route);
-  EXPECT_TRUE(f.softcap) << f.report;
-  EXPECT_NE(f.report.find("turned off by BATCHLENS_FUSED_OFF=normvec,route"), std::string::npos)
+  EXPECT_FALSE(f.probs);
+  EXPECT_FALSE(f.quads);
+  EXPECT_TRUE(f.softcap) << f.report;  // one element per thread, still ATen's bits
+  EXPECT_NE(f.report.find("one element per thread"), std::string::npos) << f.report;
+  EXPECT_NE(f.report.find("turned off by BATCHLENS_FUSED_OFF=normvec,route,probs,quads"),
+            std::string::npos)
       << f.report;
 }
 
