@@ -235,6 +235,26 @@ bool check_probs(Check& c, std::int64_t vocab, kernels::cuda::MeanOrder order) {
   return true;
 }
 
+// The self-conditioning probabilities (bf16 models: the matmul's operand is bf16): the first
+// order of the block's sums with ATen's bits goes into `f`; returns why none did.
+std::string pick_probs_order(Check& c, std::int64_t vocab, at::ScalarType dtype, FusedKernels& f) {
+  if (dtype != at::kBFloat16) {
+    return "not a bf16 model";
+  }
+  if (!kernels::softmax_probs_fit(vocab)) {
+    return "the vocabulary is 1024 wide or less, or not a multiple of 4";
+  }
+  for (const auto order :
+       {kernels::cuda::MeanOrder::ShufflesUp, kernels::cuda::MeanOrder::ShufflesDown}) {
+    if (check_probs(c, vocab, order)) {
+      f.probs = true;
+      f.probs_order = order;
+      return "";
+    }
+  }
+  return "differs from ATen in both orders";
+}
+
 // The counting sort against torch.sort + histc + cumsum, at two token counts.
 bool check_route(Check& c, std::int64_t experts, std::int64_t top_k) {
   for (const std::int64_t tokens : {256, 1024}) {
@@ -376,22 +396,7 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
       f.gelu_contract = contract;
     }
   }
-  // The self-conditioning probabilities (bf16 models: the matmul's operand is bf16): the first
-  // order of the block's sums with ATen's bits.
-  std::string probs_why = "not a bf16 model";
-  if (dtype == at::kBFloat16 && !kernels::softmax_probs_fit(text.vocab_size)) {
-    probs_why = "the vocabulary is 1024 wide or less, or not a multiple of 4";
-  } else if (dtype == at::kBFloat16) {
-    probs_why = "differs from ATen in both orders";
-    for (const auto order :
-         {kernels::cuda::MeanOrder::ShufflesUp, kernels::cuda::MeanOrder::ShufflesDown}) {
-      if (check_probs(c, text.vocab_size, order)) {
-        f.probs = true;
-        f.probs_order = order;
-        break;
-      }
-    }
-  }
+  const std::string probs_why = pick_probs_order(c, text.vocab_size, dtype, f);
   const at::Tensor logits = c.normal({64, 4096}, 20.0);
   f.softcap = bits_equal(kernels::softcap(logits, text.final_logit_softcapping, f.quads),
                          softcap_reference(logits, text.final_logit_softcapping));
