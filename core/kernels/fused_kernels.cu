@@ -560,19 +560,20 @@ __global__ void softcap_kernel(const T* x, float inv_cap, float cap, float* out,
 
 // ref: DiffusionGemmaDecoderModel.forward, self-conditioning input: softmax(S, -1,
 // dtype=float32).to(bf16) for bf16 S, as ATen runs it for rows wider than 1024 (S converted to
-// fp32, then cunn_SoftMaxForward<ILP 4> with one block of 1024 threads per row): thread t takes
-// the 4-element vectors t, t + 1024, ... below vec_end and then the tail elements one by one
+// fp32, then cunn_SoftMaxForward<ILP 4> with one block of kThreads per row: 1024 in the source
+// read, SoftMaxForward_getBlockSize; 512 where SoftMax_getBlockSize halves it): thread t takes
+// the 4-element vectors t, t + kThreads, ... below vec_end and then the tail elements one by one
 // (max, then the sum of exp(x - max) in that order, from 0). Rows that fit in shared memory run
 // cunn_SoftMaxForwardSmem, whose vectors cover the row (vec_end = n); the others have a tail
-// past the last whole round of 1024 vectors, the block combines the threads' sums with
+// past the last whole round of kThreads vectors. The block combines the threads' sums with
 // cuda_utils::BlockReduce (each warp by shuffles down, lane 0 of each warp to shared memory, the
-// first warp over the 32 warp sums the same way), and each element is exp(x - max) / sum in
+// first warp over the warps' sums the same way, zeros past them), and each element is exp(x - max) / sum in
 // fp32, rounded once to bf16 here (ATen stores fp32, and .to(bf16) rounds it). The max is exact
 // in any order; only the sum's order matters, and the load check picks the shuffle order.
-constexpr int kSoftmaxThreads = 1024;
+constexpr int kSoftmaxMaxThreads = 1024;
 
-template <bool kDescending>
-__global__ void __launch_bounds__(kSoftmaxThreads)
+template <int kThreads, bool kDescending>
+__global__ void __launch_bounds__(kThreads)
     softmax_bf16_kernel(const __nv_bfloat16* x, std::int64_t n, std::int64_t vec_end,
                         __nv_bfloat16* out) {
   constexpr int kLanes = 32;
@@ -581,18 +582,19 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
   const int tid = static_cast<int>(threadIdx.x);
   const int lane = tid % kLanes;
   const int warp = tid / kLanes;
+  constexpr int kWarps = kThreads / kLanes;
   const __nv_bfloat16* row = x + static_cast<std::int64_t>(blockIdx.x) * n;
   __nv_bfloat16* row_out = out + static_cast<std::int64_t>(blockIdx.x) * n;
 
   float m = -3.402823466e38F;  // -numeric_limits<float>::max()
-  for (std::int64_t i = tid * 4LL; i < vec_end; i += 4LL * kSoftmaxThreads) {
+  for (std::int64_t i = tid * 4LL; i < vec_end; i += 4LL * kThreads) {
     float e[4];
     load4(row, i, e);
     for (int j = 0; j < 4; ++j) {
       m = fmaxf(m, e[j]);
     }
   }
-  for (std::int64_t i = vec_end + tid; i < n; i += kSoftmaxThreads) {
+  for (std::int64_t i = vec_end + tid; i < n; i += kThreads) {
     m = fmaxf(m, load(row, i));
   }
   for (int offset = kLanes / 2; offset > 0; offset /= 2) {
@@ -603,7 +605,7 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
   }
   __syncthreads();
   if (warp == 0) {
-    m = warp_values[lane];
+    m = lane < kWarps ? warp_values[lane] : -3.402823466e38F;
     for (int offset = kLanes / 2; offset > 0; offset /= 2) {
       m = fmaxf(m, __shfl_down_sync(0xffffffffU, m, offset));
     }
@@ -615,14 +617,14 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
   m = row_value;
 
   float sum = 0.0F;
-  for (std::int64_t i = tid * 4LL; i < vec_end; i += 4LL * kSoftmaxThreads) {
+  for (std::int64_t i = tid * 4LL; i < vec_end; i += 4LL * kThreads) {
     float e[4];
     load4(row, i, e);
     for (int j = 0; j < 4; ++j) {
       sum = __fadd_rn(sum, expf(__fsub_rn(e[j], m)));
     }
   }
-  for (std::int64_t i = vec_end + tid; i < n; i += kSoftmaxThreads) {
+  for (std::int64_t i = vec_end + tid; i < n; i += kThreads) {
     sum = __fadd_rn(sum, expf(__fsub_rn(load(row, i), m)));
   }
   sum = warp_sum<kDescending>(sum);
@@ -632,7 +634,7 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
   }
   __syncthreads();
   if (warp == 0) {
-    sum = warp_sum<kDescending>(warp_values[lane]);
+    sum = warp_sum<kDescending>(lane < kWarps ? warp_values[lane] : 0.0F);
     if (lane == 0) {
       row_value = sum;
     }
@@ -640,7 +642,7 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
   __syncthreads();
   sum = row_value;
 
-  for (std::int64_t i = tid * 4LL; i < vec_end; i += 4LL * kSoftmaxThreads) {
+  for (std::int64_t i = tid * 4LL; i < vec_end; i += 4LL * kThreads) {
     float e[4];
     load4(row, i, e);
     for (int j = 0; j < 4; ++j) {
@@ -648,7 +650,7 @@ __global__ void __launch_bounds__(kSoftmaxThreads)
     }
     store4(row_out, i, e);
   }
-  for (std::int64_t i = vec_end + tid; i < n; i += kSoftmaxThreads) {
+  for (std::int64_t i = vec_end + tid; i < n; i += kThreads) {
     store(row_out, i, __fdiv_rn(expf(__fsub_rn(load(row, i), m)), sum));
   }
 }
@@ -1212,21 +1214,14 @@ int softcap(Elem elem, const void* x, float inv_cap, float cap, float* out, std:
 }
 
 bool softmax_bf16_fits(std::int64_t n) {
-  return n > kSoftmaxThreads && n % 4 == 0 && n <= (1LL << 40);
+  return n > kSoftmaxMaxThreads && n % 4 == 0 && n <= (1LL << 40);
 }
 
-int softmax_bf16(const void* x, std::int64_t rows, std::int64_t n, MeanOrder order, void* out,
-                 void* stream) {
-  if (!softmax_bf16_fits(n) || rows < 0 || rows > 0x7fffffffLL || !aligned4(x, 2) ||
-      !aligned4(out, 2)) {
-    return static_cast<int>(cudaErrorInvalidValue);
-  }
-  if (rows == 0) {
-    return 0;
-  }
-  auto* s = static_cast<cudaStream_t>(stream);
-  const auto* in = static_cast<const __nv_bfloat16*>(x);
-  auto* o = static_cast<__nv_bfloat16*>(out);
+namespace {
+
+template <int kThreads>
+int softmax_bf16_as(const __nv_bfloat16* x, std::int64_t rows, std::int64_t n, MeanOrder order,
+                    __nv_bfloat16* out, cudaStream_t s) {
   // host_softmax's choice: the shared-memory kernel where the fp32 row fits beside the warps'
   // sums (its input and output are fresh, aligned, and n % 4 == 0 here).
   int device = 0;
@@ -1235,16 +1230,33 @@ int softmax_bf16(const void* x, std::int64_t rows, std::int64_t n, MeanOrder ord
       cudaDeviceGetAttribute(&smem, cudaDevAttrMaxSharedMemoryPerBlock, device) != cudaSuccess) {
     return status();
   }
-  const std::int64_t smem_elements =
-      (static_cast<std::int64_t>(smem) - (kSoftmaxThreads / 32) * 4) / 4;
-  const std::int64_t vec_end = n < smem_elements ? n : n - n % (4 * kSoftmaxThreads);
+  const std::int64_t smem_elements = (static_cast<std::int64_t>(smem) - (kThreads / 32) * 4) / 4;
+  const std::int64_t vec_end = n < smem_elements ? n : n - n % (4 * kThreads);
   const dim3 grid(static_cast<unsigned>(rows));
   if (order == MeanOrder::ShufflesDown) {
-    softmax_bf16_kernel<true><<<grid, kSoftmaxThreads, 0, s>>>(in, n, vec_end, o);
+    softmax_bf16_kernel<kThreads, true><<<grid, kThreads, 0, s>>>(x, n, vec_end, out);
   } else {
-    softmax_bf16_kernel<false><<<grid, kSoftmaxThreads, 0, s>>>(in, n, vec_end, o);
+    softmax_bf16_kernel<kThreads, false><<<grid, kThreads, 0, s>>>(x, n, vec_end, out);
   }
   return status();
+}
+
+}  // namespace
+
+int softmax_bf16(const void* x, std::int64_t rows, std::int64_t n, MeanOrder order, int threads,
+                 void* out, void* stream) {
+  if (!softmax_bf16_fits(n) || rows < 0 || rows > 0x7fffffffLL || !aligned4(x, 2) ||
+      !aligned4(out, 2) || (threads != 1024 && threads != 512)) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  if (rows == 0) {
+    return 0;
+  }
+  auto* s = static_cast<cudaStream_t>(stream);
+  const auto* in = static_cast<const __nv_bfloat16*>(x);
+  auto* o = static_cast<__nv_bfloat16*>(out);
+  return threads == 1024 ? softmax_bf16_as<1024>(in, rows, n, order, o, s)
+                         : softmax_bf16_as<512>(in, rows, n, order, o, s);
 }
 
 int sum_splits(Elem elem, const float* parts, int splits, std::int64_t count, void* out,

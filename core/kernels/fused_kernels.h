@@ -119,11 +119,12 @@ int softcap(Elem elem, const void* x, float inv_cap, float cap, float* out, std:
             bool quads, void* stream);
 
 /// out = softmax(x, -1, dtype=float32).to(bf16) for bf16 x [rows, n], in ATen's order for rows
-/// wider than 1024 (cunn_SoftMaxForward, 1024 threads a row; its block reduction's shuffles in
-/// `order`, the MeanOrder the load check finds); x and out aligned to four elements.
+/// wider than 1024 (cunn_SoftMaxForward with `threads` (1024 or 512) a row, its block
+/// reduction's shuffles in `order`: the pair the load check finds); x and out aligned to four
+/// elements.
 bool softmax_bf16_fits(std::int64_t n);
-int softmax_bf16(const void* x, std::int64_t rows, std::int64_t n, MeanOrder order, void* out,
-                 void* stream);
+int softmax_bf16(const void* x, std::int64_t rows, std::int64_t n, MeanOrder order, int threads,
+                 void* out, void* stream);
 
 /// out[i] = parts[0][i] + parts[1][i] + ... + parts[splits-1][i], added in that order in fp32
 /// and rounded once to `elem` (parts is [splits, count] fp32): the fixed-order reduction of the

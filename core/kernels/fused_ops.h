@@ -117,10 +117,11 @@ Route route(const at::Tensor& index, std::int64_t experts, std::int64_t rows);
 at::Tensor softcap(const at::Tensor& logits, double cap, bool quads = true);
 
 /// softmax(x, -1, dtype=float32).to(bf16) for bf16 x [..., n] (contiguous, where
-/// softmax_probs_fit(n)), with ATen's bits when `order` is the one the load check found: the
-/// self-conditioning input's probabilities in one kernel (no fp32 copy of x, no fp32 result).
+/// softmax_probs_fit(n)), with ATen's bits when `order` and `threads` (1024 or 512 a row) are
+/// the ones the load check found: the self-conditioning input's probabilities in one kernel (no
+/// fp32 copy of x, no fp32 result).
 bool softmax_probs_fit(std::int64_t n);
-at::Tensor softmax_probs(const at::Tensor& x, cuda::MeanOrder order);
+at::Tensor softmax_probs(const at::Tensor& x, cuda::MeanOrder order, int threads);
 
 /// F.linear(x, w) for ops::Strategy::BatchInvariant on CUDA: x [..., K], w [N, K] (rows
 /// contiguous, or the transpose of a contiguous [K, N] such as E^T), bf16 or fp32; returns

@@ -251,7 +251,7 @@ bool softmax_probs_fit(std::int64_t n) {
   return cuda::softmax_bf16_fits(n);
 }
 
-at::Tensor softmax_probs(const at::Tensor& x, cuda::MeanOrder order) {
+at::Tensor softmax_probs(const at::Tensor& x, cuda::MeanOrder order, int threads) {
   TORCH_CHECK(
       elem_of(x, "softmax") == cuda::Elem::BF16 && x.dim() >= 1 && softmax_probs_fit(x.size(-1)),
       "fused softmax: expected bf16 [..., n] with n > 1024 and a multiple of 4");
@@ -260,7 +260,8 @@ at::Tensor softmax_probs(const at::Tensor& x, cuda::MeanOrder order) {
   const at::Tensor in = reinterpret_cast<std::uintptr_t>(x.data_ptr()) % 8 == 0 ? x : x.clone();
   at::Tensor out = at::empty_like(in, at::MemoryFormat::Contiguous);
   const std::int64_t n = in.size(-1);
-  check(cuda::softmax_bf16(in.data_ptr(), in.numel() / n, n, order, out.data_ptr(), stream_of(in)),
+  check(cuda::softmax_bf16(in.data_ptr(), in.numel() / n, n, order, threads, out.data_ptr(),
+                           stream_of(in)),
         "softmax");
   return out;
 }

@@ -43,7 +43,7 @@ at::Tensor softcap(const at::Tensor& /*logits*/, double /*cap*/, bool /*quads*/)
 bool softmax_probs_fit(std::int64_t /*n*/) {
   return false;
 }
-at::Tensor softmax_probs(const at::Tensor& /*x*/, cuda::MeanOrder /*order*/) {
+at::Tensor softmax_probs(const at::Tensor& /*x*/, cuda::MeanOrder /*order*/, int /*threads*/) {
   unavailable();
 }
 

@@ -327,7 +327,7 @@ class Pass {
   at::Tensor probs(const at::Tensor& s, at::ScalarType dtype) const {
     if (use_.probs && dtype == at::kBFloat16 && s.scalar_type() == at::kBFloat16 &&
         s.is_contiguous() && s.dim() >= 1 && kernels::softmax_probs_fit(s.size(-1))) {
-      return kernels::softmax_probs(s, use_.probs_order);
+      return kernels::softmax_probs(s, use_.probs_order, use_.probs_threads);
     }
     return at::softmax(s, -1, at::kFloat).to(dtype);
   }

@@ -222,12 +222,12 @@ int check_combine(Check& c, std::int64_t top_k, std::int64_t hidden, bool quads)
   return lanes.empty() ? 0 : lanes.front();
 }
 
-// The self-conditioning softmax over the vocabulary in `order` against ATen's softmax(x, -1,
-// float32).to(bf16), at two row counts.
-bool check_probs(Check& c, std::int64_t vocab, kernels::cuda::MeanOrder order) {
+// The self-conditioning softmax over the vocabulary in `order` with `threads` a row against
+// ATen's softmax(x, -1, float32).to(bf16), at two row counts.
+bool check_probs(Check& c, std::int64_t vocab, kernels::cuda::MeanOrder order, int threads) {
   for (const std::int64_t rows : {3, 40}) {
     const at::Tensor x = c.normal({rows, vocab}, 4.0, at::kBFloat16);
-    if (!bits_equal(kernels::softmax_probs(x, order),
+    if (!bits_equal(kernels::softmax_probs(x, order, threads),
                     at::softmax(x, -1, at::kFloat).to(at::kBFloat16))) {
       return false;
     }
@@ -236,7 +236,8 @@ bool check_probs(Check& c, std::int64_t vocab, kernels::cuda::MeanOrder order) {
 }
 
 // The self-conditioning probabilities (bf16 models: the matmul's operand is bf16): the first
-// order of the block's sums with ATen's bits goes into `f`; returns why none did.
+// threads per row and order of the block's sums with ATen's bits go into `f`; returns why none
+// did.
 std::string pick_probs_order(Check& c, std::int64_t vocab, at::ScalarType dtype, FusedKernels& f) {
   if (dtype != at::kBFloat16) {
     return "not a bf16 model";
@@ -244,15 +245,18 @@ std::string pick_probs_order(Check& c, std::int64_t vocab, at::ScalarType dtype,
   if (!kernels::softmax_probs_fit(vocab)) {
     return "the vocabulary is 1024 wide or less, or not a multiple of 4";
   }
-  for (const auto order :
-       {kernels::cuda::MeanOrder::ShufflesUp, kernels::cuda::MeanOrder::ShufflesDown}) {
-    if (check_probs(c, vocab, order)) {
-      f.probs = true;
-      f.probs_order = order;
-      return "";
+  for (const int threads : {1024, 512}) {
+    for (const auto order :
+         {kernels::cuda::MeanOrder::ShufflesUp, kernels::cuda::MeanOrder::ShufflesDown}) {
+      if (check_probs(c, vocab, order, threads)) {
+        f.probs = true;
+        f.probs_order = order;
+        f.probs_threads = threads;
+        return "";
+      }
     }
   }
-  return "differs from ATen in both orders";
+  return "differs from ATen in both orders at 1024 and 512 threads";
 }
 
 // The counting sort against torch.sort + histc + cumsum, at two token counts.
@@ -423,7 +427,8 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
       (f.combine ? "yes (" + std::to_string(f.combine_lanes) + " lanes)" : said(false)) +
       ", gelu*up " + (f.gelu ? std::string(f.gelu_contract ? "yes (fma)" : "yes") : said(false)) +
       ", softcap " + said(f.softcap) + ", route " + said(f.route) + ", self-conditioning softmax " +
-      (f.probs ? said_order(f.probs_order) : "no (" + probs_why + ")") +
+      (f.probs ? said_order(f.probs_order) + ", " + std::to_string(f.probs_threads) + " threads"
+               : "no (" + probs_why + ")") +
       "; combine, gelu*up and softcap " +
       (f.quads ? "four elements per thread" : "one element per thread") +
       "; on a second stream (Q beside K/V, the dense MLP beside the routing) " +

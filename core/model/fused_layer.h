@@ -32,7 +32,8 @@ struct FusedKernels {
   /// the self-conditioning input's softmax(S, fp32).to(bf16) in one kernel (bf16 models)
   bool probs = false;
   kernels::cuda::MeanOrder probs_order = kernels::cuda::MeanOrder::ShufflesUp;  ///< its sums'
-  bool route = false;  ///< the experts' sort, offsets and token indices
+  int probs_threads = 1024;  ///< ATen's threads per row that it matched
+  bool route = false;        ///< the experts' sort, offsets and token indices
   /// Independent parts of a layer at once on a second stream (compat::SideBranch), the same
   /// kernels on the same operands (nothing to check bitwise); CUDA only, and only where
   /// base::Switches::side_branches asks for them. Q beside K/V:
