@@ -2,6 +2,7 @@
 #include "core/model/fused_layer.h"
 
 #include <cmath>
+#include <exception>
 #include <functional>
 #include <string>
 #include <vector>
@@ -245,16 +246,22 @@ std::string pick_probs_order(Check& c, std::int64_t vocab, at::ScalarType dtype,
   if (!kernels::softmax_probs_fit(vocab)) {
     return "the vocabulary is 1024 wide or less, or not a multiple of 4";
   }
-  for (const int threads : {1024, 512}) {
-    for (const auto order :
-         {kernels::cuda::MeanOrder::ShufflesUp, kernels::cuda::MeanOrder::ShufflesDown}) {
-      if (check_probs(c, vocab, order, threads)) {
-        f.probs = true;
-        f.probs_order = order;
-        f.probs_threads = threads;
-        return "";
+  // A launch the device refuses (resources) leaves the softmax to ATen instead of failing the
+  // load; every other kernel stays.
+  try {
+    for (const int threads : {1024, 512}) {
+      for (const auto order :
+           {kernels::cuda::MeanOrder::ShufflesUp, kernels::cuda::MeanOrder::ShufflesDown}) {
+        if (check_probs(c, vocab, order, threads)) {
+          f.probs = true;
+          f.probs_order = order;
+          f.probs_threads = threads;
+          return "";
+        }
       }
     }
+  } catch (const std::exception& e) {
+    return std::string("failed on this device: ") + e.what();
   }
   return "differs from ATen in both orders at 1024 and 512 threads";
 }
