@@ -1070,35 +1070,19 @@ bool aligned4(const void* p, std::size_t bytes) {
   return reinterpret_cast<std::uintptr_t>(p) % (4 * bytes) == 0;
 }
 
-template <typename T, int kWidth>
+// The combine kernel compiled for `lanes` (a power of two from kLanes to 32).
+template <typename T, int kWidth, int kLanes = 1>
 void launch_combine(dim3 grid, cudaStream_t s, int lanes, const T* proj, const float* weights,
                     const std::int64_t* inv, std::int64_t tokens, int k_count, int hidden, T* out) {
-  switch (lanes) {
-    case 1:
-      combine_kernel<T, 1, kWidth><<<grid, kThreads, 0, s>>>(proj, weights, inv, tokens, k_count,
-                                                             hidden, out);
-      break;
-    case 2:
-      combine_kernel<T, 2, kWidth><<<grid, kThreads, 0, s>>>(proj, weights, inv, tokens, k_count,
-                                                             hidden, out);
-      break;
-    case 4:
-      combine_kernel<T, 4, kWidth><<<grid, kThreads, 0, s>>>(proj, weights, inv, tokens, k_count,
-                                                             hidden, out);
-      break;
-    case 8:
-      combine_kernel<T, 8, kWidth><<<grid, kThreads, 0, s>>>(proj, weights, inv, tokens, k_count,
-                                                             hidden, out);
-      break;
-    case 16:
-      combine_kernel<T, 16, kWidth><<<grid, kThreads, 0, s>>>(proj, weights, inv, tokens, k_count,
-                                                              hidden, out);
-      break;
-    default:
-      combine_kernel<T, 32, kWidth><<<grid, kThreads, 0, s>>>(proj, weights, inv, tokens, k_count,
-                                                              hidden, out);
-      break;
+  if constexpr (kLanes < 32) {
+    if (lanes != kLanes) {
+      launch_combine<T, kWidth, kLanes * 2>(grid, s, lanes, proj, weights, inv, tokens, k_count,
+                                            hidden, out);
+      return;
+    }
   }
+  combine_kernel<T, kLanes, kWidth><<<grid, kThreads, 0, s>>>(proj, weights, inv, tokens, k_count,
+                                                              hidden, out);
 }
 
 template <typename T>
