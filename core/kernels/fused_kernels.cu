@@ -891,6 +891,10 @@ int status() {
 
 }  // namespace
 
+bool aligned4(const void* p, std::size_t elem_bytes) {
+  return reinterpret_cast<std::uintptr_t>(p) % (4 * elem_bytes) == 0;
+}
+
 int square(Elem elem, const void* x, float* out, std::int64_t count, void* stream) {
   auto* s = static_cast<cudaStream_t>(stream);
   if (elem == Elem::BF16) {
@@ -931,14 +935,14 @@ Norm<T> typed(const NormArgs& a) {
 }  // namespace
 
 bool norm_vec_fits(const NormArgs& a) {
-  const std::size_t quad = a.elem == Elem::BF16 ? 8 : 16;
+  const std::size_t elem = a.elem == Elem::BF16 ? 2 : 4;
   const auto aligned = [&](const void* p, std::size_t bytes) {
-    return p == nullptr || reinterpret_cast<std::uintptr_t>(p) % bytes == 0;
+    return p == nullptr || aligned4(p, bytes);
   };
-  return a.n % 4 == 0 && (a.rope_cos == nullptr || a.n % 8 == 0) && aligned(a.x, quad) &&
-         aligned(a.weight, quad) && aligned(a.rope_cos, quad) && aligned(a.rope_sin, quad) &&
-         aligned(a.scale, quad) && aligned(a.residual, quad) && aligned(a.out, quad) &&
-         aligned(a.square, 16) &&
+  return a.n % 4 == 0 && (a.rope_cos == nullptr || a.n % 8 == 0) && aligned(a.x, elem) &&
+         aligned(a.weight, elem) && aligned(a.rope_cos, elem) && aligned(a.rope_sin, elem) &&
+         aligned(a.scale, elem) && aligned(a.residual, elem) && aligned(a.out, elem) &&
+         aligned(a.square, 4) &&
          (!a.out_strided ||
           (a.out_stride_b % 4 == 0 && a.out_stride_h % 4 == 0 && a.out_stride_s % 4 == 0));
 }
@@ -1019,7 +1023,7 @@ namespace {
 template <bool kDescending>
 void launch_mean_sq(Elem elem, const void* x, float* out, std::int64_t rows, int n, float factor,
                     unsigned blocks, unsigned threads, cudaStream_t s) {
-  const bool quads = reinterpret_cast<std::uintptr_t>(x) % (elem == Elem::BF16 ? 8U : 16U) == 0;
+  const bool quads = aligned4(x, elem == Elem::BF16 ? 2 : 4);
   if (elem == Elem::BF16) {
     const auto* xb = static_cast<const __nv_bfloat16*>(x);
     if (quads) {
@@ -1064,11 +1068,6 @@ int inverse_permutation(const std::int64_t* perm, std::int64_t* inv, std::int64_
 }
 
 namespace {
-
-// Whether p (elements of `bytes` each) is aligned for one access of four elements.
-bool aligned4(const void* p, std::size_t bytes) {
-  return reinterpret_cast<std::uintptr_t>(p) % (4 * bytes) == 0;
-}
 
 // The combine kernel compiled for `lanes` (a power of two from kLanes to 32).
 template <typename T, int kWidth, int kLanes = 1>

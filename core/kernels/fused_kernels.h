@@ -8,6 +8,7 @@
 // chains.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace batchlens::kernels::cuda {
@@ -19,6 +20,10 @@ enum class Elem { F32, BF16 };
 /// better numerics matching Triton", read from the H200's headers on 2026-12-07). The load check
 /// tries each and keeps the one with ATen's bits on this device and LibTorch.
 enum class MeanOrder { ShufflesUp, ShufflesDown };
+
+/// Whether p (elements of `elem_bytes` each) is aligned for one access of four elements: what
+/// every kernel's vector path needs of its pointers.
+bool aligned4(const void* p, std::size_t elem_bytes);
 
 /// The widest row the one-pass norm takes (48 KB of fp32 squares in shared memory).
 constexpr std::int64_t kOnePassWidth = 12288;

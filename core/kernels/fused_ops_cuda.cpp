@@ -1,6 +1,5 @@
 // SPDX-License-Identifier: Apache-2.0
 // Built when LibTorch has CUDA: the tensor side of the fused kernels (fused_kernels.cu).
-#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -257,7 +256,7 @@ at::Tensor softmax_probs(const at::Tensor& x, cuda::MeanOrder order, int threads
       "fused softmax: expected bf16 [..., n] with n > 1024 and a multiple of 4");
   const c10::cuda::CUDAGuard guard(x.device());
   // The kernel reads four elements at once: a view off that alignment is read from a copy.
-  const at::Tensor in = reinterpret_cast<std::uintptr_t>(x.data_ptr()) % 8 == 0 ? x : x.clone();
+  const at::Tensor in = cuda::aligned4(x.data_ptr(), x.element_size()) ? x : x.clone();
   at::Tensor out = at::empty_like(in, at::MemoryFormat::Contiguous);
   const std::int64_t n = in.size(-1);
   check(cuda::softmax_bf16(in.data_ptr(), in.numel() / n, n, order, threads, out.data_ptr(),
