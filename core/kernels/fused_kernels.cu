@@ -726,6 +726,195 @@ __global__ void __launch_bounds__(kRouteThreads)
   }
 }
 
+// ---- the router's probabilities, top-k and weights (ref: DiffusionGemmaTextRouter.forward) ----
+
+constexpr int kRouterWarps = 4;   // 128 threads a block, as ATen's warp softmax launches
+constexpr int kRouterSlots = 32;  // SmallBitonicSort's sort size: top_k up to 32
+
+// TopKTypeConfig<float>::convert: the radix key gatherTopK selects by (larger = larger float,
+// -0 below +0, NaN above everything).
+__device__ __forceinline__ unsigned radix_key(float v) {
+  const unsigned x = __float_as_uint(v);
+  const unsigned mask = (x & 0x80000000U) != 0U ? 0xffffffffU : 0x80000000U;
+  return v == v ? (x ^ mask) : 0xffffffffU;
+}
+
+// GTOp<float, true>: NaN sorts first, then larger values.
+__device__ __forceinline__ bool greater_nan_first(float a, float b) {
+  return (isnan(a) && !isnan(b)) || (a > b);
+}
+
+// ref: DiffusionGemmaTextRouter.forward from the scores on, as ATen runs its ops on CUDA, one
+// warp per row:
+// 1. softmax(scores, -1, float32): softmax_warp_forward (PersistentSoftmax.cuh) for rows of up to
+//    1024: lane l < width (the row's next power of two, at most 32) holds elements l + it *
+//    width; the max and then the sum of exp(x - max) over its elements in order, from 0 (the
+//    padding -inf, contributing 0), combined by shuffles xor at offsets width / 2 .. 1; each
+//    probability exp(x - max) / sum.
+// 2. topk(probs, k): gatherTopK keeps every element whose radix key is above the k-th largest,
+//    in index order, then those equal to it in index order until k are kept; found here as k
+//    rounds of a warp-wide maximum of (key, -index). SmallBitonicSort then sorts the k (value,
+//    index) pairs in 32 slots (the rest invalid) with bitonicSort's network and bitonicSwap's
+//    rule, 16 lanes as its 16 threads: ties come out in the network's order, not the index's.
+// 3. weights / weights.sum(-1): Reduce.cuh with block width = the largest power of two <= k:
+//    lane t adds (0 + w[t]) + (0 + w[t + width]) (+ two empty accumulators), and the lanes
+//    combine by shuffles down (kDescending: offsets width / 2 .. 1, else 1 .. width / 2).
+// 4. * per_expert_scale[index], in fp32.
+template <typename T, int kIters, bool kDescending>
+__global__ void __launch_bounds__(32 * kRouterWarps)
+    router_topk_kernel(const T* scores, std::int64_t rows, int experts, int width, int top_k,
+                       const T* per_expert_scale, float* weights, std::int64_t* index) {
+  __shared__ float slot_value[kRouterWarps][kRouterSlots];
+  __shared__ int slot_index[kRouterWarps][kRouterSlots];
+  __shared__ bool slot_valid[kRouterWarps][kRouterSlots];
+  constexpr unsigned kAll = 0xffffffffU;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const std::int64_t row = static_cast<std::int64_t>(blockIdx.x) * kRouterWarps + warp;
+  if (row >= rows) {
+    return;  // the whole warp: nothing below synchronises the block
+  }
+  const T* x = scores + row * experts;
+
+  // 1. softmax_warp_forward.
+  float e[kIters];
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int i = lane + it * width;
+    e[it] = (lane < width && i < experts) ? load(x, i) : -INFINITY;
+  }
+  float m = e[0];
+#pragma unroll
+  for (int it = 1; it < kIters; ++it) {
+    m = m > e[it] ? m : e[it];
+  }
+  for (int offset = width / 2; offset > 0; offset /= 2) {
+    const float o = __shfl_xor_sync(kAll, m, offset, width);
+    m = m < o ? o : m;  // Max: a < b ? b : a
+  }
+  float sum = 0.0F;
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    e[it] = expf(__fsub_rn(e[it], m));
+    sum = __fadd_rn(sum, e[it]);
+  }
+  for (int offset = width / 2; offset > 0; offset /= 2) {
+    sum = __fadd_rn(sum, __shfl_xor_sync(kAll, sum, offset, width));
+  }
+  unsigned key[kIters];
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    e[it] = __fdiv_rn(e[it], sum);
+    key[it] = radix_key(e[it]);
+  }
+
+  // 2a. The k largest keys, ties to the lower index; the k-th key.
+  unsigned taken = 0;
+  unsigned kth = 0;
+  for (int j = 0; j < top_k; ++j) {
+    unsigned long long best = 0;
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const int i = lane + it * width;
+      if (lane < width && i < experts && ((taken >> it) & 1U) == 0U) {
+        const unsigned long long c =
+            (static_cast<unsigned long long>(key[it]) << 32) |
+            (0xffffffffU - static_cast<unsigned>(i));
+        best = c > best ? c : best;
+      }
+    }
+    for (int offset = 16; offset > 0; offset /= 2) {
+      const unsigned long long o = __shfl_xor_sync(kAll, best, offset);
+      best = o > best ? o : best;
+    }
+    const int won = static_cast<int>(0xffffffffU - static_cast<unsigned>(best & 0xffffffffULL));
+    kth = static_cast<unsigned>(best >> 32);
+    if (lane < width && won % width == lane) {
+      taken |= 1U << (won / width);
+    }
+  }
+  // 2b. gatherTopK's order: the keys above the k-th in index order, then those equal to it.
+  const unsigned below = (1U << lane) - 1U;
+  int filled = 0;
+  for (int pass = 0; pass < 2; ++pass) {
+#pragma unroll
+    for (int it = 0; it < kIters; ++it) {
+      const bool kept = lane < width && ((taken >> it) & 1U) != 0U &&
+                        (pass == 0 ? key[it] > kth : key[it] == kth);
+      const unsigned ballot = __ballot_sync(kAll, kept);
+      if (kept) {
+        const int slot = filled + __popc(ballot & below);
+        slot_value[warp][slot] = e[it];
+        slot_index[warp][slot] = lane + it * width;
+      }
+      filled += __popc(ballot);
+    }
+  }
+  if (lane >= top_k) {
+    slot_value[warp][lane] = 0.0F;  // K{}
+    slot_index[warp][lane] = 0;
+  }
+  slot_valid[warp][lane] = lane < top_k;
+  // 2c. bitonicSort<32> with bitonicSwap: lanes 0..15 as its threads.
+  const auto swap_if = [&](int pos, int stride, bool dir) {
+    float& ka = slot_value[warp][pos];
+    float& kb = slot_value[warp][pos + stride];
+    const bool va = slot_valid[warp][pos];
+    const bool vb = slot_valid[warp][pos + stride];
+    const bool swap = (greater_nan_first(ka, kb) && va) || !vb;
+    if (swap == dir) {
+      const float tk = ka;
+      ka = kb;
+      kb = tk;
+      const int ti = slot_index[warp][pos];
+      slot_index[warp][pos] = slot_index[warp][pos + stride];
+      slot_index[warp][pos + stride] = ti;
+      slot_valid[warp][pos] = vb;
+      slot_valid[warp][pos + stride] = va;
+    }
+  };
+  for (int size = 2; size < kRouterSlots; size *= 2) {
+    const bool flag = (lane & (size / 2)) != 0;
+    for (int stride = size / 2; stride > 0; stride /= 2) {
+      __syncwarp();
+      if (lane < kRouterSlots / 2) {
+        swap_if(2 * lane - (lane & (stride - 1)), stride, flag);
+      }
+    }
+  }
+  for (int stride = kRouterSlots / 2; stride > 0; stride /= 2) {
+    __syncwarp();
+    if (lane < kRouterSlots / 2) {
+      swap_if(2 * lane - (lane & (stride - 1)), stride, false);
+    }
+  }
+  __syncwarp();
+  const float w = lane < top_k ? slot_value[warp][lane] : 0.0F;
+  const int expert = lane < top_k ? slot_index[warp][lane] : 0;
+
+  // 3. The sum over k (Reduce.cuh's thread_reduce and block_x_reduce) and the division.
+  int block_width = 1;
+  while (block_width * 2 <= top_k) {
+    block_width *= 2;
+  }
+  const float ahead = __shfl_sync(kAll, w, (lane + block_width) % 32);
+  float part = 0.0F;
+  if (lane < block_width) {
+    const float second = lane + block_width < top_k ? __fadd_rn(0.0F, ahead) : 0.0F;
+    part = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(0.0F, w), second), 0.0F), 0.0F);
+  }
+  for (int step = 0; (1 << step) < block_width; ++step) {
+    const int offset = kDescending ? (block_width >> 1) >> step : 1 << step;
+    part = __fadd_rn(part, __shfl_down_sync(kAll, part, offset));
+  }
+  const float total = __shfl_sync(kAll, part, 0);
+  if (lane < top_k) {
+    const std::int64_t at = row * top_k + lane;
+    weights[at] = __fmul_rn(__fdiv_rn(w, total), load(per_expert_scale, expert));
+    index[at] = expert;
+  }
+}
+
 // ---- comparison of tapped tensors (probe::position_diff) -----------------------------------
 
 constexpr int kDiffThreads = 256;
@@ -1182,6 +1371,66 @@ int route(const std::int64_t* ids, std::int64_t count, int experts, int top_k,
   route_kernel<<<1, kRouteThreads, 0, static_cast<cudaStream_t>(stream)>>>(
       ids, static_cast<int>(count), experts, end_bit, top_k, tokens_per_row, perm, token_of,
       offsets, row_of);
+  return status();
+}
+
+bool router_topk_supported(std::int64_t experts, std::int64_t top_k) {
+  return experts >= 1 && experts <= 1024 && top_k >= 1 && top_k <= kRouterSlots &&
+         top_k <= experts;
+}
+
+namespace {
+
+template <typename T, int kIters = 1>
+void router_topk_as(const T* scores, std::int64_t rows, int experts, int width, int iters,
+                    int top_k, const T* scale, MeanOrder order, float* weights,
+                    std::int64_t* index, cudaStream_t s) {
+  if constexpr (kIters < 32) {
+    if (iters > kIters) {
+      router_topk_as<T, kIters * 2>(scores, rows, experts, width, iters, top_k, scale, order,
+                                    weights, index, s);
+      return;
+    }
+  }
+  const dim3 grid(static_cast<unsigned>((rows + kRouterWarps - 1) / kRouterWarps));
+  if (order == MeanOrder::ShufflesDown) {
+    router_topk_kernel<T, kIters, true><<<grid, 32 * kRouterWarps, 0, s>>>(
+        scores, rows, experts, width, top_k, scale, weights, index);
+  } else {
+    router_topk_kernel<T, kIters, false><<<grid, 32 * kRouterWarps, 0, s>>>(
+        scores, rows, experts, width, top_k, scale, weights, index);
+  }
+}
+
+}  // namespace
+
+int router_topk(Elem elem, const void* scores, std::int64_t rows, std::int64_t experts,
+                std::int64_t top_k, const void* per_expert_scale, MeanOrder order, float* weights,
+                std::int64_t* index, void* stream) {
+  if (!router_topk_supported(experts, top_k) || rows < 0 ||
+      (rows + kRouterWarps - 1) / kRouterWarps > 0x7fffffffLL) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  if (rows == 0) {
+    return 0;
+  }
+  // softmax_warp_forward's layout: the row's next power of two, over lanes of at most 32.
+  int pow2 = 1;
+  while (pow2 < experts) {
+    pow2 *= 2;
+  }
+  const int width = pow2 < 32 ? pow2 : 32;
+  const int iters = pow2 / width;
+  auto* s = static_cast<cudaStream_t>(stream);
+  const int e = static_cast<int>(experts);
+  const int k = static_cast<int>(top_k);
+  if (elem == Elem::BF16) {
+    router_topk_as(static_cast<const __nv_bfloat16*>(scores), rows, e, width, iters, k,
+                   static_cast<const __nv_bfloat16*>(per_expert_scale), order, weights, index, s);
+  } else {
+    router_topk_as(static_cast<const float*>(scores), rows, e, width, iters, k,
+                   static_cast<const float*>(per_expert_scale), order, weights, index, s);
+  }
   return status();
 }
 

@@ -118,6 +118,18 @@ int route(const std::int64_t* ids, std::int64_t count, int experts, int top_k,
           std::int64_t tokens_per_row, std::int64_t* perm, std::int64_t* token_of,
           std::int32_t* offsets, std::int64_t* row_of, void* stream);
 
+/// The router from its scores on (ref: DiffusionGemmaTextRouter.forward): for scores [rows,
+/// experts] (`elem`) and per_expert_scale [experts] (`elem`), softmax(scores, -1, float32),
+/// topk(k), the weights divided by their sum and multiplied by per_expert_scale[index]: weights
+/// [rows, k] fp32 and index [rows, k] int64, each with ATen's bits (its warp softmax, gatherTopK,
+/// SmallBitonicSort's network on ties, the sum's reduction with its block_x_reduce shuffles in
+/// `order`, found by the load check). One warp per row, where router_topk_supported (up to 1024
+/// experts, 1 <= k <= 32 and k <= experts).
+bool router_topk_supported(std::int64_t experts, std::int64_t top_k);
+int router_topk(Elem elem, const void* scores, std::int64_t rows, std::int64_t experts,
+                std::int64_t top_k, const void* per_expert_scale, MeanOrder order, float* weights,
+                std::int64_t* index, void* stream);
+
 /// out[i] = tanhf(float(x[i]) * inv_cap) * cap (fp32), with inv_cap the fp32 reciprocal ATen
 /// multiplies by when dividing by a scalar.
 int softcap(Elem elem, const void* x, float inv_cap, float cap, float* out, std::int64_t count,

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/core/Tensor.h>
@@ -111,6 +112,17 @@ struct Route {
 /// Whether route() takes this many ids and experts (one block's shared memory).
 bool route_fits(std::int64_t count, std::int64_t experts);
 Route route(const at::Tensor& index, std::int64_t experts, std::int64_t rows);
+
+/// The router after its projection (ref: DiffusionGemmaTextRouter.forward): softmax(scores, -1,
+/// float32), topk(k), the weights divided by their sum and multiplied by
+/// per_expert_scale[index], in one kernel with ATen's bits where router_topk_fits and `order` is
+/// the one the load check found (fused_kernels.h says how). scores [T, E] contiguous bf16 or
+/// fp32 CUDA, per_expert_scale [E] of its dtype. Returns (weights [T, k] fp32, index [T, k]
+/// int64).
+bool router_topk_fits(std::int64_t experts, std::int64_t top_k);
+std::pair<at::Tensor, at::Tensor> router_topk(const at::Tensor& scores,
+                                              const at::Tensor& per_expert_scale,
+                                              std::int64_t top_k, cuda::MeanOrder order);
 
 /// The final soft-cap: tanh(logits.float() / cap) * cap, fp32 (division by a scalar is ATen's
 /// multiplication by the fp32 reciprocal).

@@ -233,6 +233,30 @@ Route route(const at::Tensor& index, std::int64_t experts, std::int64_t rows) {
   return r;
 }
 
+bool router_topk_fits(std::int64_t experts, std::int64_t top_k) {
+  return cuda::router_topk_supported(experts, top_k);
+}
+
+std::pair<at::Tensor, at::Tensor> router_topk(const at::Tensor& scores,
+                                              const at::Tensor& per_expert_scale,
+                                              std::int64_t top_k, cuda::MeanOrder order) {
+  const cuda::Elem elem = elem_of(scores, "router");
+  TORCH_CHECK(scores.dim() == 2 && router_topk_fits(scores.size(1), top_k),
+              "fused router: expected scores [T, E] with E <= 1024 and 1 <= k <= min(E, 32)");
+  const std::int64_t rows = scores.size(0);
+  const std::int64_t experts = scores.size(1);
+  const void* scale = same_type(per_expert_scale, scores, experts, "router");
+  TORCH_CHECK(scale != nullptr, "fused router: per_expert_scale is undefined");
+  const c10::cuda::CUDAGuard guard(scores.device());
+  at::Tensor weights = at::empty({rows, top_k}, scores.options().dtype(at::kFloat));
+  at::Tensor index = at::empty({rows, top_k}, scores.options().dtype(at::kLong));
+  check(cuda::router_topk(elem, scores.data_ptr(), rows, experts, top_k, scale, order,
+                          weights.data_ptr<float>(), index.data_ptr<std::int64_t>(),
+                          stream_of(scores)),
+        "router");
+  return {weights, index};
+}
+
 at::Tensor softcap(const at::Tensor& logits, double cap, bool quads) {
   const cuda::Elem elem = elem_of(logits, "softcap");
   const c10::cuda::CUDAGuard guard(logits.device());

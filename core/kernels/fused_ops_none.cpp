@@ -36,6 +36,14 @@ bool route_fits(std::int64_t /*count*/, std::int64_t /*experts*/) {
 Route route(const at::Tensor& /*index*/, std::int64_t /*experts*/, std::int64_t /*rows*/) {
   unavailable();
 }
+bool router_topk_fits(std::int64_t /*experts*/, std::int64_t /*top_k*/) {
+  return false;
+}
+std::pair<at::Tensor, at::Tensor> router_topk(const at::Tensor& /*scores*/,
+                                              const at::Tensor& /*per_expert_scale*/,
+                                              std::int64_t /*top_k*/, cuda::MeanOrder /*order*/) {
+  unavailable();
+}
 at::Tensor softcap(const at::Tensor& /*logits*/, double /*cap*/, bool /*quads*/) {
   unavailable();
 }

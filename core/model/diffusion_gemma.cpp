@@ -322,6 +322,19 @@ class Pass {
     return kernels::softcap(logits, cap, use_.quads);
   }
 
+  // softmax(scores, -1, float32), topk, the weights normalised and scaled per expert: (weights
+  // [T, k] fp32, index [T, k] int64). ref: DiffusionGemmaTextRouter.forward
+  std::pair<at::Tensor, at::Tensor> router_topk(const at::Tensor& scores,
+                                                const at::Tensor& per_expert_scale) const {
+    const std::int64_t k = t_.top_k_experts;
+    if (use_.router && scores.dim() == 2 && scores.is_contiguous() &&
+        per_expert_scale.scalar_type() == scores.scalar_type() &&
+        kernels::router_topk_fits(scores.size(1), k)) {
+      return kernels::router_topk(scores, per_expert_scale, k, use_.router_order);
+    }
+    return router_topk_reference(scores, per_expert_scale, k);
+  }
+
   // softmax(S, -1, float32).to(dtype): the self-conditioning input's probabilities.
   // ref: DiffusionGemmaDecoderModel.forward
   at::Tensor probs(const at::Tensor& s, at::ScalarType dtype) const {
@@ -522,10 +535,7 @@ class Pass {
     const at::Tensor scores =
         runner_.linear(r, lw.router_proj, OpSite{OpFamily::RouterProj, layer});
     record(Tap::RouterScores, layer, scores.view({rows_, -1, scores.size(-1)}));
-    const at::Tensor probs = at::softmax(scores, -1, at::kFloat);
-    auto [weights, index] = at::topk(probs, t_.top_k_experts, -1);
-    weights.div_(weights.sum(-1, /*keepdim=*/true));
-    weights = weights * lw.router_per_expert_scale.index({index});
+    const auto [weights, index] = router_topk(scores, lw.router_per_expert_scale);
     record(Tap::RouterTopkIds, layer, index.view({rows_, -1, index.size(-1)}));
     record(Tap::RouterTopkWeights, layer, weights.view({rows_, -1, weights.size(-1)}));
     return {weights, index};

@@ -60,6 +60,16 @@ at::Tensor softcap_reference(const at::Tensor& logits, double cap) {
   return out * cap;
 }
 
+std::pair<at::Tensor, at::Tensor> router_topk_reference(const at::Tensor& scores,
+                                                        const at::Tensor& per_expert_scale,
+                                                        std::int64_t top_k) {
+  const at::Tensor probs = at::softmax(scores, -1, at::kFloat);  // [T, E] fp32
+  auto [weights, index] = at::topk(probs, top_k, -1);            // [T, k] fp32, int64
+  weights.div_(weights.sum(-1, /*keepdim=*/true));
+  weights = weights * per_expert_scale.index({index});
+  return {weights, index};
+}
+
 at::Tensor router_input_reference(const at::Tensor& flat, const at::Tensor& scale, double scalar,
                                   double eps) {
   return rms_norm(flat, at::Tensor(), eps) * scale * scalar;
@@ -266,6 +276,30 @@ std::string pick_probs_order(Check& c, std::int64_t vocab, at::ScalarType dtype,
   return "differs from ATen in both orders at 1024 and 512 threads";
 }
 
+// The router's softmax, top-k and weights in one kernel against ATen's chain, with the sum's
+// shuffles in `order`: the model's experts and k, 1 to 1031 rows of scores drawn at two scales
+// and rows full of ties (scores on a coarse grid, and a row of equal scores: which of the equal
+// experts are kept and in which order is gatherTopK's and the bitonic network's).
+bool check_router(Check& c, std::int64_t experts, std::int64_t top_k,
+                  kernels::cuda::MeanOrder order) {
+  const at::Tensor scale = (c.normal({experts}, 0.5).abs() + 0.5).to(c.dtype());
+  for (const std::int64_t rows : {1, 5, 1031}) {
+    for (const double spread : {1.0, 8.0}) {
+      at::Tensor scores = c.normal({rows, experts}, spread);
+      if (rows > 1) {
+        scores[0].copy_(at::round(scores[0].to(at::kFloat) * 0.5).to(c.dtype()));  // ties
+        scores[1].zero_();                                                         // all equal
+      }
+      const auto [weights, index] = kernels::router_topk(scores, scale, top_k, order);
+      const auto [want_weights, want_index] = router_topk_reference(scores, scale, top_k);
+      if (!bits_equal(weights, want_weights) || !at::equal(index, want_index)) {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
 // The counting sort against torch.sort + histc + cumsum, at two token counts.
 bool check_route(Check& c, std::int64_t experts, std::int64_t top_k) {
   for (const std::int64_t tokens : {256, 1024}) {
@@ -395,6 +429,15 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
     f.combine_lanes = check_combine(c, text.top_k_experts, text.hidden_size, f.quads);
     f.combine = f.combine_lanes > 0;
     f.route = check_route(c, text.num_experts, text.top_k_experts);
+    if (kernels::router_topk_fits(text.num_experts, text.top_k_experts)) {
+      for (const auto order :
+           {kernels::cuda::MeanOrder::ShufflesUp, kernels::cuda::MeanOrder::ShufflesDown}) {
+        if (!f.router && check_router(c, text.num_experts, text.top_k_experts, order)) {
+          f.router = true;
+          f.router_order = order;
+        }
+      }
+    }
   }
   const at::Tensor gate_up = c.normal({256, 2 * text.moe_intermediate_size}, 3.0);
   const std::int64_t inter = text.moe_intermediate_size;
@@ -433,7 +476,8 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
       ", moe combine " +
       (f.combine ? "yes (" + std::to_string(f.combine_lanes) + " lanes)" : said(false)) +
       ", gelu*up " + (f.gelu ? std::string(f.gelu_contract ? "yes (fma)" : "yes") : said(false)) +
-      ", softcap " + said(f.softcap) + ", route " + said(f.route) + ", self-conditioning softmax " +
+      ", softcap " + said(f.softcap) + ", route " + said(f.route) + ", router softmax and top-k " +
+      (f.router ? said_order(f.router_order) : said(false)) + ", self-conditioning softmax " +
       (f.probs ? said_order(f.probs_order) + ", " + std::to_string(f.probs_threads) + " threads"
                : "no (" + probs_why + ")") +
       "; combine, gelu*up and softcap " +
@@ -452,6 +496,7 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
     f.gelu = f.gelu && switches.fused_kernel("gelu");
     f.softcap = f.softcap && switches.fused_kernel("softcap");
     f.route = f.route && switches.fused_kernel("route");
+    f.router = f.router && switches.fused_kernel("router");
     f.probs = f.probs && switches.fused_kernel("probs");
     f.q_branch = f.q_branch && switches.fused_kernel("qbranch");
     f.mlp_branch = f.mlp_branch && switches.fused_kernel("mlpbranch");

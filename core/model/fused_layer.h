@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include <ATen/core/Tensor.h>
 
@@ -34,6 +35,9 @@ struct FusedKernels {
   kernels::cuda::MeanOrder probs_order = kernels::cuda::MeanOrder::ShufflesUp;  ///< its sums'
   int probs_threads = 1024;  ///< ATen's threads per row that it matched
   bool route = false;        ///< the experts' sort, offsets and token indices
+  /// the router's softmax, top-k and weights in one kernel, its sum's shuffles in router_order
+  bool router = false;
+  kernels::cuda::MeanOrder router_order = kernels::cuda::MeanOrder::ShufflesUp;
   /// Independent parts of a layer at once on a second stream (compat::SideBranch), the same
   /// kernels on the same operands (nothing to check bitwise); CUDA only, and only where
   /// base::Switches::side_branches asks for them. Q beside K/V:
@@ -46,15 +50,17 @@ struct FusedKernels {
   std::string report;         ///< one human-readable line: what is used, what not and why
 
   /// Any of the CUDA kernels (cpu_gemm is not one).
-  bool any() const { return norm || mean || combine || gelu || softcap || route || probs; }
+  bool any() const {
+    return norm || mean || combine || gelu || softcap || route || router || probs;
+  }
 };
 
 /// Checks each fused kernel on `device` against the ATen chain, on seeded random data with the
 /// model's widths (hidden size, both head dims, top-k, a slice of the vocabulary), and returns
 /// those that matched bitwise. All false off CUDA, in builds without the kernels, or when
 /// `switches` turn them off (BATCHLENS_FUSED=0); those `switches` name (BATCHLENS_FUSED_OFF=
-/// norm,normvec,mean,onepass,combine,gelu,softcap,route,quads,probs,qbranch,mlpbranch) are left
-/// unused
+/// norm,normvec,mean,onepass,combine,gelu,softcap,route,router,quads,probs,qbranch,mlpbranch) are
+/// left unused
 /// (`room` is the model's: base::Switches::kv_room). On a CPU in bf16 where LibTorch computes bf16
 /// matmuls with ATen's own kernel, checks the CPU GEMM instead (kernels::check_cpu_gemm at the
 /// model's reduction lengths; BATCHLENS_FUSED_OFF=gemm leaves it unused). Synchronises with the
@@ -74,6 +80,11 @@ at::Tensor moe_combine_reference(const at::Tensor& proj, const at::Tensor& weigh
 kernels::Route route_reference(const at::Tensor& index, std::int64_t experts, std::int64_t rows);
 /// tanh(logits.float() / cap) * cap. ref: DiffusionGemmaForBlockDiffusion.forward
 at::Tensor softcap_reference(const at::Tensor& logits, double cap);
+/// softmax(scores, -1, float32), topk(k), w / w.sum(-1), w * per_expert_scale[index]: (weights
+/// [T, k] fp32, index [T, k] int64). ref: DiffusionGemmaTextRouter.forward
+std::pair<at::Tensor, at::Tensor> router_topk_reference(const at::Tensor& scores,
+                                                        const at::Tensor& per_expert_scale,
+                                                        std::int64_t top_k);
 /// rms_norm(x) * scale * scalar. ref: DiffusionGemmaTextRouter.forward
 at::Tensor router_input_reference(const at::Tensor& flat, const at::Tensor& scale, double scalar,
                                   double eps);

@@ -74,6 +74,7 @@ TEST(FusedLayerGpu, EveryKernelMatchesAtenOnThisDeviceForTheShippedShapes) {
     EXPECT_TRUE(f.softcap) << name << ": " << f.report;
     EXPECT_TRUE(f.route) << name << ": " << f.report;
     EXPECT_TRUE(f.probs) << name << ": " << f.report;  // vocabularies of 4096 and more
+    EXPECT_TRUE(f.router) << name << ": " << f.report;
   }
 }
 
@@ -461,6 +462,60 @@ TEST(FusedLayerGpu, SelfConditioningSoftmaxHasAtensBitsInOneLayout) {
   EXPECT_FALSE(kernels::softmax_probs_fit(4098));
 }
 
+// The router's softmax, top-k and weights in one kernel have ATen's bits (softmax, topk, sum,
+// div, per-expert scale) in one order of the sum's shuffles at every shape: the shipped 128
+// experts and k = 8, other widths (one lane per expert under 32, several per lane up to 1000),
+// k from 1 to 32 (powers of two and not), 1 to 4096 rows, bf16 and fp32 scores, rows full of
+// ties (a coarse grid, all equal, all equal but one): which equal experts are kept and in
+// which order is gatherTopK's and the bitonic network's.
+TEST(FusedLayerGpu, RouterTopKHasAtensBitsInOneOrder) {
+  ASSERT_TRUE(at::hasCUDA());
+  using kernels::cuda::MeanOrder;
+  const std::vector<MeanOrder> orders = {MeanOrder::ShufflesUp, MeanOrder::ShufflesDown};
+  std::vector<int> differing_shapes(orders.size(), 0);
+  int shapes = 0;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(37);
+  for (const at::ScalarType dtype : {at::kBFloat16, at::kFloat}) {
+    for (const auto& [experts, k] : std::vector<std::pair<std::int64_t, std::int64_t>>{
+             {128, 8}, {128, 1}, {128, 32}, {128, 6}, {64, 3}, {8, 2}, {5, 5}, {1000, 16}}) {
+      const at::Tensor scale =
+          (at::rand({experts}, gen, at::TensorOptions().dtype(at::kFloat)) + 0.5)
+              .to(at::kCUDA, dtype);
+      for (const std::int64_t rows : {1, 7, 4096}) {
+        at::Tensor scores = at::randn({rows, experts}, gen, at::TensorOptions().dtype(at::kFloat));
+        if (rows > 3) {
+          scores[0].copy_(at::round(scores[0] * 2.0) * 0.5);
+          scores[1].zero_();
+          scores[2].zero_();
+          scores[2][experts / 2] = 1.0;
+        }
+        scores = (scores * (rows == 7 ? 8.0 : 1.0)).to(at::kCUDA, dtype);
+        const auto [want_w, want_i] = router_topk_reference(scores, scale, k);
+        ++shapes;
+        for (std::size_t o = 0; o < orders.size(); ++o) {
+          const auto [w, i] = kernels::router_topk(scores, scale, k, orders[o]);
+          const std::int64_t dw = differing(w, want_w);
+          const std::int64_t di = at::ne(i, want_i).sum().item<std::int64_t>();
+          if (dw != 0 || di != 0) {
+            ++differing_shapes[o];
+            std::cout << "router " << dtype << " experts " << experts << " k " << k << " rows "
+                      << rows << ", shuffles " << (o == 0 ? "up" : "down") << ": " << dw
+                      << " weights and " << di << " indices differ\n";
+          }
+        }
+      }
+    }
+  }
+  int matching = 0;
+  for (const int d : differing_shapes) {
+    matching += d == 0 ? 1 : 0;
+  }
+  EXPECT_GE(matching, 1) << "no order has ATen's bits at every one of " << shapes << " shapes";
+  EXPECT_FALSE(kernels::router_topk_fits(1025, 8));
+  EXPECT_FALSE(kernels::router_topk_fits(128, 33));
+  EXPECT_FALSE(kernels::router_topk_fits(4, 5));
+}
+
 // The whole decoder pass with the fused kernels equals the pass without them, bit for bit, in
 // the logits and in every tap; B = 1 and B = 3; self-conditioning on.
 TEST(FusedLayerGpu, FusedForwardEqualsUnfusedForwardInEveryTap) {
@@ -637,17 +692,18 @@ TEST(FusedLayerGpu, SwitchesLeaveNamedKernelsUnused) {
   ASSERT_TRUE(at::hasCUDA());
   const ModelConfig cfg = preset("demo");
   base::Switches switches;
-  switches.fused_off = {"normvec", "route", "probs", "quads"};
+  switches.fused_off = {"normvec", "route", "router", "probs", "quads"};
   const FusedKernels f =
       check_fused_kernels(cfg.text, at::Device(at::kCUDA, 0), at::kBFloat16, switches);
   EXPECT_TRUE(f.norm) << f.report;
   EXPECT_FALSE(f.norm_vec);
   EXPECT_FALSE(f.route);
+  EXPECT_FALSE(f.router);
   EXPECT_FALSE(f.probs);
   EXPECT_FALSE(f.quads);
   EXPECT_TRUE(f.softcap) << f.report;  // one element per thread, still ATen's bits
   EXPECT_NE(f.report.find("one element per thread"), std::string::npos) << f.report;
-  EXPECT_NE(f.report.find("turned off by BATCHLENS_FUSED_OFF=normvec,route,probs,quads"),
+  EXPECT_NE(f.report.find("turned off by BATCHLENS_FUSED_OFF=normvec,route,router,probs,quads"),
             std::string::npos)
       << f.report;
 }
