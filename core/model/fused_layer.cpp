@@ -300,6 +300,21 @@ bool check_router(Check& c, std::int64_t experts, std::int64_t top_k,
   return true;
 }
 
+// The router in one kernel with the first order of the sum's shuffles that has ATen's bits.
+void pick_router_order(Check& c, const TextConfig& text, FusedKernels& f) {
+  if (!kernels::router_topk_fits(text.num_experts, text.top_k_experts)) {
+    return;
+  }
+  for (const auto order :
+       {kernels::cuda::MeanOrder::ShufflesUp, kernels::cuda::MeanOrder::ShufflesDown}) {
+    if (check_router(c, text.num_experts, text.top_k_experts, order)) {
+      f.router = true;
+      f.router_order = order;
+      return;
+    }
+  }
+}
+
 // The counting sort against torch.sort + histc + cumsum, at two token counts.
 bool check_route(Check& c, std::int64_t experts, std::int64_t top_k) {
   for (const std::int64_t tokens : {256, 1024}) {
@@ -429,15 +444,7 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
     f.combine_lanes = check_combine(c, text.top_k_experts, text.hidden_size, f.quads);
     f.combine = f.combine_lanes > 0;
     f.route = check_route(c, text.num_experts, text.top_k_experts);
-    if (kernels::router_topk_fits(text.num_experts, text.top_k_experts)) {
-      for (const auto order :
-           {kernels::cuda::MeanOrder::ShufflesUp, kernels::cuda::MeanOrder::ShufflesDown}) {
-        if (!f.router && check_router(c, text.num_experts, text.top_k_experts, order)) {
-          f.router = true;
-          f.router_order = order;
-        }
-      }
-    }
+    pick_router_order(c, text, f);
   }
   const at::Tensor gate_up = c.normal({256, 2 * text.moe_intermediate_size}, 3.0);
   const std::int64_t inter = text.moe_intermediate_size;
