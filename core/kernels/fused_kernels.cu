@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include <cub/block/block_radix_sort.cuh>
+#include <cub/block/block_scan.cuh>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -670,29 +671,33 @@ __global__ void sum_splits_kernel(const float* parts, int splits, std::int64_t c
 }
 
 constexpr int kRouteThreads = 1024;
-constexpr int kRouteItems = 8;  // ids per thread: up to 8192 in all
+constexpr int kRouteMaxItems = 8;  // ids per thread: up to 8192 in all
 constexpr int kRouteMaxExperts = 1024;
 
 // ref: grouped_mm_experts_forward: torch.sort(expert_ids) (a stable radix sort on CUDA),
 // perm // num_top_k, cumsum(histc(expert_ids_g)). One block: CUB's (stable) block radix sort
-// of (expert id, position), shared-memory counts and one thread's scan.
+// of (expert id, position) with kItems ids a thread (the fewest that hold `count`: the padding
+// is sorted too), shared-memory counts and the block's scan of them.
+template <int kItems>
 __global__ void __launch_bounds__(kRouteThreads)
     route_kernel(const std::int64_t* ids, int count, int experts, int end_bit, int top_k,
                  std::int64_t tokens_per_row, std::int64_t* perm, std::int64_t* token_of,
                  std::int32_t* offsets, std::int64_t* row_of) {
-  using Sort = cub::BlockRadixSort<int, kRouteThreads, kRouteItems, int>;
+  using Sort = cub::BlockRadixSort<int, kRouteThreads, kItems, int>;
+  using Scan = cub::BlockScan<int, kRouteThreads>;
   __shared__ typename Sort::TempStorage temp;
+  __shared__ typename Scan::TempStorage scan_temp;
   __shared__ int counts[kRouteMaxExperts];
   const int tid = static_cast<int>(threadIdx.x);
   for (int e = tid; e < experts; e += kRouteThreads) {
     counts[e] = 0;
   }
   __syncthreads();
-  int keys[kRouteItems];
-  int values[kRouteItems];
+  int keys[kItems];
+  int values[kItems];
 #pragma unroll
-  for (int j = 0; j < kRouteItems; ++j) {
-    const int i = tid * kRouteItems + j;  // blocked: thread t holds ids t*8 .. t*8+7
+  for (int j = 0; j < kItems; ++j) {
+    const int i = tid * kItems + j;  // blocked: thread t holds ids t*kItems .. t*kItems+kItems-1
     values[j] = i;
     keys[j] = experts;  // padding sorts last
     if (i < count) {
@@ -705,7 +710,7 @@ __global__ void __launch_bounds__(kRouteThreads)
   }
   Sort(temp).SortBlockedToStriped(keys, values, 0, end_bit);
 #pragma unroll
-  for (int j = 0; j < kRouteItems; ++j) {
+  for (int j = 0; j < kItems; ++j) {
     const int rank = tid + j * kRouteThreads;  // striped
     if (rank < count) {
       const int i = values[j];
@@ -717,12 +722,11 @@ __global__ void __launch_bounds__(kRouteThreads)
     }
   }
   __syncthreads();
-  if (tid == 0) {
-    int run = 0;
-    for (int e = 0; e < experts; ++e) {
-      run += counts[e];
-      offsets[e] = run;
-    }
+  // cumsum over the experts (fewer than kRouteThreads): one count a thread, the block's scan.
+  int run = tid < experts ? counts[tid] : 0;
+  Scan(scan_temp).InclusiveSum(run, run);
+  if (tid < experts) {
+    offsets[tid] = run;
   }
 }
 
@@ -1354,7 +1358,7 @@ int gelu_mul(Elem elem, const void* gate, const void* up, std::int64_t stride, s
 }
 
 bool route_supported(std::int64_t count, std::int64_t experts) {
-  return count >= 0 && count <= static_cast<std::int64_t>(kRouteThreads) * kRouteItems &&
+  return count >= 0 && count <= static_cast<std::int64_t>(kRouteThreads) * kRouteMaxItems &&
          experts >= 1 && experts < kRouteMaxExperts;
 }
 
@@ -1368,9 +1372,18 @@ int route(const std::int64_t* ids, std::int64_t count, int experts, int top_k,
   while ((1 << end_bit) <= experts) {
     ++end_bit;
   }
-  route_kernel<<<1, kRouteThreads, 0, static_cast<cudaStream_t>(stream)>>>(
-      ids, static_cast<int>(count), experts, end_bit, top_k, tokens_per_row, perm, token_of,
-      offsets, row_of);
+  auto* s = static_cast<cudaStream_t>(stream);
+  const int n = static_cast<int>(count);
+  if (count <= 2 * kRouteThreads) {
+    route_kernel<2><<<1, kRouteThreads, 0, s>>>(ids, n, experts, end_bit, top_k, tokens_per_row,
+                                                perm, token_of, offsets, row_of);
+  } else if (count <= 4 * kRouteThreads) {
+    route_kernel<4><<<1, kRouteThreads, 0, s>>>(ids, n, experts, end_bit, top_k, tokens_per_row,
+                                                perm, token_of, offsets, row_of);
+  } else {
+    route_kernel<kRouteMaxItems><<<1, kRouteThreads, 0, s>>>(
+        ids, n, experts, end_bit, top_k, tokens_per_row, perm, token_of, offsets, row_of);
+  }
   return status();
 }
 

@@ -516,6 +516,38 @@ TEST(FusedLayerGpu, RouterTopKHasAtensBitsInOneOrder) {
   EXPECT_FALSE(kernels::router_topk_fits(4, 5));
 }
 
+// The experts' routing in one block equals torch.sort + histc + cumsum (and the batch row of
+// each slot) at every id count its three layouts take (2, 4 and 8 ids a thread, each full and
+// partly padding), with 128 and 1000 experts and heavy repeats.
+TEST(FusedLayerGpu, RouteEqualsSortHistcCumsumAtEveryCount) {
+  ASSERT_TRUE(at::hasCUDA());
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(41);
+  const std::int64_t top_k = 8;
+  for (const std::int64_t experts : {128, 1000}) {
+    for (const std::int64_t tokens : {1, 2, 255, 256, 257, 512, 625, 1024}) {
+      ASSERT_TRUE(kernels::route_fits(tokens * top_k, experts));
+      // Ids from a few experts for half the tokens (many equal keys: the sort must be stable).
+      at::Tensor index =
+          at::randint(experts, {tokens, top_k}, gen, at::TensorOptions().dtype(at::kLong));
+      index.narrow(0, 0, (tokens + 1) / 2).remainder_(5);
+      index = index.to(at::kCUDA);
+      for (const std::int64_t rows : {0, 1}) {
+        const kernels::Route got = kernels::route(index, experts, rows);
+        const kernels::Route want = route_reference(index, experts, rows);
+        EXPECT_TRUE(at::equal(got.perm, want.perm))
+            << experts << " experts, " << tokens << " tokens";
+        EXPECT_TRUE(at::equal(got.token_of, want.token_of)) << tokens;
+        EXPECT_TRUE(at::equal(got.offsets, want.offsets)) << experts << " experts, " << tokens;
+        if (rows > 0) {
+          EXPECT_TRUE(at::equal(got.row_of, want.row_of)) << tokens;
+        }
+      }
+    }
+  }
+  EXPECT_FALSE(kernels::route_fits(8193, 128));
+  EXPECT_FALSE(kernels::route_fits(64, 1024));
+}
+
 // The whole decoder pass with the fused kernels equals the pass without them, bit for bit, in
 // the logits and in every tap; B = 1 and B = 3; self-conditioning on.
 TEST(FusedLayerGpu, FusedForwardEqualsUnfusedForwardInEveryTap) {
