@@ -571,7 +571,9 @@ __global__ void softcap_kernel(const T* x, float inv_cap, float cap, float* out,
 // first warp over the warps' sums the same way, zeros past them), and each element is exp(x - max) / sum in
 // fp32, rounded once to bf16 here (ATen stores fp32, and .to(bf16) rounds it). The max is exact
 // in any order; only the sum's order matters, and the load check picks the shuffle order.
-constexpr int kSoftmaxMaxThreads = 1024;
+// The narrowest row taken: 48 KB of fp32 (a CUDA block's shared memory), past which ATen runs
+// cunn_SoftMaxForward (the shared-memory variant is not ported).
+constexpr std::int64_t kSoftmaxMinWidth = 12288;
 
 template <int kThreads, bool kDescending>
 __global__ void __launch_bounds__(kThreads)
@@ -1358,7 +1360,9 @@ int gelu_mul(Elem elem, const void* gate, const void* up, std::int64_t stride, s
 }
 
 bool route_supported(std::int64_t count, std::int64_t experts) {
-  return count >= 0 && count <= static_cast<std::int64_t>(kRouteThreads) * kRouteMaxItems &&
+  // Up to 32 ids torch.sort runs SmallBitonicSort, which is not stable (measured on an H100:
+  // 8 and 16 ids came out in another order): those are left to it.
+  return count > 32 && count <= static_cast<std::int64_t>(kRouteThreads) * kRouteMaxItems &&
          experts >= 1 && experts < kRouteMaxExperts;
 }
 
@@ -1459,7 +1463,7 @@ int softcap(Elem elem, const void* x, float inv_cap, float cap, float* out, std:
 }
 
 bool softmax_bf16_fits(std::int64_t n) {
-  return n > kSoftmaxMaxThreads && n % 4 == 0 && n <= (1LL << 40);
+  return n >= kSoftmaxMinWidth && n % 4 == 0 && n <= (1LL << 40);
 }
 
 namespace {
@@ -1467,8 +1471,10 @@ namespace {
 template <int kThreads>
 int softmax_bf16_as(const __nv_bfloat16* x, std::int64_t rows, std::int64_t n, MeanOrder order,
                     __nv_bfloat16* out, cudaStream_t s) {
-  // host_softmax's choice: the shared-memory kernel where the fp32 row fits beside the warps'
-  // sums (its input and output are fresh, aligned, and n % 4 == 0 here).
+  // host_softmax picks the shared-memory kernel where the fp32 row fits beside the warps' sums
+  // (its input and output are fresh, aligned, and n % 4 == 0 here): that variant's order is not
+  // the one ported (measured on an H100: rare rows of 1028 and 5000 differ in every layout), so
+  // a row that fits is refused.
   int device = 0;
   int smem = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
@@ -1476,7 +1482,10 @@ int softmax_bf16_as(const __nv_bfloat16* x, std::int64_t rows, std::int64_t n, M
     return status();
   }
   const std::int64_t smem_elements = (static_cast<std::int64_t>(smem) - (kThreads / 32) * 4) / 4;
-  const std::int64_t vec_end = n < smem_elements ? n : n - n % (4 * kThreads);
+  if (n < smem_elements) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  const std::int64_t vec_end = n - n % (4 * kThreads);
   const dim3 grid(static_cast<unsigned>(rows));
   if (order == MeanOrder::ShufflesDown) {
     softmax_bf16_kernel<kThreads, true><<<grid, kThreads, 0, s>>>(x, n, vec_end, out);

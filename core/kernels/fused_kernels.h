@@ -112,7 +112,8 @@ int gelu_mul(Elem elem, const void* gate, const void* up, std::int64_t stride, s
 /// a stable counting sort of ids [count] (values in [0, experts)), which is the order of
 /// torch.sort's stable radix sort: perm [count] (sorted position -> index), token_of = perm /
 /// top_k, offsets [experts] int32 = cumsum(histc(ids)), and, when row_of is not null, row_of =
-/// token_of / tokens_per_row. Where route_supported (one block: up to 8192 ids, 1023 experts).
+/// token_of / tokens_per_row. Where route_supported (one block: 33 to 8192 ids, 1023 experts;
+/// torch.sort of 32 ids and fewer is not stable).
 bool route_supported(std::int64_t count, std::int64_t experts);
 int route(const std::int64_t* ids, std::int64_t count, int experts, int top_k,
           std::int64_t tokens_per_row, std::int64_t* perm, std::int64_t* token_of,
@@ -136,9 +137,9 @@ int softcap(Elem elem, const void* x, float inv_cap, float cap, float* out, std:
             bool quads, void* stream);
 
 /// out = softmax(x, -1, dtype=float32).to(bf16) for bf16 x [rows, n], in ATen's order for rows
-/// wider than 1024 (cunn_SoftMaxForward with `threads` (1024 or 512) a row, its block
-/// reduction's shuffles in `order`: the pair the load check finds); x and out aligned to four
-/// elements.
+/// of 12288 and more, which no CUDA block holds in shared memory (cunn_SoftMaxForward with
+/// `threads` (1024 or 512) a row, its block reduction's shuffles in `order`: the pair the load
+/// check finds); x and out aligned to four elements.
 bool softmax_bf16_fits(std::int64_t n);
 int softmax_bf16(const void* x, std::int64_t rows, std::int64_t n, MeanOrder order, int threads,
                  void* out, void* stream);

@@ -73,7 +73,8 @@ TEST(FusedLayerGpu, EveryKernelMatchesAtenOnThisDeviceForTheShippedShapes) {
     EXPECT_TRUE(f.gelu) << name << ": " << f.report;
     EXPECT_TRUE(f.softcap) << name << ": " << f.report;
     EXPECT_TRUE(f.route) << name << ": " << f.report;
-    EXPECT_TRUE(f.probs) << name << ": " << f.report;  // vocabularies of 4096 and more
+    // The demo's 4096-wide vocabulary is one ATen softmaxes in shared memory (not ported).
+    EXPECT_EQ(f.probs, std::string(name) != "demo") << name << ": " << f.report;
     EXPECT_TRUE(f.router) << name << ": " << f.report;
   }
 }
@@ -418,9 +419,10 @@ TEST(FusedLayerGpu, ElementwiseFourPerThreadEqualOnePerThread) {
 
 // The self-conditioning softmax in one kernel has ATen's bits (softmax(x, -1, float32).to(bf16))
 // with one of its layouts (threads per row, order of the block's sums) at every shape: the
-// released vocabulary, a width with a tail past the last round of vectors (20000), widths ATen
-// runs in shared memory (5000, 1028), 1 to 256 rows, a view off the vector alignment; some other
-// layout differs somewhere (so the load check's choice is a finding).
+// released vocabulary, a width with a tail past the last round of vectors (20000), the narrowest
+// width it takes (12288), 1 to 256 rows, a view off the vector alignment; some other layout
+// differs somewhere (so the load check's choice is a finding). Widths ATen runs in shared memory
+// (5000, 1028: its order there is not the one ported; rare rows differed) are refused.
 TEST(FusedLayerGpu, SelfConditioningSoftmaxHasAtensBitsInOneLayout) {
   ASSERT_TRUE(at::hasCUDA());
   using kernels::cuda::MeanOrder;
@@ -430,7 +432,7 @@ TEST(FusedLayerGpu, SelfConditioningSoftmaxHasAtensBitsInOneLayout) {
                                                           {512, MeanOrder::ShufflesDown}};
   std::vector<int> differing_shapes(layouts.size(), 0);
   int shapes = 0;
-  for (const std::int64_t n : {262144, 20000, 5000, 1028}) {
+  for (const std::int64_t n : {262144, 20000, 12288}) {
     for (const std::int64_t rows : {1, 7, 256}) {
       for (const std::int64_t offset : {0, 1}) {
         const at::Tensor x = shifted({rows, n}, offset, at::kBFloat16, 4.0, 17 + rows);
@@ -459,7 +461,9 @@ TEST(FusedLayerGpu, SelfConditioningSoftmaxHasAtensBitsInOneLayout) {
   EXPECT_GE(matching, 1) << "no layout has ATen's bits at every one of " << shapes << " shapes";
   EXPECT_GT(other, 0) << "the layouts were not told apart at " << shapes << " shapes";
   EXPECT_FALSE(kernels::softmax_probs_fit(1024));
-  EXPECT_FALSE(kernels::softmax_probs_fit(4098));
+  EXPECT_FALSE(kernels::softmax_probs_fit(5000));
+  EXPECT_FALSE(kernels::softmax_probs_fit(12284));
+  EXPECT_FALSE(kernels::softmax_probs_fit(12290));
 }
 
 // The router's softmax, top-k and weights in one kernel have ATen's bits (softmax, topk, sum,
@@ -518,13 +522,14 @@ TEST(FusedLayerGpu, RouterTopKHasAtensBitsInOneOrder) {
 
 // The experts' routing in one block equals torch.sort + histc + cumsum (and the batch row of
 // each slot) at every id count its three layouts take (2, 4 and 8 ids a thread, each full and
-// partly padding), with 128 and 1000 experts and heavy repeats.
+// partly padding), with 128 and 1000 experts and heavy repeats. 32 ids and fewer are refused
+// (torch.sort runs an unstable bitonic sort there: 8 and 16 ids came out in another order).
 TEST(FusedLayerGpu, RouteEqualsSortHistcCumsumAtEveryCount) {
   ASSERT_TRUE(at::hasCUDA());
   auto gen = at::make_generator<at::CPUGeneratorImpl>(41);
   const std::int64_t top_k = 8;
   for (const std::int64_t experts : {128, 1000}) {
-    for (const std::int64_t tokens : {1, 2, 255, 256, 257, 512, 625, 1024}) {
+    for (const std::int64_t tokens : {5, 17, 255, 256, 257, 512, 625, 1024}) {
       ASSERT_TRUE(kernels::route_fits(tokens * top_k, experts));
       // Ids from a few experts for half the tokens (many equal keys: the sort must be stable).
       at::Tensor index =
@@ -544,6 +549,7 @@ TEST(FusedLayerGpu, RouteEqualsSortHistcCumsumAtEveryCount) {
       }
     }
   }
+  EXPECT_FALSE(kernels::route_fits(32, 128));
   EXPECT_FALSE(kernels::route_fits(8193, 128));
   EXPECT_FALSE(kernels::route_fits(64, 1024));
 }
