@@ -254,9 +254,8 @@ std::string pick_probs_order(Check& c, std::int64_t vocab, at::ScalarType dtype,
     return "not a bf16 model";
   }
   if (!kernels::softmax_probs_fit(vocab)) {
-    return "the vocabulary is narrower than 12288 (ATen's shared-memory softmax, not ported) or "
-           "not a "
-           "multiple of 4";
+    return "the vocabulary is narrower than 12288 (ATen's shared-memory softmax, not ported) "
+           "or not a multiple of 4";
   }
   // A launch the device refuses (resources) leaves the softmax to ATen instead of failing the
   // load; every other kernel stays.
