@@ -125,13 +125,14 @@ __device__ __forceinline__ float lane_sum_sq(const T* r, int n, int lane) {
   return __fadd_rn(__fadd_rn(__fadd_rn(acc[0], acc[1]), acc[2]), acc[3]);
 }
 
-// The 32 lanes' sums combined by shuffles down (lane 0 holds the row's sum). kDescending: at
-// offsets 16, 8, 4, 2, 1 instead of 1, 2, 4, 8, 16 (MeanOrder).
+// The first `lanes` lanes' sums (a power of two up to 32) combined by shuffles down, as
+// Reduce.cuh's block_x_reduce does for a block that wide (lane 0 holds the sum; every lane of
+// the warp must call). kDescending: at offsets lanes / 2, ..., 2, 1 instead of 1, 2, ...,
+// lanes / 2 (MeanOrder).
 template <bool kDescending>
-__device__ __forceinline__ float warp_sum(float sum) {
-  constexpr int kLanes = 32;
-  for (int step = 0; step < 5; ++step) {
-    const int offset = kDescending ? (kLanes >> 1) >> step : 1 << step;
+__device__ __forceinline__ float warp_sum(float sum, int lanes = 32) {
+  for (int step = 0; (1 << step) < lanes; ++step) {
+    const int offset = kDescending ? (lanes >> 1) >> step : 1 << step;
     sum = __fadd_rn(sum, __shfl_down_sync(0xffffffffU, sum, offset));
   }
   return sum;
@@ -909,11 +910,7 @@ __global__ void __launch_bounds__(32 * kRouterWarps)
     const float second = lane + block_width < top_k ? __fadd_rn(0.0F, ahead) : 0.0F;
     part = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(0.0F, w), second), 0.0F), 0.0F);
   }
-  for (int step = 0; (1 << step) < block_width; ++step) {
-    const int offset = kDescending ? (block_width >> 1) >> step : 1 << step;
-    part = __fadd_rn(part, __shfl_down_sync(kAll, part, offset));
-  }
-  const float total = __shfl_sync(kAll, part, 0);
+  const float total = __shfl_sync(kAll, warp_sum<kDescending>(part, block_width), 0);
   if (lane < top_k) {
     const std::int64_t at = row * top_k + lane;
     weights[at] = __fmul_rn(__fdiv_rn(w, total), load(per_expert_scale, expert));
