@@ -36,7 +36,7 @@ struct Switches {
   bool fused = true;  ///< BATCHLENS_FUSED=0: no fused kernel at all
   std::vector<std::string>
       fused_off;  ///< BATCHLENS_FUSED_OFF=norm,normvec,mean,onepass,combine,gelu,softcap,route,
-                  ///< router,quads,probs,qbranch,mlpbranch,diff,gemm,room
+                  ///< router,quads,probs,experts,qbranch,mlpbranch,diff,gemm,room
   bool cuda_graphs = true;  ///< BATCHLENS_CUDA_GRAPHS=0: denoising steps run eagerly
   /// BATCHLENS_THREAD_CHOICE=0: a CPU model keeps LibTorch's threads (no measurement at load,
   /// setup/cpu_threads.h)

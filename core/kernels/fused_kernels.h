@@ -131,6 +131,18 @@ int router_topk(Elem elem, const void* scores, std::int64_t rows, std::int64_t e
                 std::int64_t top_k, const void* per_expert_scale, MeanOrder order, float* weights,
                 std::int64_t* index, void* stream);
 
+/// The experts' grouped GEMM at few rows per expert (expert_gemm.cu): out[r, :] = x[r, :] @
+/// w[e]^T for the rows r in [offs[e - 1], offs[e]) of each expert e, x [rows, k] bf16, w
+/// [experts, n, k] bf16 contiguous, offs [experts] int32 on the device, out [rows, n] bf16. Each
+/// element is one fp32 accumulator folded over K in steps of 16 by mma.sync and rounded once,
+/// which is how torch._grouped_mm's CUTLASS kernel computes it with wgmma; the load check says
+/// whether this device gives the same bits. Where expert_gemm_supported (n a multiple of 128, k
+/// of 64, 32-bit offsets).
+bool expert_gemm_supported(std::int64_t rows, std::int64_t experts, std::int64_t n,
+                           std::int64_t k);
+int expert_gemm(const void* x, const void* w, const std::int32_t* offs, std::int64_t rows,
+                std::int64_t experts, std::int64_t n, std::int64_t k, void* out, void* stream);
+
 /// out[i] = tanhf(float(x[i]) * inv_cap) * cap (fp32), with inv_cap the fp32 reciprocal ATen
 /// multiplies by when dividing by a scalar.
 int softcap(Elem elem, const void* x, float inv_cap, float cap, float* out, std::int64_t count,

@@ -124,6 +124,17 @@ std::pair<at::Tensor, at::Tensor> router_topk(const at::Tensor& scores,
                                               const at::Tensor& per_expert_scale,
                                               std::int64_t top_k, cuda::MeanOrder order);
 
+/// The experts' grouped GEMM as torch._grouped_mm(x, w, offs) computes it (ref:
+/// grouped_mm_experts_forward), by BatchLens's kernel for few rows per expert
+/// (cuda::expert_gemm): x [R, K] bf16 contiguous, rows sorted by expert; w [E, K, N] bf16, the
+/// transpose of a contiguous [E, N, K]; offs [E] int32 cumulative ends. expert_gemm_fits says
+/// whether the kernel takes the operands and the rows are few enough (an average of at most
+/// kExpertGemmRows per expert) for it to be the faster one; its bits are at::_grouped_mm's only
+/// where the load check found them so (FusedKernels::experts).
+constexpr std::int64_t kExpertGemmRows = 96;
+bool expert_gemm_fits(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offs);
+at::Tensor expert_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offs);
+
 /// The final soft-cap: tanh(logits.float() / cap) * cap, fp32 (division by a scalar is ATen's
 /// multiplication by the fp32 reciprocal).
 at::Tensor softcap(const at::Tensor& logits, double cap, bool quads = true);

@@ -257,6 +257,35 @@ std::pair<at::Tensor, at::Tensor> router_topk(const at::Tensor& scores,
   return {weights, index};
 }
 
+bool expert_gemm_fits(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offs) {
+  if (!x.is_cuda() || x.dim() != 2 || w.dim() != 3 || offs.dim() != 1 ||
+      x.scalar_type() != at::kBFloat16 || w.scalar_type() != at::kBFloat16 ||
+      offs.scalar_type() != at::kInt || w.device() != x.device() || offs.device() != x.device() ||
+      !x.is_contiguous() || !offs.is_contiguous()) {
+    return false;
+  }
+  const std::int64_t experts = w.size(0);
+  const std::int64_t k = w.size(1);
+  const std::int64_t n = w.size(2);
+  // w [E, K, N] must be the transpose of a contiguous [E, N, K].
+  const bool layout = w.stride(1) == 1 && w.stride(2) == k && w.stride(0) == n * k;
+  return layout && x.size(1) == k && offs.size(0) == experts &&
+         x.size(0) <= kExpertGemmRows * experts &&
+         cuda::expert_gemm_supported(x.size(0), experts, n, k);
+}
+
+at::Tensor expert_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offs) {
+  TORCH_CHECK(expert_gemm_fits(x, w, offs),
+              "fused expert GEMM: expected x [R, K] bf16, w [E, K, N] bf16 (the transpose of a "
+              "contiguous [E, N, K], N a multiple of 128, K of 64), offs [E] int32");
+  const c10::cuda::CUDAGuard guard(x.device());
+  at::Tensor out = at::empty({x.size(0), w.size(2)}, x.options());
+  check(cuda::expert_gemm(x.data_ptr(), w.data_ptr(), offs.data_ptr<std::int32_t>(), x.size(0),
+                          w.size(0), w.size(2), w.size(1), out.data_ptr(), stream_of(x)),
+        "expert GEMM");
+  return out;
+}
+
 at::Tensor softcap(const at::Tensor& logits, double cap, bool quads) {
   const cuda::Elem elem = elem_of(logits, "softcap");
   const c10::cuda::CUDAGuard guard(logits.device());

@@ -44,6 +44,14 @@ std::pair<at::Tensor, at::Tensor> router_topk(const at::Tensor& /*scores*/,
                                               std::int64_t /*top_k*/, cuda::MeanOrder /*order*/) {
   unavailable();
 }
+bool expert_gemm_fits(const at::Tensor& /*x*/, const at::Tensor& /*w*/,
+                      const at::Tensor& /*offs*/) {
+  return false;
+}
+at::Tensor expert_gemm(const at::Tensor& /*x*/, const at::Tensor& /*w*/,
+                       const at::Tensor& /*offs*/) {
+  unavailable();
+}
 at::Tensor softcap(const at::Tensor& /*logits*/, double /*cap*/, bool /*quads*/) {
   unavailable();
 }

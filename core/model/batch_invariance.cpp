@@ -65,7 +65,7 @@ bool row_block_equal(const at::Tensor& a, const at::Tensor& b) {
 
 }  // namespace
 
-BatchInvariance measure_batch_invariance(const InvarianceSubject& model, ops::CpuGemm cpu_gemm) {
+BatchInvariance measure_batch_invariance(const InvarianceSubject& model, ops::OwnGemms own) {
   BatchInvariance out;
   const bool cuda = model.weights.device().is_cuda();
   if (cuda) {
@@ -107,10 +107,10 @@ BatchInvariance measure_batch_invariance(const InvarianceSubject& model, ops::Cp
     const auto check = [&](const ops::OpPolicy& policy,
                            const auto& call) -> std::pair<bool, std::string> {
       try {
-        const ops::OpRunner one(policy, 1, cpu_gemm);
+        const ops::OpRunner one(policy, 1, own);
         const at::Tensor ref = call(one, 1);
         for (const int b : out.batch_sizes) {
-          const ops::OpRunner many(policy, b, cpu_gemm);
+          const ops::OpRunner many(policy, b, own);
           const at::Tensor got = call(many, b);
           if (!row_block_equal(got.narrow(0, 0, ref.size(0)), ref)) {
             return {false, "B=" + std::to_string(b) + " differs"};

@@ -36,6 +36,6 @@ struct InvarianceSubject {
   const ModelWeights& weights;
   bool grouped_experts = false;
 };
-BatchInvariance measure_batch_invariance(const InvarianceSubject& model, ops::CpuGemm cpu_gemm);
+BatchInvariance measure_batch_invariance(const InvarianceSubject& model, ops::OwnGemms own);
 
 }  // namespace batchlens::model

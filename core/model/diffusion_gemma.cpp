@@ -124,8 +124,9 @@ class Pass {
         w_(model.weights()),
         policy_(ctx.policy != nullptr ? *ctx.policy : default_policy()),
         runner_(policy_, rows,
-                ops::CpuGemm{ctx.fused_kernels && model.fused_kernels().cpu_gemm,
-                             model.fused_kernels().cpu_gemm_fma},
+                ops::OwnGemms{{ctx.fused_kernels && model.fused_kernels().cpu_gemm,
+                               model.fused_kernels().cpu_gemm_fma},
+                              ctx.fused_kernels && model.fused_kernels().experts},
                 ctx.observer),
         taps_(record_taps ? ctx.taps : nullptr),
         rows_(rows) {
@@ -794,7 +795,7 @@ const BatchInvariance& DiffusionGemma::batch_invariance() const {
   std::call_once(invariance_->once, [this] {
     invariance_->value = measure_batch_invariance(
         InvarianceSubject{config_, weights_, settings_.experts == ExpertsImpl::GroupedMm},
-        ops::CpuGemm{fused_.cpu_gemm, fused_.cpu_gemm_fma});
+        ops::OwnGemms{{fused_.cpu_gemm, fused_.cpu_gemm_fma}, fused_.experts});
   });
   return invariance_->value;
 }

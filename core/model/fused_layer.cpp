@@ -12,8 +12,10 @@
 
 #include "core/base/system_info.h"
 #include "core/kernels/cpu_gemm.h"
+#include "core/compat/torch_compat.h"
 #include "core/kernels/fused_ops.h"
 #include "core/model/layer_math.h"
+#include "core/ops/op_runner.h"
 #include "core/model/weights.h"
 
 namespace batchlens::model {
@@ -335,6 +337,52 @@ bool check_route(Check& c, std::int64_t experts, std::int64_t top_k) {
   return true;
 }
 
+// The experts' grouped GEMM against at::_grouped_mm at the model's two shapes (gate_up: N = 2I,
+// K = H; down: N = H, K = I), with 8 experts of uneven rows (none, one, several token tiles),
+// once with few rows (the kernel's 64-row tiles) and once with more (its 128-row tiles). Sets
+// f.experts when every bit matched; else says why not.
+std::string check_expert_gemm(Check& c, const TextConfig& text, const at::Device& device,
+                              FusedKernels& f) {
+  if (c.dtype() != at::kBFloat16 || text.num_experts <= 0) {
+    return "bf16 mixture-of-experts models only";
+  }
+  if (!ops::grouped_mm_available(device)) {
+    return "this LibTorch has no grouped_mm to match";
+  }
+  const std::int64_t inter = text.moe_intermediate_size;
+  const std::int64_t hidden = text.hidden_size;
+  for (const std::vector<std::int32_t>& counts :
+       {std::vector<std::int32_t>{0, 1, 7, 16, 33, 64, 96, 3},
+        std::vector<std::int32_t>{130, 64, 0, 90, 100, 70, 120, 40}}) {
+    std::vector<std::int32_t> ends(counts.size());
+    std::int32_t rows = 0;
+    for (std::size_t e = 0; e < counts.size(); ++e) {
+      rows += counts[e];
+      ends[e] = rows;
+    }
+    const auto experts = static_cast<std::int64_t>(counts.size());
+    const at::Tensor offs = at::tensor(ends, at::kInt).to(device);  // [E] int32
+    for (const auto& [n, k] : {std::pair{2 * inter, hidden}, std::pair{hidden, inter}}) {
+      const at::Tensor x = c.normal({rows, k}, 1.0);                        // [R, K] bf16
+      const at::Tensor w = c.normal({experts, n, k}, 0.05).transpose(1, 2);  // [E, K, N]
+      const std::string shape = "N " + std::to_string(n) + ", K " + std::to_string(k);
+      if (!kernels::expert_gemm_fits(x, w, offs)) {
+        return "not a shape it takes (" + shape + ")";
+      }
+      const at::Tensor got = kernels::expert_gemm(x, w, offs);
+      const at::Tensor want = compat::grouped_mm(x, w, offs);
+      if (!bits_equal(got, want)) {
+        const std::int64_t differ = got.ne(want).sum().item<std::int64_t>();
+        return "differs from at::_grouped_mm: " + std::to_string(differ) + " of " +
+               std::to_string(got.numel()) + " elements, " + shape + ", " +
+               std::to_string(rows) + " rows";
+      }
+    }
+  }
+  f.experts = true;
+  return {};
+}
+
 }  // namespace
 
 namespace {
@@ -460,6 +508,7 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
     }
   }
   const std::string probs_why = pick_probs_order(c, text.vocab_size, dtype, f);
+  const std::string experts_why = check_expert_gemm(c, text, device, f);
   const at::Tensor logits = c.normal({64, 4096}, 20.0);
   f.softcap = bits_equal(kernels::softcap(logits, text.final_logit_softcapping, f.quads),
                          softcap_reference(logits, text.final_logit_softcapping));
@@ -489,6 +538,7 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
       (f.router ? said_order(f.router_order) : said(false)) + ", self-conditioning softmax " +
       (f.probs ? said_order(f.probs_order) + ", " + std::to_string(f.probs_threads) + " threads"
                : "no (" + probs_why + ")") +
+      ", expert GEMM " + (f.experts ? std::string("yes") : "no (" + experts_why + ")") +
       "; combine, gelu*up and softcap " +
       (f.quads ? "four elements per thread" : "one element per thread") +
       "; on a second stream (Q beside K/V, the dense MLP beside the routing) " +
@@ -507,6 +557,7 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
     f.route = f.route && switches.fused_kernel("route");
     f.router = f.router && switches.fused_kernel("router");
     f.probs = f.probs && switches.fused_kernel("probs");
+    f.experts = f.experts && switches.fused_kernel("experts");
     f.q_branch = f.q_branch && switches.fused_kernel("qbranch");
     f.mlp_branch = f.mlp_branch && switches.fused_kernel("mlpbranch");
     f.report += "; turned off by " + switches.describe();

@@ -38,6 +38,9 @@ struct FusedKernels {
   /// the router's softmax, top-k and weights in one kernel, its sum's shuffles in router_order
   bool router = false;
   kernels::cuda::MeanOrder router_order = kernels::cuda::MeanOrder::ShufflesUp;
+  /// The experts' grouped GEMM at few rows per expert by kernels::expert_gemm (the op layer's
+  /// OwnGemms::experts): at::_grouped_mm's bits at the model's two shapes, bf16.
+  bool experts = false;
   /// Independent parts of a layer at once on a second stream (compat::SideBranch), the same
   /// kernels on the same operands (nothing to check bitwise); CUDA only, and only where
   /// base::Switches::side_branches asks for them. Q beside K/V:
@@ -51,7 +54,7 @@ struct FusedKernels {
 
   /// Any of the CUDA kernels (cpu_gemm is not one).
   bool any() const {
-    return norm || mean || combine || gelu || softcap || route || router || probs;
+    return norm || mean || combine || gelu || softcap || route || router || probs || experts;
   }
 };
 
@@ -59,7 +62,8 @@ struct FusedKernels {
 /// model's widths (hidden size, both head dims, top-k, a slice of the vocabulary), and returns
 /// those that matched bitwise. All false off CUDA, in builds without the kernels, or when
 /// `switches` turn them off (BATCHLENS_FUSED=0); those `switches` name (BATCHLENS_FUSED_OFF=
-/// norm,normvec,mean,onepass,combine,gelu,softcap,route,router,quads,probs,qbranch,mlpbranch) are
+/// norm,normvec,mean,onepass,combine,gelu,softcap,route,router,quads,probs,experts,qbranch,
+/// mlpbranch) are
 /// left unused
 /// (`room` is the model's: base::Switches::kv_room). On a CPU in bf16 where LibTorch computes bf16
 /// matmuls with ATen's own kernel, checks the CPU GEMM instead (kernels::check_cpu_gemm at the

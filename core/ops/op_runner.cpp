@@ -318,11 +318,17 @@ at::Tensor OpRunner::grouped_mm(const at::Tensor& x, const at::Tensor& w, const 
   const compat::ProfilerScope scope(mark(site));
   if (observer_ != nullptr) {
     const bool split = strategy(site) == Strategy::RowWise && rows_ > 1;
+    const bool own = expert_gemm_ && kernels::expert_gemm_fits(x, w, offs);
     note(site, "grouped_mm", split ? x.size(0) / rows_ : x.size(0), w.size(-1), x.size(-1),
-         split ? rows_ : 1, x, "at::_grouped_mm", {x, w, offs});
+         split ? rows_ : 1, x,
+         own ? "batchlens expert_gemm (at::_grouped_mm's bits)" : "at::_grouped_mm",
+         {x, w, offs});
   }
 #if BL_TORCH_HAS_GROUPED_MM
-  const auto call = [&w](const at::Tensor& xx, const at::Tensor& oo) {
+  const auto call = [this, &w](const at::Tensor& xx, const at::Tensor& oo) {
+    if (expert_gemm_ && kernels::expert_gemm_fits(xx, w, oo)) {
+      return kernels::expert_gemm(xx, w, oo);
+    }
     return compat::grouped_mm(xx, w, oo);
   };
   // Batch-invariant experts are the batched grouped GEMM: each group is one expert's rows and

@@ -28,6 +28,15 @@ struct CpuGemm {
   bool fma = false;
 };
 
+/// BatchLens's own GEMM kernels the op layer uses in place of ATen's where they fit, each with
+/// the bits of the ATen call it replaces (checked at model load, FusedKernels): the CPU bf16
+/// GEMM for F.linear, and the experts' grouped GEMM at few rows per expert
+/// (kernels::expert_gemm) for torch._grouped_mm.
+struct OwnGemms {
+  CpuGemm cpu;
+  bool experts = false;
+};
+
 /// F.linear(x, w): at::linear, or the CPU GEMM where `cpu` is on and covers the layout.
 at::Tensor linear_call(const at::Tensor& x, const at::Tensor& w, CpuGemm cpu);
 
@@ -40,9 +49,13 @@ class OpRunner {
   /// `rows` is the logical batch size B of the forward pass.
   /// `observer`, when set, hears of every call (what ran, at which shape) and may ask for
   /// profiler marks around each.
-  OpRunner(const OpPolicy& policy, std::int64_t rows, CpuGemm cpu_gemm = {},
+  OpRunner(const OpPolicy& policy, std::int64_t rows, OwnGemms own = {},
            OpObserver* observer = nullptr)
-      : policy_(policy), rows_(rows), cpu_gemm_(cpu_gemm), observer_(observer) {}
+      : policy_(policy),
+        rows_(rows),
+        cpu_gemm_(own.cpu),
+        expert_gemm_(own.experts),
+        observer_(observer) {}
 
   std::int64_t rows() const { return rows_; }
   Strategy strategy(OpSite site) const { return policy_.resolve(site.family, site.layer); }
@@ -67,7 +80,8 @@ class OpRunner {
   /// Grouped GEMM over rows sorted by expert: x [R, K] (rows of expert e are
   /// x[offs[e-1]:offs[e]]), w [E, K, N] (already transposed), offs int32 [E] cumulative.
   /// row_of[i] = logical row of x[i]. Row-wise runs one grouped GEMM per logical row, on that
-  /// row's rows only (still sorted by expert). Needs LibTorch's grouped_mm (2.8+, CUDA sm90).
+  /// row's rows only (still sorted by expert). Needs LibTorch's grouped_mm (2.8+, CUDA sm90);
+  /// computed by kernels::expert_gemm instead where OwnGemms::experts and it fits.
   at::Tensor grouped_mm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offs,
                         const at::Tensor& row_of, OpSite site) const;
 
@@ -92,6 +106,7 @@ class OpRunner {
   const OpPolicy& policy_;
   std::int64_t rows_;
   CpuGemm cpu_gemm_;
+  bool expert_gemm_ = false;
   OpObserver* observer_ = nullptr;
   mutable std::string mark_;
 };

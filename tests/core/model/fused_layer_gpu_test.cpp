@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 // GPU tests (label gpu) of the fused elementwise kernels: run on the H200 machine by
 // scripts/gpu-build.sh, never in CI.
+#include <chrono>
 #include <cstdlib>
 #include <functional>
 #include <iostream>
@@ -11,10 +12,12 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <c10/cuda/CUDAFunctions.h>
 #include <gtest/gtest.h>
 
 #include "core/compat/device_graph.h"
 #include "core/compat/profile.h"
+#include "core/compat/torch_compat.h"
 #include "core/kernels/fused_ops.h"
 #include "core/model/diffusion_gemma.h"
 #include "core/model/fused_layer.h"
@@ -76,6 +79,7 @@ TEST(FusedLayerGpu, EveryKernelMatchesAtenOnThisDeviceForTheShippedShapes) {
     // The demo's 4096-wide vocabulary is one ATen softmaxes in shared memory (not ported).
     EXPECT_EQ(f.probs, std::string(name) != "demo") << name << ": " << f.report;
     EXPECT_TRUE(f.router) << name << ": " << f.report;
+    EXPECT_TRUE(f.experts) << name << ": " << f.report;
   }
 }
 
@@ -554,6 +558,70 @@ TEST(FusedLayerGpu, RouteEqualsSortHistcCumsumAtEveryCount) {
   EXPECT_FALSE(kernels::route_fits(64, 1024));
 }
 
+// Expert row counts summing to `rows` over `experts`, uneven (a quarter of the pairs on four hot
+// experts, some experts empty), as a routed batch has them: offsets [E] int32 on the device.
+at::Tensor uneven_offsets(std::int64_t rows, std::int64_t experts, std::uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  at::Tensor ids = at::randint(experts, {rows}, gen, at::TensorOptions().dtype(at::kLong));
+  ids.narrow(0, 0, rows / 4).remainder_(4);
+  ids.narrow(0, rows / 4, rows / 16).fill_(experts - 1);
+  ids.masked_fill_(ids.eq(5), 6);  // expert 5 gets no rows
+  const at::Tensor counts = at::bincount(ids, {}, experts);
+  return counts.cumsum(0).to(at::kInt).to(at::kCUDA);
+}
+
+// The experts' GEMM has at::_grouped_mm's bits at the 26B-A4B shapes with its 128 experts and
+// the routed rows of B = 1, 2 and 4 of its canvas (2048 to 8192 rows, uneven, an empty expert),
+// and at the small presets' shapes; each timing beside torch's (printed, not asserted: a
+// benchmark's business).
+TEST(FusedLayerGpu, ExpertGemmHasGroupedMmsBitsAtEveryRowCount) {
+  ASSERT_TRUE(at::hasCUDA());
+  at::manual_seed(43);
+  const auto time_ms = [](const std::function<at::Tensor()>& run) {
+    run();
+    c10::cuda::device_synchronize();
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 20; ++i) {
+      run();
+    }
+    c10::cuda::device_synchronize();
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
+               .count() /
+           20;
+  };
+  for (const char* name : {"demo", "mid", "26b-a4b"}) {
+    const TextConfig t = preset(name).text;
+    const std::int64_t canvas = preset(name).canvas_length;
+    const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+    for (const auto& [n, k] : {std::pair{2 * t.moe_intermediate_size, t.hidden_size},
+                               std::pair{t.hidden_size, t.moe_intermediate_size}}) {
+      const at::Tensor w = at::randn({t.num_experts, n, k}, opts).mul_(0.05).transpose(1, 2);
+      for (const std::int64_t batch : {1, 2, 4}) {
+        const std::int64_t rows = batch * canvas * t.top_k_experts;
+        const at::Tensor offs = uneven_offsets(rows, t.num_experts, 100 + batch);
+        const at::Tensor x = at::randn({rows, k}, opts);
+        ASSERT_TRUE(kernels::expert_gemm_fits(x, w, offs)) << name << " " << n << "x" << k;
+        const at::Tensor got = kernels::expert_gemm(x, w, offs);
+        const at::Tensor want = compat::grouped_mm(x, w, offs);
+        EXPECT_EQ(differing(got, want), 0)
+            << name << ": N " << n << ", K " << k << ", " << rows << " rows";
+        std::cout << name << " N " << n << " K " << k << " rows " << rows
+                  << ": expert_gemm " << time_ms([&] { return kernels::expert_gemm(x, w, offs); })
+                  << " ms, at::_grouped_mm "
+                  << time_ms([&] { return compat::grouped_mm(x, w, offs); }) << " ms\n";
+      }
+    }
+  }
+  // Layouts it does not take: a contiguous [E, K, N] and too many rows per expert.
+  const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
+  const at::Tensor offs = uneven_offsets(64, 4, 5);
+  EXPECT_FALSE(kernels::expert_gemm_fits(at::randn({64, 128}, opts),
+                                         at::randn({4, 128, 256}, opts), offs));
+  EXPECT_FALSE(kernels::expert_gemm_fits(at::randn({4 * 97, 128}, opts),
+                                         at::randn({4, 256, 128}, opts).transpose(1, 2),
+                                         uneven_offsets(4 * 97, 4, 6)));
+}
+
 // The whole decoder pass with the fused kernels equals the pass without them, bit for bit, in
 // the logits and in every tap; B = 1 and B = 3; self-conditioning on.
 TEST(FusedLayerGpu, FusedForwardEqualsUnfusedForwardInEveryTap) {
@@ -730,7 +798,7 @@ TEST(FusedLayerGpu, SwitchesLeaveNamedKernelsUnused) {
   ASSERT_TRUE(at::hasCUDA());
   const ModelConfig cfg = preset("demo");
   base::Switches switches;
-  switches.fused_off = {"normvec", "route", "router", "probs", "quads"};
+  switches.fused_off = {"normvec", "route", "router", "probs", "quads", "experts"};
   const FusedKernels f =
       check_fused_kernels(cfg.text, at::Device(at::kCUDA, 0), at::kBFloat16, switches);
   EXPECT_TRUE(f.norm) << f.report;
@@ -739,9 +807,10 @@ TEST(FusedLayerGpu, SwitchesLeaveNamedKernelsUnused) {
   EXPECT_FALSE(f.router);
   EXPECT_FALSE(f.probs);
   EXPECT_FALSE(f.quads);
+  EXPECT_FALSE(f.experts);
   EXPECT_TRUE(f.softcap) << f.report;  // one element per thread, still ATen's bits
   EXPECT_NE(f.report.find("one element per thread"), std::string::npos) << f.report;
-  EXPECT_NE(f.report.find("turned off by BATCHLENS_FUSED_OFF=normvec,route,router,probs,quads"),
+  EXPECT_NE(f.report.find("turned off by BATCHLENS_FUSED_OFF=normvec,route,router,probs,quads,experts"),
             std::string::npos)
       << f.report;
 }
