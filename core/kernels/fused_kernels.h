@@ -138,8 +138,7 @@ int router_topk(Elem elem, const void* scores, std::int64_t rows, std::int64_t e
 /// which is how torch._grouped_mm's CUTLASS kernel computes it with wgmma; the load check says
 /// whether this device gives the same bits. Where expert_gemm_supported (n a multiple of 128, k
 /// of 64, 32-bit offsets).
-bool expert_gemm_supported(std::int64_t rows, std::int64_t experts, std::int64_t n,
-                           std::int64_t k);
+bool expert_gemm_supported(std::int64_t rows, std::int64_t experts, std::int64_t n, std::int64_t k);
 int expert_gemm(const void* x, const void* w, const std::int32_t* offs, std::int64_t rows,
                 std::int64_t experts, std::int64_t n, std::int64_t k, void* out, void* stream);
 

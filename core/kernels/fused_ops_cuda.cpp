@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // Built when LibTorch has CUDA: the tensor side of the fused kernels (fused_kernels.cu).
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -267,8 +268,12 @@ bool expert_gemm_fits(const at::Tensor& x, const at::Tensor& w, const at::Tensor
   const std::int64_t experts = w.size(0);
   const std::int64_t k = w.size(1);
   const std::int64_t n = w.size(2);
-  // w [E, K, N] must be the transpose of a contiguous [E, N, K].
-  const bool layout = w.stride(1) == 1 && w.stride(2) == k && w.stride(0) == n * k;
+  // w [E, K, N] must be the transpose of a contiguous [E, N, K]; both read 16 bytes at a time.
+  const auto aligned = [](const at::Tensor& t) {
+    return reinterpret_cast<std::uintptr_t>(t.data_ptr()) % 16 == 0;
+  };
+  const bool layout =
+      w.stride(1) == 1 && w.stride(2) == k && w.stride(0) == n * k && aligned(x) && aligned(w);
   return layout && x.size(1) == k && offs.size(0) == experts &&
          x.size(0) <= kExpertGemmRows * experts &&
          cuda::expert_gemm_supported(x.size(0), experts, n, k);

@@ -11,12 +11,12 @@
 #include <ATen/CPUGeneratorImpl.h>
 
 #include "core/base/system_info.h"
-#include "core/kernels/cpu_gemm.h"
 #include "core/compat/torch_compat.h"
+#include "core/kernels/cpu_gemm.h"
 #include "core/kernels/fused_ops.h"
 #include "core/model/layer_math.h"
-#include "core/ops/op_runner.h"
 #include "core/model/weights.h"
+#include "core/ops/op_runner.h"
 
 namespace batchlens::model {
 
@@ -363,7 +363,7 @@ std::string check_expert_gemm(Check& c, const TextConfig& text, const at::Device
     const auto experts = static_cast<std::int64_t>(counts.size());
     const at::Tensor offs = at::tensor(ends, at::kInt).to(device);  // [E] int32
     for (const auto& [n, k] : {std::pair{2 * inter, hidden}, std::pair{hidden, inter}}) {
-      const at::Tensor x = c.normal({rows, k}, 1.0);                        // [R, K] bf16
+      const at::Tensor x = c.normal({rows, k}, 1.0);                         // [R, K] bf16
       const at::Tensor w = c.normal({experts, n, k}, 0.05).transpose(1, 2);  // [E, K, N]
       const std::string shape = "N " + std::to_string(n) + ", K " + std::to_string(k);
       if (!kernels::expert_gemm_fits(x, w, offs)) {
@@ -374,8 +374,8 @@ std::string check_expert_gemm(Check& c, const TextConfig& text, const at::Device
       if (!bits_equal(got, want)) {
         const std::int64_t differ = got.ne(want).sum().item<std::int64_t>();
         return "differs from at::_grouped_mm: " + std::to_string(differ) + " of " +
-               std::to_string(got.numel()) + " elements, " + shape + ", " +
-               std::to_string(rows) + " rows";
+               std::to_string(got.numel()) + " elements, " + shape + ", " + std::to_string(rows) +
+               " rows";
       }
     }
   }

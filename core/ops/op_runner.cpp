@@ -321,8 +321,7 @@ at::Tensor OpRunner::grouped_mm(const at::Tensor& x, const at::Tensor& w, const 
     const bool own = expert_gemm_ && kernels::expert_gemm_fits(x, w, offs);
     note(site, "grouped_mm", split ? x.size(0) / rows_ : x.size(0), w.size(-1), x.size(-1),
          split ? rows_ : 1, x,
-         own ? "batchlens expert_gemm (at::_grouped_mm's bits)" : "at::_grouped_mm",
-         {x, w, offs});
+         own ? "batchlens expert_gemm (at::_grouped_mm's bits)" : "at::_grouped_mm", {x, w, offs});
   }
 #if BL_TORCH_HAS_GROUPED_MM
   const auto call = [this, &w](const at::Tensor& xx, const at::Tensor& oo) {

@@ -605,18 +605,24 @@ TEST(FusedLayerGpu, ExpertGemmHasGroupedMmsBitsAtEveryRowCount) {
         const at::Tensor want = compat::grouped_mm(x, w, offs);
         EXPECT_EQ(differing(got, want), 0)
             << name << ": N " << n << ", K " << k << ", " << rows << " rows";
-        std::cout << name << " N " << n << " K " << k << " rows " << rows
-                  << ": expert_gemm " << time_ms([&] { return kernels::expert_gemm(x, w, offs); })
+        std::cout << name << " N " << n << " K " << k << " rows " << rows << ": expert_gemm "
+                  << time_ms([&] { return kernels::expert_gemm(x, w, offs); })
                   << " ms, at::_grouped_mm "
                   << time_ms([&] { return compat::grouped_mm(x, w, offs); }) << " ms\n";
       }
     }
   }
-  // Layouts it does not take: a contiguous [E, K, N] and too many rows per expert.
+  // Layouts it does not take: a contiguous [E, K, N], too many rows per expert, rows off the
+  // 16-byte alignment of its loads.
+  const at::Tensor flat =
+      at::randn({64 * 128 + 4}, at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16));
+  EXPECT_FALSE(kernels::expert_gemm_fits(flat.narrow(0, 4, 64 * 128).view({64, 128}),
+                                         at::randn({4, 256, 128}, flat.options()).transpose(1, 2),
+                                         uneven_offsets(64, 4, 5)));
   const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
   const at::Tensor offs = uneven_offsets(64, 4, 5);
-  EXPECT_FALSE(kernels::expert_gemm_fits(at::randn({64, 128}, opts),
-                                         at::randn({4, 128, 256}, opts), offs));
+  EXPECT_FALSE(
+      kernels::expert_gemm_fits(at::randn({64, 128}, opts), at::randn({4, 128, 256}, opts), offs));
   EXPECT_FALSE(kernels::expert_gemm_fits(at::randn({4 * 97, 128}, opts),
                                          at::randn({4, 256, 128}, opts).transpose(1, 2),
                                          uneven_offsets(4 * 97, 4, 6)));
@@ -810,8 +816,9 @@ TEST(FusedLayerGpu, SwitchesLeaveNamedKernelsUnused) {
   EXPECT_FALSE(f.experts);
   EXPECT_TRUE(f.softcap) << f.report;  // one element per thread, still ATen's bits
   EXPECT_NE(f.report.find("one element per thread"), std::string::npos) << f.report;
-  EXPECT_NE(f.report.find("turned off by BATCHLENS_FUSED_OFF=normvec,route,router,probs,quads,experts"),
-            std::string::npos)
+  EXPECT_NE(
+      f.report.find("turned off by BATCHLENS_FUSED_OFF=normvec,route,router,probs,quads,experts"),
+      std::string::npos)
       << f.report;
 }
 
