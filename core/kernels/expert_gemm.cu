@@ -60,14 +60,29 @@ __device__ __forceinline__ unsigned load_pair(const __nv_bfloat16* p) {
   return *reinterpret_cast<const unsigned*>(p);
 }
 
-// d += a (16 x 16, row) * b (16 x 8, col), fp32 accumulators.
-__device__ __forceinline__ void mma16816(float (&d)[4], const unsigned (&a)[4], unsigned b0,
-                                         unsigned b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+// d += a (16 x 16, row) * b (16 x 8, col), fp32 accumulators: one m16n8k16 MMA, or (kStep8)
+// two m16n8k8 MMAs, K 0..7 then 8..15 (the same registers: a[0], a[1], b0 hold K 0..7).
+template <bool kStep8>
+__device__ __forceinline__ void mma_k16(float (&d)[4], const unsigned (&a)[4], unsigned b0,
+                                        unsigned b1) {
+  if constexpr (kStep8) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(b0));
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5}, {%6}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[2]), "r"(a[3]), "r"(b1));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+        "{%8, %9}, {%0, %1, %2, %3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  }
 }
 
 // One stage: the block's 128 weight rows and `rows` token rows (zeros from `count` on), K from
@@ -95,7 +110,7 @@ __device__ __forceinline__ void load_stage(__nv_bfloat16* stage, const __nv_bflo
 
 // Grid (n / 128, experts). x [R, k] bf16, rows sorted by expert; w [experts, n, k] bf16 (the
 // weights before grouped_mm's transpose); offs [experts] int32 cumulative ends; out [R, n].
-template <int kTokens, int kStages>
+template <int kTokens, int kStages, bool kStep8>
 __global__ void __launch_bounds__(kGemmThreads, 2)
     expert_gemm_kernel(const __nv_bfloat16* __restrict__ x, const __nv_bfloat16* __restrict__ w,
                        const std::int32_t* __restrict__ offs, int n, int k,
@@ -158,7 +173,7 @@ __global__ void __launch_bounds__(kGemmThreads, 2)
           if (j < groups) {
             // B: token 8j + g, K pairs 2t and 2t + 8.
             const __nv_bfloat16* xb = sx + (j * 8 + g) * kRowElems + kk + 2 * t;
-            mma16816(acc[j], a, load_pair(xb), load_pair(xb + 8));
+            mma_k16<kStep8>(acc[j], a, load_pair(xb), load_pair(xb + 8));
           }
         }
       }
@@ -183,21 +198,31 @@ __global__ void __launch_bounds__(kGemmThreads, 2)
   }
 }
 
-template <int kTokens, int kStages>
+template <int kTokens, int kStages, bool kStep8>
 int launch_expert_gemm(const void* x, const void* w, const std::int32_t* offs, int experts, int n,
                        int k, void* out, cudaStream_t s) {
   using Tile = GemmTile<kTokens, kStages>;
   static const cudaError_t attr = cudaFuncSetAttribute(
-      expert_gemm_kernel<kTokens, kStages>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+      expert_gemm_kernel<kTokens, kStages, kStep8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
       Tile::kBytes);
   if (attr != cudaSuccess) {
     return static_cast<int>(attr);
   }
   const dim3 grid(static_cast<unsigned>(n / kFeatures), static_cast<unsigned>(experts));
-  expert_gemm_kernel<kTokens, kStages><<<grid, kGemmThreads, Tile::kBytes, s>>>(
+  expert_gemm_kernel<kTokens, kStages, kStep8><<<grid, kGemmThreads, Tile::kBytes, s>>>(
       static_cast<const __nv_bfloat16*>(x), static_cast<const __nv_bfloat16*>(w), offs, n, k,
       static_cast<__nv_bfloat16*>(out));
   return static_cast<int>(cudaGetLastError());
+}
+
+template <bool kStep8>
+int expert_gemm_as(const void* x, const void* w, const std::int32_t* offs, std::int64_t rows,
+                   int experts, int n, int k, void* out, cudaStream_t s) {
+  // 64 rows at a time with four stages, or 128 with three (both 108 KB: two blocks an SM).
+  if (rows <= 32 * static_cast<std::int64_t>(experts)) {
+    return launch_expert_gemm<64, 4, kStep8>(x, w, offs, experts, n, k, out, s);
+  }
+  return launch_expert_gemm<128, 3, kStep8>(x, w, offs, experts, n, k, out, s);
 }
 
 }  // namespace
@@ -211,7 +236,8 @@ bool expert_gemm_supported(std::int64_t rows, std::int64_t experts, std::int64_t
 }
 
 int expert_gemm(const void* x, const void* w, const std::int32_t* offs, std::int64_t rows,
-                std::int64_t experts, std::int64_t n, std::int64_t k, void* out, void* stream) {
+                std::int64_t experts, std::int64_t n, std::int64_t k, ExpertFold fold, void* out,
+                void* stream) {
   if (!expert_gemm_supported(rows, experts, n, k)) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
@@ -222,11 +248,8 @@ int expert_gemm(const void* x, const void* w, const std::int32_t* offs, std::int
   const auto e = static_cast<int>(experts);
   const auto nn = static_cast<int>(n);
   const auto kk = static_cast<int>(k);
-  // 64 rows at a time with four stages, or 128 with three (both 108 KB: two blocks an SM).
-  if (rows <= 32 * experts) {
-    return launch_expert_gemm<64, 4>(x, w, offs, e, nn, kk, out, s);
-  }
-  return launch_expert_gemm<128, 3>(x, w, offs, e, nn, kk, out, s);
+  return fold == ExpertFold::K8 ? expert_gemm_as<true>(x, w, offs, rows, e, nn, kk, out, s)
+                                : expert_gemm_as<false>(x, w, offs, rows, e, nn, kk, out, s);
 }
 
 }  // namespace batchlens::kernels::cuda

@@ -133,7 +133,8 @@ std::pair<at::Tensor, at::Tensor> router_topk(const at::Tensor& scores,
 /// where the load check found them so (FusedKernels::experts).
 constexpr std::int64_t kExpertGemmRows = 96;
 bool expert_gemm_fits(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offs);
-at::Tensor expert_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offs);
+at::Tensor expert_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offs,
+                       cuda::ExpertFold fold);
 
 /// The final soft-cap: tanh(logits.float() / cap) * cap, fp32 (division by a scalar is ATen's
 /// multiplication by the fp32 reciprocal).

@@ -279,14 +279,15 @@ bool expert_gemm_fits(const at::Tensor& x, const at::Tensor& w, const at::Tensor
          cuda::expert_gemm_supported(x.size(0), experts, n, k);
 }
 
-at::Tensor expert_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offs) {
+at::Tensor expert_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offs,
+                       cuda::ExpertFold fold) {
   TORCH_CHECK(expert_gemm_fits(x, w, offs),
               "fused expert GEMM: expected x [R, K] bf16, w [E, K, N] bf16 (the transpose of a "
               "contiguous [E, N, K], N a multiple of 128, K of 64), offs [E] int32");
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = at::empty({x.size(0), w.size(2)}, x.options());
   check(cuda::expert_gemm(x.data_ptr(), w.data_ptr(), offs.data_ptr<std::int32_t>(), x.size(0),
-                          w.size(0), w.size(2), w.size(1), out.data_ptr(), stream_of(x)),
+                          w.size(0), w.size(2), w.size(1), fold, out.data_ptr(), stream_of(x)),
         "expert GEMM");
   return out;
 }

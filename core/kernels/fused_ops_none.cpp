@@ -48,8 +48,8 @@ bool expert_gemm_fits(const at::Tensor& /*x*/, const at::Tensor& /*w*/,
                       const at::Tensor& /*offs*/) {
   return false;
 }
-at::Tensor expert_gemm(const at::Tensor& /*x*/, const at::Tensor& /*w*/,
-                       const at::Tensor& /*offs*/) {
+at::Tensor expert_gemm(const at::Tensor& /*x*/, const at::Tensor& /*w*/, const at::Tensor& /*offs*/,
+                       cuda::ExpertFold /*fold*/) {
   unavailable();
 }
 at::Tensor softcap(const at::Tensor& /*logits*/, double /*cap*/, bool /*quads*/) {

@@ -126,7 +126,8 @@ class Pass {
         runner_(policy_, rows,
                 ops::OwnGemms{{ctx.fused_kernels && model.fused_kernels().cpu_gemm,
                                model.fused_kernels().cpu_gemm_fma},
-                              ctx.fused_kernels && model.fused_kernels().experts},
+                              ctx.fused_kernels && model.fused_kernels().experts,
+                              model.fused_kernels().experts_fold},
                 ctx.observer),
         taps_(record_taps ? ctx.taps : nullptr),
         rows_(rows) {
@@ -795,7 +796,7 @@ const BatchInvariance& DiffusionGemma::batch_invariance() const {
   std::call_once(invariance_->once, [this] {
     invariance_->value = measure_batch_invariance(
         InvarianceSubject{config_, weights_, settings_.experts == ExpertsImpl::GroupedMm},
-        ops::OwnGemms{{fused_.cpu_gemm, fused_.cpu_gemm_fma}, fused_.experts});
+        ops::OwnGemms{{fused_.cpu_gemm, fused_.cpu_gemm_fma}, fused_.experts, fused_.experts_fold});
   });
   return invariance_->value;
 }

@@ -339,8 +339,9 @@ bool check_route(Check& c, std::int64_t experts, std::int64_t top_k) {
 
 // The experts' grouped GEMM against at::_grouped_mm at the model's two shapes (gate_up: N = 2I,
 // K = H; down: N = H, K = I), with 8 experts of uneven rows (none, one, several token tiles),
-// once with few rows (the kernel's 64-row tiles) and once with more (its 128-row tiles). Sets
-// f.experts when every bit matched; else says why not.
+// once with few rows (the kernel's 64-row tiles) and once with more (its 128-row tiles), in
+// each fold of K (one k16 MMA a step, or two k8). Sets f.experts and f.experts_fold to the
+// first fold with every bit equal; else says why not (the first fold's difference).
 std::string check_expert_gemm(Check& c, const TextConfig& text, const at::Device& device,
                               FusedKernels& f) {
   if (c.dtype() != at::kBFloat16 || text.num_experts <= 0) {
@@ -351,6 +352,11 @@ std::string check_expert_gemm(Check& c, const TextConfig& text, const at::Device
   }
   const std::int64_t inter = text.moe_intermediate_size;
   const std::int64_t hidden = text.hidden_size;
+  struct Case {
+    at::Tensor x, w, offs, want;
+    std::string what;
+  };
+  std::vector<Case> cases;
   for (const std::vector<std::int32_t>& counts :
        {std::vector<std::int32_t>{0, 1, 7, 16, 33, 64, 96, 3},
         std::vector<std::int32_t>{130, 64, 0, 90, 100, 70, 120, 40}}) {
@@ -363,24 +369,41 @@ std::string check_expert_gemm(Check& c, const TextConfig& text, const at::Device
     const auto experts = static_cast<std::int64_t>(counts.size());
     const at::Tensor offs = at::tensor(ends, at::kInt).to(device);  // [E] int32
     for (const auto& [n, k] : {std::pair{2 * inter, hidden}, std::pair{hidden, inter}}) {
-      const at::Tensor x = c.normal({rows, k}, 1.0);                         // [R, K] bf16
-      const at::Tensor w = c.normal({experts, n, k}, 0.05).transpose(1, 2);  // [E, K, N]
-      const std::string shape = "N " + std::to_string(n) + ", K " + std::to_string(k);
-      if (!kernels::expert_gemm_fits(x, w, offs)) {
-        return "not a shape it takes (" + shape + ")";
+      Case one{c.normal({rows, k}, 1.0),                         // [R, K] bf16
+               c.normal({experts, n, k}, 0.05).transpose(1, 2),  // [E, K, N]
+               offs,
+               {},
+               "N " + std::to_string(n) + ", K " + std::to_string(k) + ", " + std::to_string(rows) +
+                   " rows"};
+      if (!kernels::expert_gemm_fits(one.x, one.w, one.offs)) {
+        return "not a shape it takes (" + one.what + ")";
       }
-      const at::Tensor got = kernels::expert_gemm(x, w, offs);
-      const at::Tensor want = compat::grouped_mm(x, w, offs);
-      if (!bits_equal(got, want)) {
-        const std::int64_t differ = got.ne(want).sum().item<std::int64_t>();
-        return "differs from at::_grouped_mm: " + std::to_string(differ) + " of " +
-               std::to_string(got.numel()) + " elements, " + shape + ", " + std::to_string(rows) +
-               " rows";
-      }
+      one.want = compat::grouped_mm(one.x, one.w, one.offs);
+      cases.push_back(std::move(one));
     }
   }
-  f.experts = true;
-  return {};
+  std::string why;
+  for (const auto fold : {kernels::cuda::ExpertFold::K16, kernels::cuda::ExpertFold::K8}) {
+    bool same = true;
+    for (const Case& one : cases) {
+      const at::Tensor got = kernels::expert_gemm(one.x, one.w, one.offs, fold);
+      if (!bits_equal(got, one.want)) {
+        if (why.empty()) {
+          const std::int64_t differ = got.ne(one.want).sum().item<std::int64_t>();
+          why = "differs from at::_grouped_mm: " + std::to_string(differ) + " of " +
+                std::to_string(got.numel()) + " elements, " + one.what;
+        }
+        same = false;
+        break;
+      }
+    }
+    if (same) {
+      f.experts = true;
+      f.experts_fold = fold;
+      return {};
+    }
+  }
+  return why;
 }
 
 }  // namespace
@@ -538,7 +561,10 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
       (f.router ? said_order(f.router_order) : said(false)) + ", self-conditioning softmax " +
       (f.probs ? said_order(f.probs_order) + ", " + std::to_string(f.probs_threads) + " threads"
                : "no (" + probs_why + ")") +
-      ", expert GEMM " + (f.experts ? std::string("yes") : "no (" + experts_why + ")") +
+      ", expert GEMM " +
+      (f.experts ? std::string(f.experts_fold == kernels::cuda::ExpertFold::K16 ? "yes (k16 steps)"
+                                                                                : "yes (k8 steps)")
+                 : "no (" + experts_why + ")") +
       "; combine, gelu*up and softcap " +
       (f.quads ? "four elements per thread" : "one element per thread") +
       "; on a second stream (Q beside K/V, the dense MLP beside the routing) " +

@@ -41,6 +41,7 @@ struct FusedKernels {
   /// The experts' grouped GEMM at few rows per expert by kernels::expert_gemm (the op layer's
   /// OwnGemms::experts): at::_grouped_mm's bits at the model's two shapes, bf16.
   bool experts = false;
+  kernels::cuda::ExpertFold experts_fold = kernels::cuda::ExpertFold::K16;  ///< the one matched
   /// Independent parts of a layer at once on a second stream (compat::SideBranch), the same
   /// kernels on the same operands (nothing to check bitwise); CUDA only, and only where
   /// base::Switches::side_branches asks for them. Q beside K/V:

@@ -326,7 +326,7 @@ at::Tensor OpRunner::grouped_mm(const at::Tensor& x, const at::Tensor& w, const 
 #if BL_TORCH_HAS_GROUPED_MM
   const auto call = [this, &w](const at::Tensor& xx, const at::Tensor& oo) {
     if (expert_gemm_ && kernels::expert_gemm_fits(xx, w, oo)) {
-      return kernels::expert_gemm(xx, w, oo);
+      return kernels::expert_gemm(xx, w, oo, expert_fold_);
     }
     return compat::grouped_mm(xx, w, oo);
   };

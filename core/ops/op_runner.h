@@ -9,6 +9,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include "core/kernels/fused_kernels.h"
 #include "core/ops/op_family.h"
 #include "core/ops/op_observer.h"
 #include "core/ops/policy.h"
@@ -35,6 +36,7 @@ struct CpuGemm {
 struct OwnGemms {
   CpuGemm cpu;
   bool experts = false;
+  kernels::cuda::ExpertFold experts_fold = kernels::cuda::ExpertFold::K16;  ///< the one matched
 };
 
 /// F.linear(x, w): at::linear, or the CPU GEMM where `cpu` is on and covers the layout.
@@ -55,6 +57,7 @@ class OpRunner {
         rows_(rows),
         cpu_gemm_(own.cpu),
         expert_gemm_(own.experts),
+        expert_fold_(own.experts_fold),
         observer_(observer) {}
 
   std::int64_t rows() const { return rows_; }
@@ -107,6 +110,7 @@ class OpRunner {
   std::int64_t rows_;
   CpuGemm cpu_gemm_;
   bool expert_gemm_ = false;
+  kernels::cuda::ExpertFold expert_fold_ = kernels::cuda::ExpertFold::K16;
   OpObserver* observer_ = nullptr;
   mutable std::string mark_;
 };

@@ -589,9 +589,12 @@ TEST(FusedLayerGpu, ExpertGemmHasGroupedMmsBitsAtEveryRowCount) {
                .count() /
            20;
   };
+  using Fold = kernels::cuda::ExpertFold;
   for (const char* name : {"demo", "mid", "26b-a4b"}) {
     const TextConfig t = preset(name).text;
     const std::int64_t canvas = preset(name).canvas_length;
+    const FusedKernels f = check_fused_kernels(t, at::Device(at::kCUDA, 0), at::kBFloat16);
+    EXPECT_TRUE(f.experts) << name << ": " << f.report;
     const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
     for (const auto& [n, k] : {std::pair{2 * t.moe_intermediate_size, t.hidden_size},
                                std::pair{t.hidden_size, t.moe_intermediate_size}}) {
@@ -601,12 +604,16 @@ TEST(FusedLayerGpu, ExpertGemmHasGroupedMmsBitsAtEveryRowCount) {
         const at::Tensor offs = uneven_offsets(rows, t.num_experts, 100 + batch);
         const at::Tensor x = at::randn({rows, k}, opts);
         ASSERT_TRUE(kernels::expert_gemm_fits(x, w, offs)) << name << " " << n << "x" << k;
-        const at::Tensor got = kernels::expert_gemm(x, w, offs);
         const at::Tensor want = compat::grouped_mm(x, w, offs);
-        EXPECT_EQ(differing(got, want), 0)
-            << name << ": N " << n << ", K " << k << ", " << rows << " rows";
-        std::cout << name << " N " << n << " K " << k << " rows " << rows << ": expert_gemm "
-                  << time_ms([&] { return kernels::expert_gemm(x, w, offs); })
+        const std::int64_t k16 = differing(kernels::expert_gemm(x, w, offs, Fold::K16), want);
+        const std::int64_t k8 = differing(kernels::expert_gemm(x, w, offs, Fold::K8), want);
+        // The fold the load check picked has every bit; both are reported.
+        EXPECT_EQ(f.experts_fold == Fold::K16 ? k16 : k8, 0)
+            << name << ": N " << n << ", K " << k << ", " << rows << " rows; differing in k16 "
+            << "steps " << k16 << ", in k8 steps " << k8 << " of " << want.numel();
+        std::cout << name << " N " << n << " K " << k << " rows " << rows << ": differing k16 "
+                  << k16 << ", k8 " << k8 << "; expert_gemm "
+                  << time_ms([&] { return kernels::expert_gemm(x, w, offs, f.experts_fold); })
                   << " ms, at::_grouped_mm "
                   << time_ms([&] { return compat::grouped_mm(x, w, offs); }) << " ms\n";
       }
