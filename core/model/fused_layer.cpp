@@ -389,7 +389,7 @@ std::string check_expert_gemm(Check& c, const TextConfig& text, const at::Device
       const at::Tensor got = kernels::expert_gemm(one.x, one.w, one.offs, fold);
       if (!bits_equal(got, one.want)) {
         if (why.empty()) {
-          const std::int64_t differ = got.ne(one.want).sum().item<std::int64_t>();
+          const auto differ = got.ne(one.want).sum().item<std::int64_t>();
           why = "differs from at::_grouped_mm: " + std::to_string(differ) + " of " +
                 std::to_string(got.numel()) + " elements, " + one.what;
         }
