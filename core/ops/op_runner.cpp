@@ -349,7 +349,7 @@ at::Tensor OpRunner::grouped_mm(const at::Tensor& x, const at::Tensor& w, const 
         return call(part, at::searchsorted(group, expert_ids, /*out_int32=*/true, /*right=*/true));
       });
 #else
-  (void)x, (void)w, (void)offs, (void)row_of, (void)site;
+  (void)x, (void)w, (void)offs, (void)row_of, (void)site, (void)expert_fold_;
   base::raise(base::ErrorCode::InvalidArgument,
               "grouped_mm experts (batch of " + std::to_string(rows_) +
                   ") need LibTorch 2.8+ with CUDA; this build has LibTorch " +
