@@ -129,12 +129,22 @@ std::pair<at::Tensor, at::Tensor> router_topk(const at::Tensor& scores,
 /// (cuda::expert_gemm): x [R, K] bf16 contiguous, rows sorted by expert; w [E, K, N] bf16, the
 /// transpose of a contiguous [E, N, K]; offs [E] int32 cumulative ends. expert_gemm_fits says
 /// whether the kernel takes the operands and the rows are few enough (an average of at most
-/// kExpertGemmRows per expert) for it to be the faster one; its bits are at::_grouped_mm's only
-/// where the load check found them so (FusedKernels::experts).
+/// `max_rows` per expert, at most kExpertGemmRows) for it to be the faster one (the load check
+/// times it, FusedKernels::experts_rows); its bits are at::_grouped_mm's only where the load
+/// check found them so (FusedKernels::experts).
 constexpr std::int64_t kExpertGemmRows = 96;
-bool expert_gemm_fits(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offs);
+bool expert_gemm_fits(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offs,
+                      std::int64_t max_rows = kExpertGemmRows);
 at::Tensor expert_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offs,
                        cuda::ExpertFold fold);
+/// Seeded normal values times `scale`, drawn on the CUDA `device` by a generator of its own (the
+/// load checks' large operands: drawing them on the host takes seconds), in `dtype`.
+at::Tensor device_normal(at::IntArrayRef shape, double scale, std::uint64_t seed,
+                         const at::Device& device, at::ScalarType dtype);
+/// The device time of expert_gemm and of at::_grouped_mm on the same operands, in ms (the
+/// median of five runs after one; CUDA events on the current stream; synchronises).
+std::pair<double, double> time_expert_gemm(const at::Tensor& x, const at::Tensor& w,
+                                           const at::Tensor& offs, cuda::ExpertFold fold);
 
 /// The final soft-cap: tanh(logits.float() / cap) * cap, fp32 (division by a scalar is ATen's
 /// multiplication by the fp32 reciprocal).

@@ -1,14 +1,19 @@
 // SPDX-License-Identifier: Apache-2.0
 // Built when LibTorch has CUDA: the tensor side of the fused kernels (fused_kernels.cu).
+#include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
+#include <ATen/cuda/CUDAGeneratorImpl.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
+#include "core/compat/torch_compat.h"
 #include "core/kernels/fused_kernels.h"
 #include "core/kernels/fused_ops.h"
 
@@ -258,7 +263,8 @@ std::pair<at::Tensor, at::Tensor> router_topk(const at::Tensor& scores,
   return {weights, index};
 }
 
-bool expert_gemm_fits(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offs) {
+bool expert_gemm_fits(const at::Tensor& x, const at::Tensor& w, const at::Tensor& offs,
+                      std::int64_t max_rows) {
   if (!x.is_cuda() || x.dim() != 2 || w.dim() != 3 || offs.dim() != 1 ||
       x.scalar_type() != at::kBFloat16 || w.scalar_type() != at::kBFloat16 ||
       offs.scalar_type() != at::kInt || w.device() != x.device() || offs.device() != x.device() ||
@@ -275,7 +281,7 @@ bool expert_gemm_fits(const at::Tensor& x, const at::Tensor& w, const at::Tensor
   const bool layout =
       w.stride(1) == 1 && w.stride(2) == k && w.stride(0) == n * k && aligned(x) && aligned(w);
   return layout && x.size(1) == k && offs.size(0) == experts &&
-         x.size(0) <= kExpertGemmRows * experts &&
+         x.size(0) <= std::min(max_rows, kExpertGemmRows) * experts &&
          cuda::expert_gemm_supported(x.size(0), experts, n, k);
 }
 
@@ -290,6 +296,47 @@ at::Tensor expert_gemm(const at::Tensor& x, const at::Tensor& w, const at::Tenso
                           w.size(0), w.size(2), w.size(1), fold, out.data_ptr(), stream_of(x)),
         "expert GEMM");
   return out;
+}
+
+at::Tensor device_normal(at::IntArrayRef shape, double scale, std::uint64_t seed,
+                         const at::Device& device, at::ScalarType dtype) {
+  TORCH_CHECK(device.is_cuda(), "device_normal: not a CUDA device: ", device.str());
+  const c10::cuda::CUDAGuard guard(device);
+  at::Generator gen = at::cuda::detail::createCUDAGenerator(device.index());
+  gen.set_current_seed(seed);
+  return at::randn(shape, gen, at::TensorOptions().device(device).dtype(at::kFloat))
+      .mul_(scale)
+      .to(dtype);
+}
+
+std::pair<double, double> time_expert_gemm(const at::Tensor& x, const at::Tensor& w,
+                                           const at::Tensor& offs, cuda::ExpertFold fold) {
+  const c10::cuda::CUDAGuard guard(x.device());
+  auto* s = static_cast<cudaStream_t>(stream_of(x));
+  cudaEvent_t start = nullptr;
+  cudaEvent_t stop = nullptr;
+  check(static_cast<int>(cudaEventCreate(&start)), "expert GEMM timing");
+  check(static_cast<int>(cudaEventCreate(&stop)), "expert GEMM timing");
+  const auto median_ms = [&](const std::function<void()>& run) {
+    run();
+    std::vector<float> ms;
+    for (int i = 0; i < 5; ++i) {
+      float t = 0.0F;
+      cudaEventRecord(start, s);
+      run();
+      cudaEventRecord(stop, s);
+      cudaEventSynchronize(stop);
+      cudaEventElapsedTime(&t, start, stop);
+      ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    return static_cast<double>(ms[ms.size() / 2]);
+  };
+  const double own = median_ms([&] { (void)expert_gemm(x, w, offs, fold); });
+  const double torch = median_ms([&] { (void)compat::grouped_mm(x, w, offs); });
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return {own, torch};
 }
 
 at::Tensor softcap(const at::Tensor& logits, double cap, bool quads) {

@@ -44,9 +44,17 @@ std::pair<at::Tensor, at::Tensor> router_topk(const at::Tensor& /*scores*/,
                                               std::int64_t /*top_k*/, cuda::MeanOrder /*order*/) {
   unavailable();
 }
-bool expert_gemm_fits(const at::Tensor& /*x*/, const at::Tensor& /*w*/,
-                      const at::Tensor& /*offs*/) {
+bool expert_gemm_fits(const at::Tensor& /*x*/, const at::Tensor& /*w*/, const at::Tensor& /*offs*/,
+                      std::int64_t /*max_rows*/) {
   return false;
+}
+at::Tensor device_normal(at::IntArrayRef /*shape*/, double /*scale*/, std::uint64_t /*seed*/,
+                         const at::Device& /*device*/, at::ScalarType /*dtype*/) {
+  unavailable();
+}
+std::pair<double, double> time_expert_gemm(const at::Tensor& /*x*/, const at::Tensor& /*w*/,
+                                           const at::Tensor& /*offs*/, cuda::ExpertFold /*fold*/) {
+  unavailable();
 }
 at::Tensor expert_gemm(const at::Tensor& /*x*/, const at::Tensor& /*w*/, const at::Tensor& /*offs*/,
                        cuda::ExpertFold /*fold*/) {

@@ -127,7 +127,8 @@ class Pass {
                 ops::OwnGemms{{ctx.fused_kernels && model.fused_kernels().cpu_gemm,
                                model.fused_kernels().cpu_gemm_fma},
                               ctx.fused_kernels && model.fused_kernels().experts,
-                              model.fused_kernels().experts_fold},
+                              model.fused_kernels().experts_fold,
+                              model.fused_kernels().experts_rows},
                 ctx.observer),
         taps_(record_taps ? ctx.taps : nullptr),
         rows_(rows) {
@@ -796,7 +797,10 @@ const BatchInvariance& DiffusionGemma::batch_invariance() const {
   std::call_once(invariance_->once, [this] {
     invariance_->value = measure_batch_invariance(
         InvarianceSubject{config_, weights_, settings_.experts == ExpertsImpl::GroupedMm},
-        ops::OwnGemms{{fused_.cpu_gemm, fused_.cpu_gemm_fma}, fused_.experts, fused_.experts_fold});
+        ops::OwnGemms{{fused_.cpu_gemm, fused_.cpu_gemm_fma},
+                      fused_.experts,
+                      fused_.experts_fold,
+                      fused_.experts_rows});
   });
   return invariance_->value;
 }

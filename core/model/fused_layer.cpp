@@ -1,9 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/model/fused_layer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <exception>
 #include <functional>
+#include <iomanip>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -337,6 +340,37 @@ bool check_route(Check& c, std::int64_t experts, std::int64_t top_k) {
   return true;
 }
 
+// Whether the experts' GEMM (with its bits) is also the faster: timed against at::_grouped_mm
+// at the model's gate_up shape with up to 32 experts of 16, 32, 64 and 96 rows each, and used up
+// to the last of those where it was no slower (f.experts, f.experts_rows). "" or why not.
+std::string time_expert_gemm(const TextConfig& text, const at::Device& device, FusedKernels& f) {
+  const std::int64_t experts = std::min<std::int64_t>(text.num_experts, 32);
+  const std::int64_t n = 2 * text.moe_intermediate_size;
+  const std::int64_t k = text.hidden_size;
+  const at::Tensor w =
+      kernels::device_normal({experts, n, k}, 0.05, 71, device, at::kBFloat16).transpose(1, 2);
+  std::string first;
+  for (const std::int64_t rows : {16, 32, 64, 96}) {
+    const at::Tensor x =
+        kernels::device_normal({experts * rows, k}, 1.0, 72 + rows, device, at::kBFloat16);
+    const at::Tensor offs =
+        at::arange(1, experts + 1, at::kInt).mul_(static_cast<int>(rows)).to(x.device());
+    const auto [own, torch] = kernels::time_expert_gemm(x, w, offs, f.experts_fold);
+    std::ostringstream line;
+    line << std::fixed << std::setprecision(3) << own << " ms against at::_grouped_mm's " << torch
+         << " at " << rows << " rows";
+    if (first.empty()) {
+      first = line.str();
+    }
+    if (own > torch) {
+      break;
+    }
+    f.experts = true;
+    f.experts_rows = rows;
+  }
+  return f.experts ? std::string() : "slower: " + first;
+}
+
 // The experts' grouped GEMM against at::_grouped_mm at the model's two shapes (gate_up: N = 2I,
 // K = H; down: N = H, K = I), with 8 experts of uneven rows (none, one, several token tiles),
 // once with few rows (the kernel's 64-row tiles) and once with more (its 128-row tiles), in
@@ -357,6 +391,7 @@ std::string check_expert_gemm(Check& c, const TextConfig& text, const at::Device
     std::string what;
   };
   std::vector<Case> cases;
+  std::uint64_t seed = 61;  // drawn on the device: 24 to 48 M values would take the host seconds
   for (const std::vector<std::int32_t>& counts :
        {std::vector<std::int32_t>{0, 1, 7, 16, 33, 64, 96, 3},
         std::vector<std::int32_t>{130, 64, 0, 90, 100, 70, 120, 40}}) {
@@ -369,8 +404,9 @@ std::string check_expert_gemm(Check& c, const TextConfig& text, const at::Device
     const auto experts = static_cast<std::int64_t>(counts.size());
     const at::Tensor offs = at::tensor(ends, at::kInt).to(device);  // [E] int32
     for (const auto& [n, k] : {std::pair{2 * inter, hidden}, std::pair{hidden, inter}}) {
-      Case one{c.normal({rows, k}, 1.0),                         // [R, K] bf16
-               c.normal({experts, n, k}, 0.05).transpose(1, 2),  // [E, K, N]
+      Case one{kernels::device_normal({rows, k}, 1.0, seed++, device, at::kBFloat16),  // [R, K]
+               kernels::device_normal({experts, n, k}, 0.05, seed++, device, at::kBFloat16)
+                   .transpose(1, 2),  // [E, K, N]
                offs,
                {},
                "N " + std::to_string(n) + ", K " + std::to_string(k) + ", " + std::to_string(rows) +
@@ -398,12 +434,31 @@ std::string check_expert_gemm(Check& c, const TextConfig& text, const at::Device
       }
     }
     if (same) {
-      f.experts = true;
+      f.experts_match = true;
       f.experts_fold = fold;
-      return {};
+      return time_expert_gemm(text, device, f);
     }
   }
   return why;
+}
+
+// The experts' GEMM checked (check_expert_gemm), an error kept to itself (a kernel this device
+// refuses: the experts stay torch's): what the report says of it.
+std::string expert_gemm_report(Check& c, const TextConfig& text, const at::Device& device,
+                               FusedKernels& f) {
+  std::string why;
+  try {
+    why = check_expert_gemm(c, text, device, f);
+  } catch (const std::exception& e) {
+    f.experts = false;
+    why = std::string("failed: ") + e.what();
+  }
+  if (!f.experts) {
+    return "no (" + why + ")";
+  }
+  return std::string(f.experts_fold == kernels::cuda::ExpertFold::K16 ? "yes (k16 steps"
+                                                                      : "yes (k8 steps") +
+         ", up to " + std::to_string(f.experts_rows) + " rows an expert)";
 }
 
 }  // namespace
@@ -531,7 +586,7 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
     }
   }
   const std::string probs_why = pick_probs_order(c, text.vocab_size, dtype, f);
-  const std::string experts_why = check_expert_gemm(c, text, device, f);
+  const std::string experts_said = expert_gemm_report(c, text, device, f);
   const at::Tensor logits = c.normal({64, 4096}, 20.0);
   f.softcap = bits_equal(kernels::softcap(logits, text.final_logit_softcapping, f.quads),
                          softcap_reference(logits, text.final_logit_softcapping));
@@ -561,11 +616,7 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
       (f.router ? said_order(f.router_order) : said(false)) + ", self-conditioning softmax " +
       (f.probs ? said_order(f.probs_order) + ", " + std::to_string(f.probs_threads) + " threads"
                : "no (" + probs_why + ")") +
-      ", expert GEMM " +
-      (f.experts ? std::string(f.experts_fold == kernels::cuda::ExpertFold::K16 ? "yes (k16 steps)"
-                                                                                : "yes (k8 steps)")
-                 : "no (" + experts_why + ")") +
-      "; combine, gelu*up and softcap " +
+      ", expert GEMM " + experts_said + "; combine, gelu*up and softcap " +
       (f.quads ? "four elements per thread" : "one element per thread") +
       "; on a second stream (Q beside K/V, the dense MLP beside the routing) " +
       (switches.side_branches ? "yes" : "no (BATCHLENS_SIDE_BRANCHES=1 turns it on)");

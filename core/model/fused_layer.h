@@ -41,7 +41,12 @@ struct FusedKernels {
   /// The experts' grouped GEMM at few rows per expert by kernels::expert_gemm (the op layer's
   /// OwnGemms::experts): at::_grouped_mm's bits at the model's two shapes, bf16.
   bool experts = false;
+  bool experts_match = false;  ///< a fold had at::_grouped_mm's bits (used or not)
   kernels::cuda::ExpertFold experts_fold = kernels::cuda::ExpertFold::K16;  ///< the one matched
+  /// used while the average expert has at most this many rows: the largest of 16, 32, 64, 96
+  /// up to which it was no slower than at::_grouped_mm at the model's gate_up shape (timed at
+  /// load)
+  std::int64_t experts_rows = 0;
   /// Independent parts of a layer at once on a second stream (compat::SideBranch), the same
   /// kernels on the same operands (nothing to check bitwise); CUDA only, and only where
   /// base::Switches::side_branches asks for them. Q beside K/V:

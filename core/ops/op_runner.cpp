@@ -318,14 +318,14 @@ at::Tensor OpRunner::grouped_mm(const at::Tensor& x, const at::Tensor& w, const 
   const compat::ProfilerScope scope(mark(site));
   if (observer_ != nullptr) {
     const bool split = strategy(site) == Strategy::RowWise && rows_ > 1;
-    const bool own = expert_gemm_ && kernels::expert_gemm_fits(x, w, offs);
+    const bool own = expert_gemm_ && kernels::expert_gemm_fits(x, w, offs, expert_rows_);
     note(site, "grouped_mm", split ? x.size(0) / rows_ : x.size(0), w.size(-1), x.size(-1),
          split ? rows_ : 1, x,
          own ? "batchlens expert_gemm (at::_grouped_mm's bits)" : "at::_grouped_mm", {x, w, offs});
   }
 #if BL_TORCH_HAS_GROUPED_MM
   const auto call = [this, &w](const at::Tensor& xx, const at::Tensor& oo) {
-    if (expert_gemm_ && kernels::expert_gemm_fits(xx, w, oo)) {
+    if (expert_gemm_ && kernels::expert_gemm_fits(xx, w, oo, expert_rows_)) {
       return kernels::expert_gemm(xx, w, oo, expert_fold_);
     }
     return compat::grouped_mm(xx, w, oo);
@@ -349,7 +349,7 @@ at::Tensor OpRunner::grouped_mm(const at::Tensor& x, const at::Tensor& w, const 
         return call(part, at::searchsorted(group, expert_ids, /*out_int32=*/true, /*right=*/true));
       });
 #else
-  (void)x, (void)w, (void)offs, (void)row_of, (void)site, (void)expert_fold_;
+  (void)x, (void)w, (void)offs, (void)row_of, (void)site, (void)expert_fold_, (void)expert_rows_;
   base::raise(base::ErrorCode::InvalidArgument,
               "grouped_mm experts (batch of " + std::to_string(rows_) +
                   ") need LibTorch 2.8+ with CUDA; this build has LibTorch " +

@@ -37,6 +37,7 @@ struct OwnGemms {
   CpuGemm cpu;
   bool experts = false;
   kernels::cuda::ExpertFold experts_fold = kernels::cuda::ExpertFold::K16;  ///< the one matched
+  std::int64_t experts_rows = 0;  ///< used up to this average of rows an expert (timed at load)
 };
 
 /// F.linear(x, w): at::linear, or the CPU GEMM where `cpu` is on and covers the layout.
@@ -58,6 +59,7 @@ class OpRunner {
         cpu_gemm_(own.cpu),
         expert_gemm_(own.experts),
         expert_fold_(own.experts_fold),
+        expert_rows_(own.experts_rows),
         observer_(observer) {}
 
   std::int64_t rows() const { return rows_; }
@@ -111,6 +113,7 @@ class OpRunner {
   CpuGemm cpu_gemm_;
   bool expert_gemm_ = false;
   kernels::cuda::ExpertFold expert_fold_ = kernels::cuda::ExpertFold::K16;
+  std::int64_t expert_rows_ = 0;
   OpObserver* observer_ = nullptr;
   mutable std::string mark_;
 };

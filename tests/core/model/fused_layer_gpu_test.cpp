@@ -79,7 +79,8 @@ TEST(FusedLayerGpu, EveryKernelMatchesAtenOnThisDeviceForTheShippedShapes) {
     // The demo's 4096-wide vocabulary is one ATen softmaxes in shared memory (not ported).
     EXPECT_EQ(f.probs, std::string(name) != "demo") << name << ": " << f.report;
     EXPECT_TRUE(f.router) << name << ": " << f.report;
-    EXPECT_TRUE(f.experts) << name << ": " << f.report;
+    // Its bits (whether it is also the faster one is the load check's measurement, not a test's).
+    EXPECT_TRUE(f.experts_match) << name << ": " << f.report;
   }
 }
 
@@ -594,7 +595,7 @@ TEST(FusedLayerGpu, ExpertGemmHasGroupedMmsBitsAtEveryRowCount) {
     const TextConfig t = preset(name).text;
     const std::int64_t canvas = preset(name).canvas_length;
     const FusedKernels f = check_fused_kernels(t, at::Device(at::kCUDA, 0), at::kBFloat16);
-    EXPECT_TRUE(f.experts) << name << ": " << f.report;
+    EXPECT_TRUE(f.experts_match) << name << ": " << f.report;
     const auto opts = at::TensorOptions().device(at::kCUDA).dtype(at::kBFloat16);
     for (const auto& [n, k] : {std::pair{2 * t.moe_intermediate_size, t.hidden_size},
                                std::pair{t.hidden_size, t.moe_intermediate_size}}) {
