@@ -1,7 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 // GPU tests (label gpu) of the fused elementwise kernels: run on the H200 machine by
 // scripts/gpu-build.sh, never in CI.
-#include <chrono>
 #include <cstdlib>
 #include <functional>
 #include <iostream>
@@ -12,7 +11,6 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
-#include <c10/cuda/CUDAFunctions.h>
 #include <gtest/gtest.h>
 
 #include "core/compat/device_graph.h"
@@ -578,18 +576,6 @@ at::Tensor uneven_offsets(std::int64_t rows, std::int64_t experts, std::uint64_t
 TEST(FusedLayerGpu, ExpertGemmHasGroupedMmsBitsAtEveryRowCount) {
   ASSERT_TRUE(at::hasCUDA());
   at::manual_seed(43);
-  const auto time_ms = [](const std::function<at::Tensor()>& run) {
-    run();
-    c10::cuda::device_synchronize();
-    const auto t0 = std::chrono::steady_clock::now();
-    for (int i = 0; i < 20; ++i) {
-      run();
-    }
-    c10::cuda::device_synchronize();
-    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0)
-               .count() /
-           20;
-  };
   using Fold = kernels::cuda::ExpertFold;
   for (const char* name : {"demo", "mid", "26b-a4b"}) {
     const TextConfig t = preset(name).text;
@@ -612,11 +598,10 @@ TEST(FusedLayerGpu, ExpertGemmHasGroupedMmsBitsAtEveryRowCount) {
         EXPECT_EQ(f.experts_fold == Fold::K16 ? k16 : k8, 0)
             << name << ": N " << n << ", K " << k << ", " << rows << " rows; differing in k16 "
             << "steps " << k16 << ", in k8 steps " << k8 << " of " << want.numel();
+        const auto [own, torch] = kernels::time_expert_gemm(x, w, offs, f.experts_fold);
         std::cout << name << " N " << n << " K " << k << " rows " << rows << ": differing k16 "
-                  << k16 << ", k8 " << k8 << "; expert_gemm "
-                  << time_ms([&] { return kernels::expert_gemm(x, w, offs, f.experts_fold); })
-                  << " ms, at::_grouped_mm "
-                  << time_ms([&] { return compat::grouped_mm(x, w, offs); }) << " ms\n";
+                  << k16 << ", k8 " << k8 << "; expert_gemm " << own << " ms, at::_grouped_mm "
+                  << torch << " ms\n";
       }
     }
   }
