@@ -123,13 +123,7 @@ class Pass {
         t_(model.config().text),
         w_(model.weights()),
         policy_(ctx.policy != nullptr ? *ctx.policy : default_policy()),
-        runner_(policy_, rows,
-                ops::OwnGemms{{ctx.fused_kernels && model.fused_kernels().cpu_gemm,
-                               model.fused_kernels().cpu_gemm_fma},
-                              ctx.fused_kernels && model.fused_kernels().experts,
-                              model.fused_kernels().experts_fold,
-                              model.fused_kernels().experts_rows},
-                ctx.observer),
+        runner_(policy_, rows, model.fused_kernels().own_gemms(ctx.fused_kernels), ctx.observer),
         taps_(record_taps ? ctx.taps : nullptr),
         rows_(rows) {
     if (ctx.fused_kernels) {
@@ -797,10 +791,7 @@ const BatchInvariance& DiffusionGemma::batch_invariance() const {
   std::call_once(invariance_->once, [this] {
     invariance_->value = measure_batch_invariance(
         InvarianceSubject{config_, weights_, settings_.experts == ExpertsImpl::GroupedMm},
-        ops::OwnGemms{{fused_.cpu_gemm, fused_.cpu_gemm_fma},
-                      fused_.experts,
-                      fused_.experts_fold,
-                      fused_.experts_rows});
+        fused_.own_gemms());
   });
   return invariance_->value;
 }

@@ -13,6 +13,7 @@
 #include "core/base/switches.h"
 #include "core/kernels/fused_ops.h"
 #include "core/model/config.h"
+#include "core/ops/op_runner.h"
 
 namespace batchlens::model {
 
@@ -57,6 +58,11 @@ struct FusedKernels {
   bool cpu_gemm = false;
   bool cpu_gemm_fma = false;  ///< the variant that matched ATen
   std::string report;         ///< one human-readable line: what is used, what not and why
+
+  /// The GEMMs of BatchLens's own the op layer may use (none where `on` is false).
+  ops::OwnGemms own_gemms(bool on = true) const {
+    return {{on && cpu_gemm, cpu_gemm_fma}, on && experts, experts_fold, experts_rows};
+  }
 
   /// Any of the CUDA kernels (cpu_gemm is not one).
   bool any() const {

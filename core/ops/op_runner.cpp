@@ -137,7 +137,7 @@ at::Tensor OpRunner::invariant_gemm(const at::Tensor& x, const at::Tensor& w, Op
                 "the batch_invariant strategy (" + std::string(family_name(site.family)) +
                     ") has no kernel on " + x.device().str() + "; use row_wise there");
   }
-  const bool fma = cpu_gemm_.on ? cpu_gemm_.fma : true;
+  const bool fma = own_.cpu.on ? own_.cpu.fma : true;
   const auto part = [fma](const at::Tensor& a, const at::Tensor& b) {
     return kernels::cpu_linear_invariant(a, b, fma);
   };
@@ -164,7 +164,7 @@ std::string OpRunner::gemm_path(const at::Tensor& x, std::int64_t m, OpSite site
   if (policy_.emulates(site.family)) {
     return "emulated split-K: " + std::to_string(emulated_split_count(m, k)) + " K-chunks";
   }
-  if (x.device().is_cpu() && cpu_gemm_.on && x.scalar_type() == at::kBFloat16) {
+  if (x.device().is_cpu() && own_.cpu.on && x.scalar_type() == at::kBFloat16) {
     return "BatchLens CPU GEMM (ATen's bits)";
   }
   return "at::linear";
@@ -202,8 +202,8 @@ const std::string* OpRunner::mark(OpSite site) const {
 }
 
 at::Tensor OpRunner::gemm(const at::Tensor& x, const at::Tensor& w, OpSite site) const {
-  return policy_.emulates(site.family) ? emulated_split_k_linear(x, w, cpu_gemm_)
-                                       : linear_call(x, w, cpu_gemm_);
+  return policy_.emulates(site.family) ? emulated_split_k_linear(x, w, own_.cpu)
+                                       : linear_call(x, w, own_.cpu);
 }
 
 at::Tensor OpRunner::linear(const at::Tensor& x, const at::Tensor& w, OpSite site) const {
@@ -262,8 +262,8 @@ at::Tensor OpRunner::matmul(const at::Tensor& a, const at::Tensor& b, OpSite sit
   const auto call = [&](const at::Tensor& part) {
     // at::matmul(part, b) is F.linear(part, b.t()) bit for bit (both are one mm on ATen's side).
     return policy_.emulates(site.family)
-               ? emulated_split_k_linear(part, b.t(), cpu_gemm_)
-               : (cpu_gemm_.on ? linear_call(part, b.t(), cpu_gemm_) : at::matmul(part, b));
+               ? emulated_split_k_linear(part, b.t(), own_.cpu)
+               : (own_.cpu.on ? linear_call(part, b.t(), own_.cpu) : at::matmul(part, b));
   };
   if (strategy(site) == Strategy::BatchInvariant) {
     return invariant_gemm(a, b.t(), site);
@@ -318,15 +318,15 @@ at::Tensor OpRunner::grouped_mm(const at::Tensor& x, const at::Tensor& w, const 
   const compat::ProfilerScope scope(mark(site));
   if (observer_ != nullptr) {
     const bool split = strategy(site) == Strategy::RowWise && rows_ > 1;
-    const bool own = expert_gemm_ && kernels::expert_gemm_fits(x, w, offs, expert_rows_);
+    const bool own = own_.experts && kernels::expert_gemm_fits(x, w, offs, own_.experts_rows);
     note(site, "grouped_mm", split ? x.size(0) / rows_ : x.size(0), w.size(-1), x.size(-1),
          split ? rows_ : 1, x,
          own ? "batchlens expert_gemm (at::_grouped_mm's bits)" : "at::_grouped_mm", {x, w, offs});
   }
 #if BL_TORCH_HAS_GROUPED_MM
   const auto call = [this, &w](const at::Tensor& xx, const at::Tensor& oo) {
-    if (expert_gemm_ && kernels::expert_gemm_fits(xx, w, oo, expert_rows_)) {
-      return kernels::expert_gemm(xx, w, oo, expert_fold_);
+    if (own_.experts && kernels::expert_gemm_fits(xx, w, oo, own_.experts_rows)) {
+      return kernels::expert_gemm(xx, w, oo, own_.experts_fold);
     }
     return compat::grouped_mm(xx, w, oo);
   };
@@ -349,7 +349,7 @@ at::Tensor OpRunner::grouped_mm(const at::Tensor& x, const at::Tensor& w, const 
         return call(part, at::searchsorted(group, expert_ids, /*out_int32=*/true, /*right=*/true));
       });
 #else
-  (void)x, (void)w, (void)offs, (void)row_of, (void)site, (void)expert_fold_, (void)expert_rows_;
+  (void)x, (void)w, (void)offs, (void)row_of, (void)site;
   base::raise(base::ErrorCode::InvalidArgument,
               "grouped_mm experts (batch of " + std::to_string(rows_) +
                   ") need LibTorch 2.8+ with CUDA; this build has LibTorch " +

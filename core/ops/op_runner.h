@@ -54,13 +54,7 @@ class OpRunner {
   /// profiler marks around each.
   OpRunner(const OpPolicy& policy, std::int64_t rows, OwnGemms own = {},
            OpObserver* observer = nullptr)
-      : policy_(policy),
-        rows_(rows),
-        cpu_gemm_(own.cpu),
-        expert_gemm_(own.experts),
-        expert_fold_(own.experts_fold),
-        expert_rows_(own.experts_rows),
-        observer_(observer) {}
+      : policy_(policy), rows_(rows), own_(own), observer_(observer) {}
 
   std::int64_t rows() const { return rows_; }
   Strategy strategy(OpSite site) const { return policy_.resolve(site.family, site.layer); }
@@ -110,10 +104,7 @@ class OpRunner {
 
   const OpPolicy& policy_;
   std::int64_t rows_;
-  CpuGemm cpu_gemm_;
-  bool expert_gemm_ = false;
-  kernels::cuda::ExpertFold expert_fold_ = kernels::cuda::ExpertFold::K16;
-  std::int64_t expert_rows_ = 0;
+  OwnGemms own_;
   OpObserver* observer_ = nullptr;
   mutable std::string mark_;
 };
