@@ -5,22 +5,26 @@
 #   0. (TRAIN_CACHE=1) beside the build: train.py's --fast warm-up of every context bucket in a
 #      scratch folder, which writes torch.compile's artifacts (compile-cache-*.bin, to $OUT) so
 #      that the next call's 10,000-step run starts without compiling (issue #33);
-#   1. `cost` of the 26B-A4B architecture: default and batch_invariant at B = 1, 2, 4, 8, 16
+#   1. (fused) the fused kernels accepted and a fused pass against the unfused one, B = 1 and 4;
+#      where that process fails (a kernel that faults), the later steps run with
+#      BATCHLENS_FUSED_OFF=experts (the experts' own GEMM unused);
+#   2. `cost` of the 26B-A4B architecture: default and batch_invariant at B = 1, 2, 4, 8, 16
 #      (profiled: --profile; COST_PROFILE=0 skips it) and 32 with the batch-invariant GEMM's
 #      default plan (bitwise classes), then the same with BATCHLENS_BI_PLAN=$COST_ALT (default
 #      timed: one algorithm per shape; fixed: the first proposal at 1024 rows; none: skipped),
 #      and for each LIST of COST_OFF ("LIST LIST ...") the default kernels again with
 #      BATCHLENS_FUSED_OFF=LIST;
-#   2. the culprit finder with the prompt encoded as one batch (--prefill batched), its process
+#   3. the culprit finder with the prompt encoded as one batch (--prefill batched), its process
 #      time (/usr/bin/time);
-#   3. `run` B=1 vs B=4 free (kernel provenance on) and the lockstep sample's command, each timed;
-#   4. (trace) the B=1 vs B=4 `run` and the lockstep sample under LibTorch's profiler
-#      (BATCHLENS_TRACE), summed up by tools/trace_summary.py; (fused) the fused kernels accepted
-#      and a fused pass against the unfused one; (gputests) the gpu tests GPU_TESTS_FILTER names (GoogleTest);
-#      (parity) tools/parity/run_parity.sh for PARITY_PRESETS (default mid 26b-a4b);
-#   5. with the time left, issue #35's per-row sweep (scripts/gpu-mixed-sweeps.sh, $OUT/mixed/).
-# STEPS_ONLY ("cost culprit run sweep"; trace, fused, gputests, parity only when named) picks the parts; DEADLINE_S (default 570) stops starting new
-# ones. Everything lands in $OUT (issue37.tgz and run.log).
+#   4. `run` B=1 vs B=4 free (kernel provenance on) and the lockstep sample's command, each timed;
+#   5. (trace) the B=1 vs B=4 `run` and the lockstep sample under LibTorch's profiler
+#      (BATCHLENS_TRACE), summed up by tools/trace_summary.py; (gputests) the gpu tests
+#      GPU_TESTS_FILTER names (GoogleTest); (parity) tools/parity/run_parity.sh for
+#      PARITY_PRESETS (default mid 26b-a4b);
+#   6. with the time left, issue #35's per-row sweep (scripts/gpu-mixed-sweeps.sh, $OUT/mixed/).
+# STEPS_ONLY ("cost culprit run sweep"; fused, trace, gputests, parity only when named) picks the
+# parts; DEADLINE_S (default 570) stops starting new ones. Everything lands in $OUT (issue37.tgz
+# and run.log).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 t0=$(date +%s)
@@ -38,7 +42,7 @@ timed() {  # NAME COMMAND...: the process's wall and peak memory in NAME.time
   /usr/bin/time -f "%e s wall, %U s user, %M kB peak" -o "$work/$name.time" \
     timeout "$(( $(left) - 10 ))" "$@" >"$work/$name.txt" 2>"$work/$name.err"
   local rc=$?
-  stamp "$name rc=$rc: $(cat "$work/$name.time" 2>/dev/null | tail -1)"
+  stamp "$name rc=$rc: $(tail -1 "$work/$name.time" 2>/dev/null)"
   return $rc
 }
 {
@@ -83,6 +87,23 @@ timed() {  # NAME COMMAND...: the process's wall and peak memory in NAME.time
     grep -v "UserWarning\|warnings.warn\|softmax\|split the reduction\|important use case" \
       "$work/train-cache2.log" | tail -8
     cp /tmp/train-cache/compile-cache-*.bin "$out/" 2>/dev/null
+  fi
+  if [[ "$parts" == *" fused "* ]] && [ "$(left)" -gt 60 ]; then
+    # The fused kernels this device accepted (checked bitwise against ATen at load), and one
+    # pass with them against the unfused eager pass, B = 1 and 4. First of the steps: a kernel
+    # that faults (a sticky CUDA error ends its process) shows here, and the steps after it run
+    # with the experts' own GEMM left unused (BATCHLENS_FUSED_OFF) instead of failing too.
+    for bs in 1 4; do
+      "$cli" forward --preset 26b-a4b "${gpu[@]}" --rows "$bs" --repeat 5 --cuda-graph \
+        >"$work/forward-b$bs.txt" 2>&1
+      rc=$?
+      grep "fused\|graph" "$work/forward-b$bs.txt"
+      if [ "$rc" != 0 ] && [[ ",${BATCHLENS_FUSED_OFF:-}," != *",experts,"* ]]; then
+        stamp "forward B=$bs rc=$rc: $(tail -2 "$work/forward-b$bs.txt" | tr '\n' ' ')"
+        export BATCHLENS_FUSED_OFF=${BATCHLENS_FUSED_OFF:+$BATCHLENS_FUSED_OFF,}experts
+        stamp "BATCHLENS_FUSED_OFF=$BATCHLENS_FUSED_OFF from here on"
+      fi
+    done
   fi
   if [[ "$parts" == *" cost "* ]] && [ "$(left)" -gt 120 ]; then
     # B = 1..16, then B = 32 on its own: on an 80 GB card both policies' B=32 graphs beside the
@@ -144,18 +165,15 @@ timed() {  # NAME COMMAND...: the process's wall and peak memory in NAME.time
       >"$work/trace-lockstep-summary.txt" 2>&1
     head -30 "$work/trace-lockstep-summary.txt"
   fi
-  if [[ "$parts" == *" fused "* ]] && [ "$(left)" -gt 60 ]; then
-    # The fused kernels this device accepted (checked bitwise against ATen at load), and one
-    # pass with them against the unfused eager pass, B = 1 and 4.
-    for bs in 1 4; do
-      "$cli" forward --preset 26b-a4b "${gpu[@]}" --rows "$bs" --repeat 5 --cuda-graph \
-        >"$work/forward-b$bs.txt" 2>&1
-      grep "fused\|graph" "$work/forward-b$bs.txt"
-    done
-  fi
   if [[ "$parts" == *" gputests "* ]] && [ "$(left)" -gt 120 ]; then
-    # The gpu tests the GoogleTest filter GPU_TESTS_FILTER names (default: the fused kernels').
-    GPU_TESTS_FILTER=${GPU_TESTS_FILTER:-FusedLayer*} scripts/gpu-build.sh --gpu-tests \
+    # The gpu tests the GoogleTest filter GPU_TESTS_FILTER names (default: the fused kernels');
+    # after a fault in step 1 without the expert GEMM's own test (its fault ends the process).
+    filter=${GPU_TESTS_FILTER:-FusedLayer*}
+    if [[ ",${BATCHLENS_FUSED_OFF:-}," == *",experts,"* ]]; then
+      [[ "$filter" == *-* ]] && filter+=":FusedLayerGpu.ExpertGemm*" ||
+        filter+="-FusedLayerGpu.ExpertGemm*"
+    fi
+    GPU_TESTS_FILTER=$filter scripts/gpu-build.sh --gpu-tests \
       /tmp/batchlens-gpu-tests >"$work/gputests.log" 2>&1
     stamp "gpu tests rc=$?"
     grep -E "^\[  (PASSED|FAILED) |^\[       OK|^\[  FAILED|tests passed|Failure|mean of squares" \
