@@ -5,6 +5,8 @@
 #   0. (TRAIN_CACHE=1) beside the build: train.py's --fast warm-up of every context bucket in a
 #      scratch folder, which writes torch.compile's artifacts (compile-cache-*.bin, to $OUT) so
 #      that the next call's 10,000-step run starts without compiling (issue #33);
+#      (probe) before the build: which tensor-core fold has torch._grouped_mm's bits
+#      (bench/mma_fold_probe.py);
 #   1. (fused) the fused kernels accepted and a fused pass against the unfused one, B = 1 and 4;
 #      where that process fails (a kernel that faults), the later steps run with
 #      BATCHLENS_FUSED_OFF=experts (the experts' own GEMM unused);
@@ -22,9 +24,9 @@
 #      GPU_TESTS_FILTER names (GoogleTest); (parity) tools/parity/run_parity.sh for
 #      PARITY_PRESETS (default mid 26b-a4b);
 #   6. with the time left, issue #35's per-row sweep (scripts/gpu-mixed-sweeps.sh, $OUT/mixed/).
-# STEPS_ONLY ("cost culprit run sweep"; fused, trace, gputests, parity only when named) picks the
-# parts; DEADLINE_S (default 570) stops starting new ones. Everything lands in $OUT (issue37.tgz
-# and run.log).
+# STEPS_ONLY ("cost culprit run sweep"; probe, fused, trace, gputests, parity only when named)
+# picks the parts; DEADLINE_S (default 570) stops starting new ones. Everything lands in $OUT
+# (issue37.tgz and run.log).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 t0=$(date +%s)
@@ -73,6 +75,13 @@ timed() {  # NAME COMMAND...: the process's wall and peak memory in NAME.time
       --loss-positions all --eval-every 100000 --save-every 100000 --log-every 100 \
       --max-seconds 1 --work /tmp/train-cache2 --fresh >"$work/train-cache2.log" 2>&1) &
     cache_pid=$!
+  fi
+  if [[ "$parts" == *" probe "* ]]; then
+    # Which tensor-core fold has torch._grouped_mm's bits (bench/mma_fold_probe.py): before the
+    # build, a minute at most, and an answer even where the build fails.
+    timeout 120 python3 bench/mma_fold_probe.py >"$work/fold-probe.txt" 2>&1
+    stamp "fold probe rc=$?"
+    cat "$work/fold-probe.txt"
   fi
   scripts/gpu-build.sh --cli "$build" >"$work/build.log" 2>&1 || { tail -40 "$work/build.log"; exit 1; }
   cli="$build/app/batchlens-cli"
