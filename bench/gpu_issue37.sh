@@ -38,6 +38,9 @@ mkdir -p "$out"
 left() { echo $(( ${DEADLINE_S:-570} - ($(date +%s) - t0) )); }
 stamp() { echo "  [$(( $(date +%s) - t0 )) s] $*"; }
 gpu=(--device cuda --dtype bf16 --experts grouped_mm)
+# The load check may also try the experts' GEMM with wgmma (off by default until a device has
+# run it; BATCHLENS_EXPERT_WGMMA=0 here leaves it out).
+export BATCHLENS_EXPERT_WGMMA=${BATCHLENS_EXPERT_WGMMA:-1}
 timed() {  # NAME COMMAND...: the process's wall and peak memory in NAME.time
   local name=$1
   shift

@@ -14,12 +14,14 @@
 //   4  wgmma m64n8k16 from +0, every step reading its accumulator
 // One block of 128 threads takes 64 rows of a and 8 rows of b, one step of 16 at a time straight
 // from global memory: slow and simple, a probe of the arithmetic, not a kernel to ship.
-// Build (sm_90a: wgmma): nvcc -O3 -std=c++17 -arch=sm_90a -shared -Xcompiler -fPIC
-//   -o mma_fold_probe.so bench/mma_fold_probe.cu
+// Build (sm_90a: wgmma), from the repository root: nvcc -O3 -std=c++17 -arch=sm_90a -shared
+//   -Xcompiler -fPIC -I. -o mma_fold_probe.so bench/mma_fold_probe.cu
 #include <cstdint>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
+
+#include "core/kernels/wgmma.cuh"
 
 namespace {
 
@@ -48,24 +50,11 @@ __device__ __forceinline__ void mma8(float (&d)[4], unsigned a0, unsigned a1, un
 }
 
 // d += a (64 x 16, registers: the warp's 16 rows as mma.sync's A fragment) * b (16 x 8, the
-// shared-memory descriptor), issued, committed and waited for in one asm statement (so the
-// compiler cannot move the accumulators while the MMA is in flight).
+// shared-memory descriptor): the experts' GEMM's own wgmma step (core/kernels/wgmma.cuh).
 __device__ __forceinline__ void wgmma8(float (&d)[4], const unsigned (&a)[4], std::uint64_t desc,
                                        int scale_d) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "setp.ne.b32 p, %9, 0;\n"
-      "wgmma.fence.sync.aligned;\n"
-      "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "%8, p, 1, 1, 0;\n"
-      "wgmma.commit_group.sync.aligned;\n"
-      "wgmma.wait_group.sync.aligned 0;\n"
-      "}\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc), "r"(scale_d)
-      : "memory");
+  batchlens::kernels::cuda::gemm_tile::wgmma_k16<8>(d, a, desc, scale_d);
 #else
   // Built without sm_90a (no wgmma): NaN, which the script reports as such.
   (void)a;

@@ -40,10 +40,10 @@ def build(out_dir):
     found = sorted(glob.glob("/usr/local/cuda*/bin/nvcc"))
     nvcc = (os.environ.get("NVCC") or os.environ.get("CUDACXX") or shutil.which("nvcc")
             or (found[0] if found else "nvcc"))
-    src = Path(__file__).resolve().parent / "mma_fold_probe.cu"
+    here = Path(__file__).resolve().parent
     lib = Path(out_dir) / "mma_fold_probe.so"
     cmd = [nvcc, "-O3", "-std=c++17", "-arch=sm_90a", "-shared", "-Xcompiler", "-fPIC",
-           "-o", str(lib), str(src)]
+           f"-I{here.parent}", "-o", str(lib), str(here / "mma_fold_probe.cu")]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         sys.exit(f"mma_fold_probe: nvcc failed ({' '.join(cmd)}):\n{done.stderr}")

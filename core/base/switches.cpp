@@ -61,6 +61,9 @@ std::string Switches::describe() const {
   if (side_branches) {
     add("BATCHLENS_SIDE_BRANCHES=1");
   }
+  if (expert_wgmma) {
+    add("BATCHLENS_EXPERT_WGMMA=1");
+  }
   return out;
 }
 
@@ -72,6 +75,7 @@ Switches Switches::from_environment() {
   const char* threads = std::getenv("BATCHLENS_THREAD_CHOICE");
   const char* bi_plan = std::getenv("BATCHLENS_BI_PLAN");
   const char* branches = std::getenv("BATCHLENS_SIDE_BRANCHES");
+  const char* wgmma = std::getenv("BATCHLENS_EXPERT_WGMMA");
   // NOLINTEND(concurrency-mt-unsafe)
   Switches s;
   s.fused = !(fused != nullptr && std::string_view(fused) == "0");
@@ -86,6 +90,7 @@ Switches Switches::from_environment() {
   s.cuda_graphs = !(graphs != nullptr && std::string_view(graphs) == "0");
   s.thread_choice = !(threads != nullptr && std::string_view(threads) == "0");
   s.side_branches = branches != nullptr && std::string_view(branches) == "1";
+  s.expert_wgmma = wgmma != nullptr && std::string_view(wgmma) == "1";
   // Any other value keeps the default, as for the other switches.
   if (bi_plan != nullptr) {
     if (auto plan = parse_bi_plan(bi_plan); plan.ok()) {

@@ -48,6 +48,11 @@ struct Switches {
   /// K/V, the dense MLP beside the routing; model::FusedKernels). Off by default: on an H100 the
   /// first form was slower. The same bits either way, so experiment files do not record it.
   bool side_branches = false;
+  /// BATCHLENS_EXPERT_WGMMA=1: the load check also tries the experts' GEMM with wgmma
+  /// (kernels/expert_gemm_wgmma.cu) where neither mma.sync fold has torch's bits. Off until a
+  /// device has run that kernel (issue #37); used only where every bit matched, so experiment
+  /// files do not record it.
+  bool expert_wgmma = false;
 
   /// Whether the fused kernel `name` may run (it is then still checked bitwise on the device).
   bool fused_kernel(std::string_view name) const;
@@ -60,7 +65,8 @@ struct Switches {
   std::string describe() const;
 
   /// BATCHLENS_FUSED, BATCHLENS_FUSED_OFF (comma-separated), BATCHLENS_CUDA_GRAPHS,
-  /// BATCHLENS_THREAD_CHOICE, BATCHLENS_BI_PLAN and BATCHLENS_SIDE_BRANCHES, read now.
+  /// BATCHLENS_THREAD_CHOICE, BATCHLENS_BI_PLAN, BATCHLENS_SIDE_BRANCHES and
+  /// BATCHLENS_EXPERT_WGMMA, read now.
   /// Call it where the program starts or takes its options, never deep inside a run.
   static Switches from_environment();
 };

@@ -137,13 +137,17 @@ int router_topk(Elem elem, const void* scores, std::int64_t rows, std::int64_t e
 /// element is one fp32 accumulator folded over K in steps of 16 by mma.sync and rounded once,
 /// which is how torch._grouped_mm's CUTLASS kernel computes it with wgmma; the load check says
 /// whether this device gives the same bits, and in which fold: each k16 step one m16n8k16 MMA
-/// (K16) or two m16n8k8 MMAs (K8). Where expert_gemm_supported (n a multiple of 128, k of 64,
-/// 32-bit offsets).
-enum class ExpertFold { K16, K8 };
+/// (K16), two m16n8k8 MMAs (K8), or one wgmma m64nNk16 (Wgmma, expert_gemm_wgmma.cu: CUTLASS's
+/// own instruction; compute capability 9.0 only, else an error). Where expert_gemm_supported (n
+/// a multiple of 128, k of 64, 32-bit offsets).
+enum class ExpertFold { K16, K8, Wgmma };
 bool expert_gemm_supported(std::int64_t rows, std::int64_t experts, std::int64_t n, std::int64_t k);
 int expert_gemm(const void* x, const void* w, const std::int32_t* offs, std::int64_t rows,
                 std::int64_t experts, std::int64_t n, std::int64_t k, ExpertFold fold, void* out,
                 void* stream);
+/// expert_gemm's Wgmma fold (its arguments checked by expert_gemm).
+int expert_gemm_wgmma(const void* x, const void* w, const std::int32_t* offs, int experts, int n,
+                      int k, void* out, void* stream);
 
 /// out[i] = tanhf(float(x[i]) * inv_cap) * cap (fp32), with inv_cap the fp32 reciprocal ATen
 /// multiplies by when dividing by a scalar.

@@ -374,10 +374,11 @@ std::string time_expert_gemm(const TextConfig& text, const at::Device& device, F
 // The experts' grouped GEMM against at::_grouped_mm at the model's two shapes (gate_up: N = 2I,
 // K = H; down: N = H, K = I), with 8 experts of uneven rows (none, one, several token tiles),
 // once with few rows (the kernel's 64-row tiles) and once with more (its 128-row tiles), in
-// each fold of K (one k16 MMA a step, or two k8). Sets f.experts and f.experts_fold to the
-// first fold with every bit equal; else says why not (the first fold's difference).
+// each fold of K (one k16 MMA a step, two k8, and with `wgmma` one wgmma). Sets f.experts and
+// f.experts_fold to the first fold with every bit equal; else says why not (the first fold's
+// difference).
 std::string check_expert_gemm(Check& c, const TextConfig& text, const at::Device& device,
-                              FusedKernels& f) {
+                              FusedKernels& f, bool wgmma) {
   if (c.dtype() != at::kBFloat16 || text.num_experts <= 0) {
     return "bf16 mixture-of-experts models only";
   }
@@ -419,7 +420,12 @@ std::string check_expert_gemm(Check& c, const TextConfig& text, const at::Device
     }
   }
   std::string why;
-  for (const auto fold : {kernels::cuda::ExpertFold::K16, kernels::cuda::ExpertFold::K8}) {
+  using Fold = kernels::cuda::ExpertFold;
+  std::vector<Fold> folds{Fold::K16, Fold::K8};
+  if (wgmma) {
+    folds.push_back(Fold::Wgmma);
+  }
+  for (const Fold fold : folds) {
     bool same = true;
     for (const Case& one : cases) {
       const at::Tensor got = kernels::expert_gemm(one.x, one.w, one.offs, fold);
@@ -445,10 +451,10 @@ std::string check_expert_gemm(Check& c, const TextConfig& text, const at::Device
 // The experts' GEMM checked (check_expert_gemm), an error kept to itself (a kernel this device
 // refuses: the experts stay torch's): what the report says of it.
 std::string expert_gemm_report(Check& c, const TextConfig& text, const at::Device& device,
-                               FusedKernels& f) {
+                               FusedKernels& f, bool wgmma) {
   std::string why;
   try {
-    why = check_expert_gemm(c, text, device, f);
+    why = check_expert_gemm(c, text, device, f, wgmma);
   } catch (const std::exception& e) {
     f.experts = false;
     why = std::string("failed: ") + e.what();
@@ -456,9 +462,14 @@ std::string expert_gemm_report(Check& c, const TextConfig& text, const at::Devic
   if (!f.experts) {
     return "no (" + why + ")";
   }
-  return std::string(f.experts_fold == kernels::cuda::ExpertFold::K16 ? "yes (k16 steps"
-                                                                      : "yes (k8 steps") +
-         ", up to " + std::to_string(f.experts_rows) + " rows an expert)";
+  const char* steps = "k16 steps";
+  if (f.experts_fold == kernels::cuda::ExpertFold::K8) {
+    steps = "k8 steps";
+  } else if (f.experts_fold == kernels::cuda::ExpertFold::Wgmma) {
+    steps = "wgmma k16 steps";
+  }
+  return std::string("yes (") + steps + ", up to " + std::to_string(f.experts_rows) +
+         " rows an expert)";
 }
 
 }  // namespace
@@ -586,7 +597,7 @@ FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& devic
     }
   }
   const std::string probs_why = pick_probs_order(c, text.vocab_size, dtype, f);
-  const std::string experts_said = expert_gemm_report(c, text, device, f);
+  const std::string experts_said = expert_gemm_report(c, text, device, f, switches.expert_wgmma);
   const at::Tensor logits = c.normal({64, 4096}, 20.0);
   f.softcap = bits_equal(kernels::softcap(logits, text.final_logit_softcapping, f.quads),
                          softcap_reference(logits, text.final_logit_softcapping));

@@ -12,8 +12,9 @@ namespace {
 class SwitchesEnv : public ::testing::Test {
  protected:
   void TearDown() override {
-    for (const char* name : {"BATCHLENS_FUSED", "BATCHLENS_FUSED_OFF", "BATCHLENS_CUDA_GRAPHS",
-                             "BATCHLENS_BI_PLAN", "BATCHLENS_SIDE_BRANCHES"}) {
+    for (const char* name :
+         {"BATCHLENS_FUSED", "BATCHLENS_FUSED_OFF", "BATCHLENS_CUDA_GRAPHS", "BATCHLENS_BI_PLAN",
+          "BATCHLENS_SIDE_BRANCHES", "BATCHLENS_EXPERT_WGMMA"}) {
       ::unsetenv(name);  // NOLINT(concurrency-mt-unsafe)
     }
   }
@@ -29,6 +30,7 @@ TEST_F(SwitchesEnv, DefaultsAllowEverythingAndDescribeNothing) {
   EXPECT_TRUE(s.cuda_graphs);
   EXPECT_EQ(s.bi_plan, BiPlan::Classes);
   EXPECT_FALSE(s.side_branches);
+  EXPECT_FALSE(s.expert_wgmma);
   EXPECT_TRUE(s.fused_kernel("diff"));
   EXPECT_TRUE(s.kv_room());
   EXPECT_EQ(s.describe(), "");
@@ -60,6 +62,11 @@ TEST_F(SwitchesEnv, ReadsEachVariable) {
   EXPECT_EQ(Switches::from_environment().describe(),
             "BATCHLENS_FUSED_OFF=diff,norm; BATCHLENS_CUDA_GRAPHS=0; BATCHLENS_BI_PLAN=timed; "
             "BATCHLENS_SIDE_BRANCHES=1");
+  set("BATCHLENS_EXPERT_WGMMA", "1");
+  EXPECT_TRUE(Switches::from_environment().expert_wgmma);
+  EXPECT_EQ(Switches::from_environment().describe(),
+            "BATCHLENS_FUSED_OFF=diff,norm; BATCHLENS_CUDA_GRAPHS=0; BATCHLENS_BI_PLAN=timed; "
+            "BATCHLENS_SIDE_BRANCHES=1; BATCHLENS_EXPERT_WGMMA=1");
 
   EXPECT_TRUE(Switches::from_environment().kv_room());
   set("BATCHLENS_FUSED_OFF", "diff,room");
@@ -79,8 +86,10 @@ TEST_F(SwitchesEnv, OnlyZeroTurnsThingsOff) {
   set("BATCHLENS_CUDA_GRAPHS", "yes");
   set("BATCHLENS_BI_PLAN", "yes");
   set("BATCHLENS_SIDE_BRANCHES", "yes");  // only 1 turns it on
+  set("BATCHLENS_EXPERT_WGMMA", "yes");
   const Switches s = Switches::from_environment();
   EXPECT_FALSE(s.side_branches);
+  EXPECT_FALSE(s.expert_wgmma);
   EXPECT_TRUE(s.fused);
   EXPECT_TRUE(s.cuda_graphs);
   EXPECT_EQ(s.bi_plan, BiPlan::Classes);
