@@ -75,12 +75,11 @@ struct FusedKernels {
 /// those that matched bitwise. All false off CUDA, in builds without the kernels, or when
 /// `switches` turn them off (BATCHLENS_FUSED=0); those `switches` name (BATCHLENS_FUSED_OFF=
 /// norm,normvec,mean,onepass,combine,gelu,softcap,route,router,quads,probs,experts,qbranch,
-/// mlpbranch) are
-/// left unused
-/// (`room` is the model's: base::Switches::kv_room). On a CPU in bf16 where LibTorch computes bf16
-/// matmuls with ATen's own kernel, checks the CPU GEMM instead (kernels::check_cpu_gemm at the
-/// model's reduction lengths; BATCHLENS_FUSED_OFF=gemm leaves it unused). Synchronises with the
-/// device (call it at load).
+/// mlpbranch) are left unused (`room` is the model's: base::Switches::kv_room); with
+/// `switches.expert_wgmma` the experts' GEMM may also be checked in its wgmma fold. On a CPU in
+/// bf16 where LibTorch computes bf16 matmuls with ATen's own kernel, checks the CPU GEMM instead
+/// (kernels::check_cpu_gemm at the model's reduction lengths; BATCHLENS_FUSED_OFF=gemm leaves it
+/// unused). Synchronises with the device (call it at load).
 FusedKernels check_fused_kernels(const TextConfig& text, const at::Device& device,
                                  at::ScalarType dtype, const base::Switches& switches = {});
 
